@@ -1,0 +1,248 @@
+"""The `autopar` command line: parse, call the library, print. Errors: one line on stderr, exit 2."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from autopar.errors import AutoparError
+
+EXIT_BAD_INPUT = 2
+
+
+def _load_model(source: str, seq_len: int | None):
+    from autopar.model.load import load_model
+
+    return load_model(source, seq_len)
+
+
+def _cost_params(plan):
+    from cost_models import CostParams
+
+    return CostParams.from_dict(plan.search.get("cost_params", {}))
+
+
+def _positive_int(field: str):
+    def parse(s: str) -> int:
+        try:
+            v = int(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{field} must be a whole number, got {s!r}") from None
+        if v < 1:
+            raise argparse.ArgumentTypeError(f"{field} must be at least 1, got {v}")
+        return v
+    return parse
+
+
+def _positive_float(field: str):
+    def parse(s: str) -> float:
+        try:
+            v = float(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{field} must be a number, got {s!r}") from None
+        if not v > 0:
+            raise argparse.ArgumentTypeError(f"{field} must be positive, got {s}")
+        return v
+    return parse
+
+
+# -- search ------------------------------------------------------------------------------------
+def cmd_search(args) -> int:
+    from autopar.cluster.parse import load_cluster
+    from autopar.plan.io import save_plan
+    from autopar.plan.validate import validate_plan
+    from autopar.report import baseline_table, figures_line, plan_shape, plan_table
+    from autopar.search import SearchOptions, search
+
+    model = _load_model(args.model, args.seq_len)
+    cluster = load_cluster(args.cluster)
+    opts = SearchOptions(memory_budget_gib=args.memory_budget, time_budget_s=args.time_budget,
+                         schedule=args.schedule, progress=not args.json and sys.stderr.isatty())
+    res = search(model, cluster, args.global_batch_size, opts, with_baselines=not args.no_baselines)
+    est = res.estimate
+    validate_plan(res.plan, model, est.memory_gib)
+    out = Path(args.output)
+    save_plan(res.plan, out)
+    base = {k: (v[1].predicted() if v else None) for k, v in res.baselines.items()}
+    if args.json:
+        print(json.dumps({
+            "plan": str(out),
+            "predicted": {k: res.plan.predicted[k] for k in ("step_time_s", "tokens_per_s", "tps", "tflops",
+                                                               "mfu", "max_memory_gib")},
+            "search": {"seconds": res.seconds, "candidates": res.candidates, "pruned": res.pruned,
+                       "planner": res.planner, "timed_out": res.timed_out},
+            "baselines": base,
+        }))
+        return 0
+    print(f"autopar: {model.name} (seq {model.seq_len}, {model.num_params / 1e9:.2f}B params, "
+          f"{model.num_layers} units) on {cluster.describe()} ({cluster.num_devices} devices), "
+          f"global batch {args.global_batch_size}")
+    print(f"plan: {plan_shape(res.plan)}")
+    print(plan_table(res.plan, est))
+    print(f"predicted: {figures_line(est)}")
+    pruned = sum(res.pruned.values())
+    note = " (time budget hit: best found so far)" if res.timed_out else ""
+    print(f"search: {res.seconds:.2f} s, {res.candidates:,} candidates scored, {pruned:,} pruned{note}")
+    if args.explain:
+        from autopar.search.space import RULES
+
+        print("pruning rules (count: rule):")
+        for rule, count in sorted(res.pruned.items(), key=lambda kv: -kv[1]):
+            print(f"  {count:>9,}  {rule}: {RULES.get(rule, _CONFIG_RULES.get(rule, ''))}")
+        print("configurations (pp, micro-batches): lower bound -> result")
+        for c in sorted(res.configs, key=lambda c: c.step_time)[:20]:
+            r = f"{c.step_time:.4g} s" if c.stages else (c.note or "-")
+            print(f"  pp={c.pp:<3} m={c.num_microbatches:<5} mbs={c.micro_batch_size:<5} "
+                  f"bound {c.lower_bound:.4g} s -> {r}")
+    if res.baselines:
+        print("baselines (same cost model):")
+        print(baseline_table(est, res.baselines))
+        fitting = [v[1] for v in res.baselines.values() if v]
+        if fitting:
+            b = min(fitting, key=lambda e: e.step_time_s)
+            print(f"why it won: {b.step_time_s / est.step_time_s:.2f}x the throughput of the best baseline "
+                  f"under the cost model, within {est.max_memory_gib:.1f} GiB per device")
+    print(f"wrote {out}")
+    return 0
+
+
+_CONFIG_RULES = {
+    "config-lower-bound": "a (pp, micro-batch) setting whose lower bound is above the best plan found",
+    "config-no-strategy": "some unit has no legal strategy in that setting",
+    "pp-not-dividing-devices": "PP degree must divide the device count",
+    "pp-more-stages-than-layers": "every stage needs at least one unit",
+    "pp-stage-straddles-node": "stages hold whole nodes or an equal share of one",
+}
+
+
+# -- estimate / validate ------------------------------------------------------------------------
+def _plan_and_model(path: str):
+    from autopar.plan.io import load_plan
+
+    plan = load_plan(path)
+    model = _load_model(plan.model.source or plan.model.name, plan.model.seq_len)
+    return plan, model
+
+
+def cmd_estimate(args) -> int:
+    from autopar.estimate import estimate_plan
+    from autopar.report import figures_line, plan_shape, plan_table
+
+    plan, model = _plan_and_model(args.plan)
+    est = estimate_plan(plan, model, _cost_params(plan))
+    if args.json:
+        print(json.dumps({"plan": args.plan, "predicted": est.predicted(), "fits": est.fits}))
+        return 0
+    print(f"autopar estimate: {model.name} on {plan.cluster.describe()}: {plan_shape(plan)}")
+    print(plan_table(plan, est))
+    print(f"predicted: {figures_line(est)}")
+    if not est.fits:
+        over = [d for d in est.memory_gib if est.memory_gib[d] > est.budget_gib[d]]
+        print(f"warning: devices {over[:8]} exceed their memory budget")
+    return 0
+
+
+def cmd_validate(args) -> int:
+    from autopar.estimate import estimate_plan
+    from autopar.plan.validate import validate_plan
+
+    plan, model = _plan_and_model(args.plan)
+    est = estimate_plan(plan, model, _cost_params(plan))
+    validate_plan(plan, model, est.memory_gib)
+    print(f"{args.plan}: valid ({plan.world_size} devices, {len(plan.pipelines)} pipeline(s), "
+          f"{len(plan.stages)} stage(s), peak {est.max_memory_gib:.1f} GiB)")
+    return 0
+
+
+# -- launch / list ------------------------------------------------------------------------------
+def cmd_launch(args) -> int:
+    from autopar.launch import write_launch_scripts
+    from autopar.plan.io import load_plan
+
+    plan = load_plan(args.plan)
+    paths = write_launch_scripts(plan, args.script, args.output, scheduler=args.scheduler,
+                                 script_args=args.script_args, plan_path=args.plan)
+    for p in paths:
+        print(p)
+    return 0
+
+
+def cmd_list(args) -> int:
+    if args.what == "models":
+        from autopar.model.zoo import from_zoo, zoo_names
+
+        for name in zoo_names():
+            m = from_zoo(name)
+            print(f"{name:<14} {m.num_params / 1e9:8.2f}B params  {m.num_layers:4d} units  hidden {m.hidden:<6} "
+                  f"heads {m.num_heads}/{m.num_kv_heads or m.num_heads}  seq {m.seq_len}")
+    elif args.what == "gpus":
+        from autopar.cluster.catalogue import describe_gpu, gpu_names
+
+        for name in gpu_names():
+            print(describe_gpu(name))
+    else:
+        from autopar.cluster.parse import preset_description, preset_names
+
+        for name in preset_names():
+            print(preset_description(name))
+        print("inline specs: 8xA100-80G, 2x8xH100, 4xcpu, 8x3090+8x4090+8xA100 ([nodes x] gpus x TYPE, '+' joins)")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="autopar", description="Search, estimate and launch hybrid-parallel training plans.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    s = sub.add_parser("search", help="search the fastest plan that fits and write it")
+    s.add_argument("--model", required=True, help="zoo name, HF config.json, or pkg.module:factory")
+    s.add_argument("--cluster", required=True, help="preset, inline spec like 2x8xA100-80G, or a YAML file")
+    s.add_argument("--global-batch-size", required=True, type=_positive_int("--global-batch-size"))
+    s.add_argument("--seq-len", type=_positive_int("--seq-len"))
+    s.add_argument("--memory-budget", type=_positive_float("--memory-budget"), help="GiB per device")
+    s.add_argument("--time-budget", type=_positive_float("--time-budget"), help="seconds; best plan so far")
+    s.add_argument("--schedule", choices=["1f1b", "gpipe"], default="1f1b")
+    s.add_argument("-o", "--output", default="plan.yaml")
+    s.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    s.add_argument("--explain", action="store_true", help="show the pruning rules and the configurations")
+    s.add_argument("--no-baselines", action="store_true")
+    s.set_defaults(func=cmd_search)
+
+    e = sub.add_parser("estimate", help="predicted figures of a plan")
+    e.add_argument("plan")
+    e.add_argument("--json", action="store_true")
+    e.set_defaults(func=cmd_estimate)
+
+    v = sub.add_parser("validate", help="check a plan against its model and cluster")
+    v.add_argument("plan")
+    v.set_defaults(func=cmd_validate)
+
+    la = sub.add_parser("launch", help="write torchrun / SLURM scripts for a plan")
+    la.add_argument("plan")
+    la.add_argument("--script", required=True, help="the training script each rank runs")
+    la.add_argument("--scheduler", choices=["torchrun", "slurm"], default="torchrun")
+    la.add_argument("-o", "--output", default="launch")
+    la.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed on to the script")
+    la.set_defaults(func=cmd_launch)
+
+    li = sub.add_parser("list", help="list zoo models, GPUs or cluster presets")
+    li.add_argument("what", choices=["models", "gpus", "clusters"])
+    li.set_defaults(func=cmd_list)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except AutoparError as e:
+        print(f"autopar: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("autopar: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

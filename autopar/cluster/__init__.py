@@ -1,0 +1,33 @@
+"""Clusters: the GPU catalogue (YAML data), presets, inline specs and cluster files."""
+
+from autopar.cluster.catalogue import describe_gpu, gpu, gpu_names, node_defaults
+from autopar.cluster.cluster import GIB, Cluster, GPUType, Node, cluster_from_dict
+from autopar.cluster.parse import (
+    cluster_from_doc,
+    describe_cluster,
+    load_cluster,
+    preset_description,
+    preset_names,
+)
+from autopar.cluster.topology import bandwidth_matrix, device_graph, latency_matrix, node_groups_by_type
+
+__all__ = [
+    "GIB",
+    "Cluster",
+    "GPUType",
+    "Node",
+    "bandwidth_matrix",
+    "cluster_from_dict",
+    "cluster_from_doc",
+    "describe_cluster",
+    "describe_gpu",
+    "device_graph",
+    "gpu",
+    "gpu_names",
+    "latency_matrix",
+    "load_cluster",
+    "node_defaults",
+    "node_groups_by_type",
+    "preset_description",
+    "preset_names",
+]

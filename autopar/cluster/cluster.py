@@ -1,0 +1,258 @@
+"""GPUType, Node and Cluster: devices, their memory and speed, and the links between them.
+
+Units in files and fields: memory GiB, compute TFLOPS (dense bf16/fp16 peak), bandwidth GB/s
+(1e9 bytes/s, one direction), latency microseconds. Methods that feed the cost model return SI
+units (bytes, bytes/s, seconds). Devices are numbered node by node: node 0's GPUs first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from autopar.errors import AutoparError
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class GPUType:
+    """One accelerator model from the catalogue."""
+
+    name: str
+    memory_gib: float
+    tflops: float
+    hbm_gbps: float
+    nvlink_gbps: float = 0.0  # per-GPU intra-node bandwidth when the node has NVLink/NVSwitch; else PCIe
+    pcie_gbps: float = 25.0
+    vendor: str = "nvidia"
+
+    def __post_init__(self) -> None:
+        for f in ("memory_gib", "tflops", "hbm_gbps"):
+            if getattr(self, f) <= 0:
+                raise AutoparError(f"gpu {self.name}.{f}", f"must be positive, got {getattr(self, f)}",
+                                   "fix the GPU catalogue entry")
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.memory_gib * GIB
+
+    @property
+    def flops(self) -> float:
+        return self.tflops * 1e12
+
+    @property
+    def default_intra_bw_gbps(self) -> float:
+        return self.nvlink_gbps or self.pcie_gbps
+
+
+@dataclass(frozen=True)
+class Node:
+    """A machine: ``count`` GPUs of one type joined by an intra-node fabric."""
+
+    gpu: GPUType
+    count: int
+    intra_bw_gbps: float = 0.0  # 0: the GPU type's default (NVLink or PCIe)
+    intra_lat_us: float = 3.0
+    zone: str = "default"
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if self.count <= 0:
+            raise AutoparError(f"node {self.name or '?'}.count", f"must be at least 1, got {self.count}",
+                               "remove the node or give it GPUs")
+        if self.intra_bw_gbps < 0:
+            raise AutoparError(f"node {self.name or '?'}.intra_bw_gbps", "is negative", "give GB/s > 0")
+
+    @property
+    def intra_bw(self) -> float:
+        """Bytes/s between two GPUs of this node."""
+        return (self.intra_bw_gbps or self.gpu.default_intra_bw_gbps) * 1e9
+
+
+@dataclass
+class Cluster:
+    """Nodes plus the network between them.
+
+    ``inter_bw_gbps`` / ``inter_lat_us``: one value for every node pair (the node's NIC bandwidth).
+    ``bw_matrix_gbps`` / ``lat_matrix_us``: optional node x node matrices that override it (slow,
+    uneven or geo-distributed networks); the diagonal is ignored.
+    """
+
+    nodes: list[Node]
+    inter_bw_gbps: float = 25.0
+    inter_lat_us: float = 10.0
+    bw_matrix_gbps: list[list[float]] | None = None
+    lat_matrix_us: list[list[float]] | None = None
+    name: str = ""
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.nodes:
+            raise AutoparError("cluster.nodes", "is empty", "give at least one node with GPUs")
+        n = len(self.nodes)
+        if len(self.nodes) > 1 and self.bw_matrix_gbps is None and self.inter_bw_gbps <= 0:
+            raise AutoparError("cluster.inter_bw_gbps", f"must be positive, got {self.inter_bw_gbps}",
+                               "give the inter-node bandwidth in GB/s")
+        for key, mat in (("bw_matrix_gbps", self.bw_matrix_gbps), ("lat_matrix_us", self.lat_matrix_us)):
+            if mat is None:
+                continue
+            if len(mat) != n or any(len(row) != n for row in mat):
+                raise AutoparError(f"cluster.{key}", f"must be {n}x{n} (one row and column per node)",
+                                   "give one value per node pair")
+            for i in range(n):
+                for j in range(n):
+                    if i != j and (mat[i][j] <= 0 if key.startswith("bw") else mat[i][j] < 0):
+                        raise AutoparError(f"cluster.{key}[{i}][{j}]", f"is {mat[i][j]}",
+                                           "bandwidths must be > 0 and latencies >= 0")
+        self._dev_node: list[int] = [i for i, nd in enumerate(self.nodes) for _ in range(nd.count)]
+        self._node_first: list[int] = []
+        start = 0
+        for nd in self.nodes:
+            self._node_first.append(start)
+            start += nd.count
+
+    # -- devices -----------------------------------------------------------------------------
+    @property
+    def num_devices(self) -> int:
+        return len(self._dev_node)
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.nodes)
+
+    def node_of(self, device: int) -> int:
+        return self._dev_node[device]
+
+    def gpu_of(self, device: int) -> GPUType:
+        return self.nodes[self._dev_node[device]].gpu
+
+    def node_devices(self, node: int) -> list[int]:
+        start = self._node_first[node]
+        return list(range(start, start + self.nodes[node].count))
+
+    @property
+    def gpu_types(self) -> list[GPUType]:
+        seen: dict[str, GPUType] = {}
+        for nd in self.nodes:
+            seen.setdefault(nd.gpu.name, nd.gpu)
+        return list(seen.values())
+
+    @property
+    def gpus_per_node(self) -> int:
+        """GPUs per node when all nodes are alike (else the smallest node)."""
+        return min(nd.count for nd in self.nodes)
+
+    @property
+    def is_homogeneous(self) -> bool:
+        """One GPU type, equal nodes, one intra-node fabric and a uniform network."""
+        first = self.nodes[0]
+        same_nodes = all(nd.gpu == first.gpu and nd.count == first.count and nd.intra_bw == first.intra_bw
+                         for nd in self.nodes)
+        return same_nodes and self._uniform_network()
+
+    def _uniform_network(self) -> bool:
+        n = self.num_nodes
+        if n == 1:
+            return True
+        bws = {self.node_link(i, j) for i in range(n) for j in range(n) if i != j}
+        return len(bws) == 1
+
+    # -- links ------------------------------------------------------------------------------
+    def node_link(self, a: int, b: int) -> tuple[float, float]:
+        """(bandwidth bytes/s, latency s) between nodes a != b."""
+        bw = self.bw_matrix_gbps[a][b] if self.bw_matrix_gbps is not None else self.inter_bw_gbps
+        lat = self.lat_matrix_us[a][b] if self.lat_matrix_us is not None else self.inter_lat_us
+        return bw * 1e9, lat * 1e-6
+
+    def link(self, a: int, b: int) -> tuple[float, float]:
+        """(bandwidth bytes/s, latency s) between devices a and b (a != b)."""
+        na, nb = self._dev_node[a], self._dev_node[b]
+        if na == nb:
+            nd = self.nodes[na]
+            return nd.intra_bw, nd.intra_lat_us * 1e-6
+        return self.node_link(na, nb)
+
+    def group_layout(self, devices: list[int]) -> tuple[int, int]:
+        """(members per node, nodes spanned) of a device group, taking the largest per-node share."""
+        per_node: dict[int, int] = {}
+        for d in devices:
+            per_node[self._dev_node[d]] = per_node.get(self._dev_node[d], 0) + 1
+        return max(per_node.values()), len(per_node)
+
+    def group_links(self, devices: list[int]) -> tuple[float, float, float, float]:
+        """Slowest links inside a group: (intra bw, intra lat, inter bw, inter lat) in SI units.
+
+        Hierarchical collectives run an intra-node phase and an inter-node phase; each phase is
+        as slow as its slowest link. Inter values are inf/0 when the group sits in one node.
+        """
+        nodes = sorted({self._dev_node[d] for d in devices})
+        intra_bw = min(self.nodes[n].intra_bw for n in nodes)
+        intra_lat = max(self.nodes[n].intra_lat_us for n in nodes) * 1e-6
+        if len(nodes) == 1:
+            return intra_bw, intra_lat, float("inf"), 0.0
+        links = [self.node_link(a, b) for a in nodes for b in nodes if a != b]
+        return intra_bw, intra_lat, min(b for b, _ in links), max(lt for _, lt in links)
+
+    # -- views ------------------------------------------------------------------------------
+    def graph(self):
+        """networkx Graph: a node per device (gpu, tflops, memory_gib, node), edges weighted by GB/s."""
+        import networkx as nx
+
+        g = nx.Graph()
+        for d in range(self.num_devices):
+            gpu = self.gpu_of(d)
+            g.add_node(d, gpu=gpu.name, tflops=gpu.tflops, memory_gib=gpu.memory_gib, node=self.node_of(d))
+        for a in range(self.num_devices):
+            for b in range(a + 1, self.num_devices):
+                bw, lat = self.link(a, b)
+                g.add_edge(a, b, bandwidth_gbps=bw / 1e9, latency_us=lat * 1e6)
+        return g
+
+    def describe(self) -> str:
+        """Short text like ``2x8xA100-80G`` or ``8x3090+8x4090``."""
+        if self.name:
+            return self.name
+        parts: list[str] = []
+        for nd in self.nodes:
+            parts.append(f"{nd.count}x{nd.gpu.name}")
+        return "+".join(parts)
+
+    def to_dict(self) -> dict:
+        """Plain data (YAML-ready) that ``cluster_from_dict`` turns back into an equal Cluster."""
+        d: dict = {
+            "name": self.name,
+            "nodes": [
+                {
+                    "gpu": {"name": nd.gpu.name, "memory_gib": nd.gpu.memory_gib, "tflops": nd.gpu.tflops,
+                            "hbm_gbps": nd.gpu.hbm_gbps, "nvlink_gbps": nd.gpu.nvlink_gbps,
+                            "pcie_gbps": nd.gpu.pcie_gbps, "vendor": nd.gpu.vendor},
+                    "count": nd.count,
+                    "intra_bw_gbps": nd.intra_bw / 1e9,
+                    "intra_lat_us": nd.intra_lat_us,
+                    "zone": nd.zone,
+                    "name": nd.name,
+                }
+                for nd in self.nodes
+            ],
+            "inter_bw_gbps": self.inter_bw_gbps,
+            "inter_lat_us": self.inter_lat_us,
+        }
+        if self.bw_matrix_gbps is not None:
+            d["bw_matrix_gbps"] = [list(map(float, r)) for r in self.bw_matrix_gbps]
+        if self.lat_matrix_us is not None:
+            d["lat_matrix_us"] = [list(map(float, r)) for r in self.lat_matrix_us]
+        return d
+
+
+def cluster_from_dict(d: dict) -> Cluster:
+    """Inverse of ``Cluster.to_dict`` (GPU entries are embedded, so no catalogue is needed)."""
+    nodes = []
+    for i, nd in enumerate(d["nodes"]):
+        g = nd["gpu"]
+        gpu = GPUType(**g)
+        nodes.append(Node(gpu=gpu, count=int(nd["count"]), intra_bw_gbps=float(nd.get("intra_bw_gbps", 0.0)),
+                          intra_lat_us=float(nd.get("intra_lat_us", 3.0)), zone=nd.get("zone", "default"),
+                          name=nd.get("name", f"node{i}")))
+    return Cluster(nodes=nodes, inter_bw_gbps=float(d.get("inter_bw_gbps", 25.0)),
+                   inter_lat_us=float(d.get("inter_lat_us", 10.0)), bw_matrix_gbps=d.get("bw_matrix_gbps"),
+                   lat_matrix_us=d.get("lat_matrix_us"), name=d.get("name", ""))

@@ -1,0 +1,68 @@
+"""Launch scripts for a plan: torchrun per node (static rendezvous, ranks = plan device ids) or SLURM.
+
+``write_launch_scripts(plan, "train.py", "launch/")`` writes into ``launch/``:
+
+* ``plan.yaml``: a copy of the plan; every script passes ``--plan <it>`` to the training script;
+* ``node<i>.sh``: torchrun for node i of the plan's cluster (``MASTER_ADDR=<node 0> bash node<i>.sh``);
+* ``run_local.sh``: for one-node clusters (``4xcpu``, ``8xA100-80G``), all ranks here via ``--standalone``;
+* ``autopar.sbatch`` (scheduler ``slurm``): ``sbatch`` it; it runs ``node<SLURM_NODEID>.sh`` on each node.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from autopar.errors import AutoparError
+from autopar.launch.slurm import sbatch_script
+from autopar.launch.torchrun import RENDEZVOUS, local_script, node_script
+from autopar.plan.io import load_plan, save_plan
+from autopar.plan.schema import Plan
+from autopar.plan.validate import validate_plan
+
+SCHEDULERS = ("torchrun", "slurm")
+
+__all__ = ["RENDEZVOUS", "SCHEDULERS", "write_launch_scripts"]
+
+
+def write_launch_scripts(plan: Plan | str | os.PathLike, script: str | os.PathLike, out_dir: str | os.PathLike,
+                         scheduler: str = "torchrun", script_args: Sequence[str] = (),
+                         rendezvous: str = "static", job_name: str = "autopar") -> list[Path]:
+    """Write the plan copy and launch scripts into ``out_dir``; return their paths (plan first).
+
+    The plan must pass ``validate_plan`` (without a model): it is refused before anything is
+    written. ``script`` must be an existing file; its absolute path goes into the scripts.
+    ``script_args`` follow ``--plan PLAN`` on the training script's command line.
+    """
+    if scheduler not in SCHEDULERS:
+        raise AutoparError("scheduler", f"unknown scheduler {scheduler!r}", f"use one of {', '.join(SCHEDULERS)}")
+    if rendezvous not in RENDEZVOUS:
+        raise AutoparError("rendezvous", f"unknown rendezvous {rendezvous!r}", f"use one of {', '.join(RENDEZVOUS)}")
+    script_path = Path(script)
+    if not script_path.is_file():
+        raise AutoparError("script", f"training script {script} does not exist",
+                           "give the path of your training script (it receives --plan PLAN)")
+    if not isinstance(plan, Plan):
+        plan = load_plan(plan)
+    validate_plan(plan)
+    script_s, args = str(script_path.resolve()), [str(a) for a in script_args]
+    cluster = plan.cluster
+    texts: dict[str, str] = {f"node{i}.sh": node_script(plan, i, script_s, args, rendezvous)
+                             for i in range(cluster.num_nodes)}
+    if cluster.num_nodes == 1:
+        texts["run_local.sh"] = local_script(plan, script_s, args)
+    out = Path(out_dir)
+    if scheduler == "slurm":
+        texts["autopar.sbatch"] = sbatch_script(plan, out.resolve(), job_name)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise AutoparError("out_dir", f"cannot create {out}: {e.strerror or e}", "choose a writable directory (-o)") from e
+    written = [save_plan(plan, out / "plan.yaml")]
+    for name, text in texts.items():
+        path = out / name
+        path.write_text(text, encoding="utf-8")
+        path.chmod(0o755)
+        written.append(path)
+    return written

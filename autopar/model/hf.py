@@ -1,0 +1,119 @@
+"""Hugging Face ``config.json`` -> zoo-style entry -> ModelSpec (the zoo's formulas; no transformers needed).
+
+Supported ``model_type``: llama, mistral, gpt2, gpt_neox, bert, vit. The default sequence length is
+``max_position_embeddings`` capped at ``DEFAULT_SEQ_CAP`` (long-context maxima are rarely the training
+length; pass ``--seq-len``). Flash attention is assumed, as for the zoo's modern models. Mistral's
+sliding window is ignored (full attention is counted).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from autopar.errors import AutoparError
+from autopar.model.spec import ModelSpec
+from autopar.model.zoo import normalize_entry, spec_from_entry
+
+DEFAULT_SEQ_CAP = 8192
+_LLAMA = {
+    "shape": {"layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
+              "kv_heads": "num_key_value_heads", "ffn": "intermediate_size", "vocab": "vocab_size",
+              "seq_len": "max_position_embeddings"},
+    "flags": {"tied": ("tie_word_embeddings", False), "bias": ("attention_bias", False),
+              "dropout": ("attention_dropout", 0.0)},
+    "fixed": {"arch": "decoder", "norm": "rms", "mlp": "swiglu", "pos": "rope", "tp_family": "llama"},
+}
+# model_type -> how to read it: "shape" zoo field <- config key; "flags" zoo field <- (config key,
+# default), truthy values turn a flag on; "fixed" values every such model has.
+HF_TYPES = {
+    "llama": _LLAMA,
+    "mistral": _LLAMA,
+    "gpt2": {
+        "shape": {"layers": "n_layer", "hidden": "n_embd", "heads": "n_head", "ffn": "n_inner",
+                  "vocab": "vocab_size", "seq_len": "n_positions", "max_pos": "n_positions"},
+        "flags": {"tied": ("tie_word_embeddings", True), "bias": (None, True), "dropout": ("resid_pdrop", 0.1)},
+        "fixed": {"arch": "decoder", "norm": "layer", "mlp": "gelu", "pos": "learned", "tp_family": "gpt"},
+    },
+    "gpt_neox": {
+        "shape": {"layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
+                  "ffn": "intermediate_size", "vocab": "vocab_size", "seq_len": "max_position_embeddings"},
+        "flags": {"tied": ("tie_word_embeddings", False), "bias": ("attention_bias", True),
+                  "dropout": ("hidden_dropout", 0.0)},
+        "fixed": {"arch": "decoder", "norm": "layer", "mlp": "gelu", "pos": "rope", "tp_family": "gpt"},
+    },
+    "bert": {
+        "shape": {"layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
+                  "ffn": "intermediate_size", "vocab": "vocab_size", "seq_len": "max_position_embeddings",
+                  "max_pos": "max_position_embeddings", "type_vocab": "type_vocab_size"},
+        "flags": {"tied": ("tie_word_embeddings", True), "bias": (None, True),
+                  "dropout": ("hidden_dropout_prob", 0.1)},
+        "fixed": {"arch": "encoder", "norm": "layer", "mlp": "gelu", "pos": "learned", "embed_norm": True,
+                  "tp_family": "gpt"},
+    },
+    "vit": {
+        "shape": {"layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
+                  "ffn": "intermediate_size", "image": "image_size", "patch": "patch_size",
+                  "channels": "num_channels"},
+        "flags": {"bias": ("qkv_bias", True), "dropout": ("hidden_dropout_prob", 0.0)},
+        "fixed": {"arch": "vit", "norm": "layer", "mlp": "gelu", "pos": "learned", "vocab": 0,
+                  "tp_family": "gpt"},
+    },
+}
+
+
+def _read_config(path: Path) -> dict:
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise AutoparError("model", f"config file {str(path)!r} not found",
+                           "give the path of a HF config.json (or a zoo name, see `autopar list models`)")
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise AutoparError("model", f"{path} is not valid JSON ({err})", "give a HF config.json") from err
+    if not isinstance(cfg, dict):
+        raise AutoparError("model", f"{path} holds a {type(cfg).__name__}, not a JSON object",
+                           "give a HF config.json")
+    return cfg
+
+
+def entry_from_hf_config(cfg: dict, name: str) -> dict:
+    """A normalized zoo-style entry from a parsed HF config (see ``HF_TYPES``)."""
+    mtype = cfg.get("model_type")
+    if mtype not in HF_TYPES:
+        raise AutoparError("model", f"config model_type {mtype!r} is not supported",
+                           f"use one of {', '.join(HF_TYPES)}, or trace the module with pkg.module:factory")
+    table = HF_TYPES[mtype]
+    entry = {"name": name, "family": mtype, "flash": True, "pad_vocab_to": 1, **table["fixed"]}
+    for field, key in table["shape"].items():
+        if cfg.get(key) is not None:
+            entry[field] = cfg[key]
+    if "ffn" not in entry and isinstance(entry.get("hidden"), int):
+        entry["ffn"] = 4 * entry["hidden"]  # GPT-2's n_inner: null means 4 * hidden
+    for field, (key, default) in table["flags"].items():
+        entry[field] = bool(cfg.get(key, default)) if key else default
+    if mtype == "vit":
+        entry.setdefault("channels", 3)
+        entry["classes"] = len(cfg.get("id2label") or {}) or 1000
+    if "seq_len" in entry and entry["pos"] != "learned":
+        entry["seq_len"] = min(entry["seq_len"], DEFAULT_SEQ_CAP)
+    for field in ("layers", "hidden", "heads"):
+        if not isinstance(entry.get(field), int):
+            key = table["shape"][field]
+            raise AutoparError(f"model ({name})", f"config field {key!r} is missing or not an integer",
+                               f"set {key} in config.json")
+    return normalize_entry(entry)
+
+
+def from_hf_config(path: str | Path, seq_len: int | None = None, dtype_bytes: int | None = None) -> ModelSpec:
+    """ModelSpec of the HF ``config.json`` at ``path`` (or a directory holding one).
+
+    ``source`` is the absolute path, so ``load_model(spec.source, spec.seq_len)`` rebuilds it.
+    """
+    p = Path(path).expanduser()
+    cfg = _read_config(p)
+    file = (p / "config.json" if p.is_dir() else p).resolve()
+    name = cfg.get("_name_or_path") or (file.parent.name if file.name == "config.json" else file.stem)
+    entry = entry_from_hf_config(cfg, str(name))
+    return spec_from_entry(entry, seq_len=seq_len, dtype_bytes=dtype_bytes, source=str(file))

@@ -1,0 +1,158 @@
+"""ModelSpec and LayerSpec: a model as an ordered list of layer units with the numbers the cost model needs.
+
+Every quantity is *per sample* (one sequence) and for the whole unit (TP degree 1); the cost model
+divides by TP / DP degrees. Bytes assume the model's training dtype (``dtype_bytes``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from autopar.errors import AutoparError
+
+CKPT_MODES = ("none", "selective", "full")
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """One layer unit in execution order (embedding, a transformer block, norm + head, any module).
+
+    name:            the module's FQN (``embed``, ``layers.3``, ``head``, or an ``nn.Sequential`` index).
+    kind:            embedding | block | head | generic (informational; the numbers below decide cost).
+    params:          parameter count of the unit.
+    tp_params:       how many of ``params`` tensor parallelism shards (the rest, e.g. norms, is replicated).
+    flops:           forward FLOPs per sample (a multiply-add is 2 FLOPs). Backward costs 2x forward.
+    attn_core_flops: forward FLOPs per sample of the attention core (QK^T, softmax, .V); selective
+                     checkpointing recomputes exactly these.
+    act_tp_bytes:    bytes saved for backward per sample that TP shards (inside attention and MLP).
+    act_seq_bytes:   saved bytes per sample that TP alone replicates but sequence parallel shards
+                     (norm inputs, residuals, dropout masks).
+    act_attn_bytes:  saved bytes per sample of the attention core (scores, softmax); selective
+                     checkpointing drops them; TP shards them. Near zero with flash attention.
+    boundary_bytes:  bytes per sample of the unit's output (what a pipeline stage sends, what full
+                     checkpointing keeps of the unit's input).
+    tp_divisors:     a TP degree must divide each of these (heads, KV heads, FFN width, vocab).
+                     Empty: the unit has no TP plan and runs with tp = 1 only.
+    tp_comm_bytes:   bytes per sample all-reduced over the TP group in forward (backward: the same).
+    tp_collectives:  number of TP collectives per forward (each pays the latency).
+    tp_plan:         name of the unit's TP plan table in autopar.models (None: no TP).
+    """
+
+    name: str
+    kind: str = "generic"
+    params: int = 0
+    tp_params: int = 0
+    flops: float = 0.0
+    attn_core_flops: float = 0.0
+    act_tp_bytes: float = 0.0
+    act_seq_bytes: float = 0.0
+    act_attn_bytes: float = 0.0
+    boundary_bytes: float = 0.0
+    tp_divisors: tuple[int, ...] = ()
+    tp_comm_bytes: float = 0.0
+    tp_collectives: int = 0
+    tp_plan: str | None = None
+
+    def __post_init__(self) -> None:
+        for f in ("params", "tp_params", "flops", "attn_core_flops", "act_tp_bytes", "act_seq_bytes",
+                  "act_attn_bytes", "boundary_bytes", "tp_comm_bytes", "tp_collectives"):
+            if getattr(self, f) < 0:
+                raise AutoparError(f"layer {self.name}.{f}", f"is negative ({getattr(self, f)})",
+                                   "give a count or size of at least 0")
+        if self.tp_params > self.params:
+            raise AutoparError(f"layer {self.name}.tp_params", "exceeds params",
+                               "tp_params counts the TP-sharded part of params")
+
+    @property
+    def supports_tp(self) -> bool:
+        return bool(self.tp_divisors)
+
+    def tp_ok(self, tp: int) -> bool:
+        """Whether TP degree ``tp`` is legal for this unit (1 always is)."""
+        if tp == 1:
+            return True
+        return self.supports_tp and all(d % tp == 0 for d in self.tp_divisors)
+
+    def saved_bytes(self, ckpt: str, tp: int = 1, sp: bool = False) -> float:
+        """Activation bytes per sample this unit keeps for backward under (ckpt, tp, sp).
+
+        Korthikanti et al. (2205.05198) split: TP shards the attention/MLP interior, sequence
+        parallelism shards the rest; selective recompute drops the attention core; full recompute
+        keeps only the unit's input.
+        """
+        seq_div = tp if sp else 1
+        if ckpt == "none":
+            return (self.act_tp_bytes + self.act_attn_bytes) / tp + self.act_seq_bytes / seq_div
+        if ckpt == "selective":
+            return self.act_tp_bytes / tp + self.act_seq_bytes / seq_div
+        if ckpt == "full":
+            return self.boundary_bytes / seq_div
+        raise AutoparError("ckpt", f"unknown mode {ckpt!r}", f"use one of {', '.join(CKPT_MODES)}")
+
+    def recompute_flops(self, ckpt: str) -> float:
+        """Forward FLOPs per sample recomputed in backward under ``ckpt``."""
+        return {"none": 0.0, "selective": self.attn_core_flops, "full": self.flops}[ckpt]
+
+
+@dataclass
+class ModelSpec:
+    """A model as the planner sees it: ordered layer units plus the shape facts the CLI reports.
+
+    ``source`` is how to rebuild it (zoo name, HF config path, or ``pkg.module:factory``), so a plan
+    file can be re-estimated later.
+    """
+
+    name: str
+    seq_len: int
+    layers: list[LayerSpec]
+    hidden: int = 0
+    vocab: int = 0
+    num_heads: int = 0
+    num_kv_heads: int = 0
+    ffn: int = 0
+    dtype_bytes: int = 2
+    source: str = ""
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.seq_len <= 0:
+            raise AutoparError("seq_len", f"must be positive, got {self.seq_len}", "pass --seq-len N with N >= 1")
+        if not self.layers:
+            raise AutoparError("model", "has no layer units", "give a model with at least one module")
+        names = [ly.name for ly in self.layers]
+        if len(set(names)) != len(names):
+            dup = sorted({n for n in names if names.count(n) > 1})
+            raise AutoparError("model.layers", f"duplicate unit names {dup}", "name every unit uniquely")
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def num_params(self) -> int:
+        return sum(ly.params for ly in self.layers)
+
+    @property
+    def flops_per_sample(self) -> float:
+        """Forward FLOPs per sample."""
+        return sum(ly.flops for ly in self.layers)
+
+    @property
+    def model_flops_per_sample(self) -> float:
+        """Training FLOPs per sample for MFU (PaLM appendix B: forward + backward, recompute not counted)."""
+        return 3.0 * self.flops_per_sample
+
+    @property
+    def tokens_per_sample(self) -> int:
+        return self.seq_len
+
+    def layer(self, name: str) -> LayerSpec:
+        for ly in self.layers:
+            if ly.name == name:
+                return ly
+        raise AutoparError("layer", f"unknown unit {name!r} in model {self.name}",
+                           f"use one of {', '.join(ly.name for ly in self.layers[:4])}, ...")
+
+    def index(self) -> dict[str, int]:
+        """Unit name -> position."""
+        return {ly.name: i for i, ly in enumerate(self.layers)}

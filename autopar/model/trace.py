@@ -1,0 +1,346 @@
+"""Trace any ``nn.Module`` into a ModelSpec on the meta device: no real memory, no real compute.
+
+The module itself is not copied: ``torch.func.functional_call`` runs it with meta stand-ins for its
+parameters and buffers (cast to the training dtype), so a model far larger than host memory traces in
+milliseconds. One forward + backward runs under ``FlopCounterMode`` and ``saved_tensors_hooks``.
+
+Units: the module's top-level children in execution order, containers (``nn.Sequential``,
+``nn.ModuleList``, ``nn.ModuleDict``) expanded recursively into their children, each named by its FQN
+(``embed``, ``layers.3``, ``head``; ``0``, ``1``, ... for an ``nn.Sequential``). A module without
+children is one unit named ``model``. Per unit, per sample (divided by the example's batch size):
+
+* ``flops``: forward FLOPs. Work done in the root's own ``forward`` between units (glue such as a
+  tied ``x @ embed.weight.T``) is charged to the unit that ran last (before the first unit: the first).
+* ``params``: each parameter once (tied weights go to the first unit that runs with them); the root's
+  own parameters (e.g. a CLS token) go to the first unit; units that never run hand theirs to the
+  preceding unit in registration order.
+* Saved activations: every tensor autograd saves, each storage counted once (by the unit that saved
+  it first), parameters and buffers excluded, split by a stated rule: tensors whose last two dims are
+  both ``seq_len`` (attention scores) -> ``act_attn_bytes``; norm inputs and outputs, ``nn.Dropout``
+  masks and integer tensors (ids) -> ``act_seq_bytes``; the rest -> ``act_tp_bytes``. For a unit without a TP
+  plan the split has no effect (it runs at tp = 1). Bytes are what the eager meta kernels save (e.g.
+  CPU-style float dropout masks, unfused norms), so they can exceed the zoo's fused-kernel formulas.
+* ``attn_core_flops``: FLOPs of batched matmuls and SDPA kernels (``bmm``, ``baddbmm``,
+  ``*attention*``): what selective checkpointing recomputes.
+* ``boundary_bytes``: bytes of the unit's output (of the last unit: its input, since its output goes
+  to the loss on the same stage).
+
+TP plans come from ``autopar.models.unit_tp_info`` (the reference GPT / Llama): a unit it gives a
+plan is named ``<family>.<embed|block|head>`` (a key of ``autopar.models.TP_PLANS``), gets its TP
+divisors, ``tp_params`` (a block's >= 2-D weights, biases and norms counted as replicated; the
+vocab-sized tensors of embed / head) and the Megatron collectives of its kind (``TP_KINDS``). Any
+other unit runs with tp = 1 only, since the runtime has no plan for it.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.autograd.graph import saved_tensors_hooks
+from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils.flop_counter import FlopCounterMode
+
+from autopar.errors import AutoparError
+from autopar.model.spec import LayerSpec, ModelSpec
+
+CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+NORMS = (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm, nn.modules.batchnorm._BatchNorm)
+DTYPES = {2: torch.bfloat16, 4: torch.float32, 8: torch.float64}
+# Unit kinds of autopar.models TP plans (Megatron layout): LayerSpec.kind, all-reduces per forward,
+# the tensor whose bytes they carry, and which parameters the plan shards ("matrices": every >= 2-D
+# weight; "vocab": tensors with a vocab-sized dimension).
+TP_KINDS = {
+    "embed": {"kind": "embedding", "collectives": 1, "bytes_of": "output", "sharded": "vocab"},
+    "block": {"kind": "block", "collectives": 2, "bytes_of": "output", "sharded": "matrices"},
+    "head": {"kind": "head", "collectives": 1, "bytes_of": "input", "sharded": "vocab"},
+}
+
+
+def unit_modules(module: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The candidate units of ``module`` in registration order: (FQN, module)."""
+    def expand(prefix: str, mod: nn.Module) -> list[tuple[str, nn.Module]]:
+        if isinstance(mod, CONTAINERS) or not prefix:
+            return [u for n, c in mod.named_children() for u in expand(f"{prefix}.{n}" if prefix else n, c)]
+        return [(prefix, mod)]
+
+    return expand("", module) or [("model", module)]
+
+
+def _is_norm(mod: nn.Module) -> bool:
+    return isinstance(mod, NORMS) or type(mod).__name__.endswith("Norm")
+
+
+def _nbytes(tree) -> int:
+    return sum(t.numel() * t.element_size() for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor))
+
+
+def _sid(t: torch.Tensor) -> int:
+    """Storage identity (works on meta, where every data pointer is 0)."""
+    return t.untyped_storage()._cdata
+
+
+class _Recorder:
+    """Per-unit forward FLOPs, saved bytes and boundaries while the traced model runs."""
+
+    def __init__(self, units: dict[nn.Module, str], counter: FlopCounterMode, seq_len: int, skip: set[int]):
+        self.units, self.counter, self.seq_len, self.skip = units, counter, seq_len, skip
+        self.order: list[str] = []  # units by first execution
+        self.stack: list[str] = []  # units running now (a unit may call another)
+        self.last: str | None = None  # the unit that ran last: glue is charged to it
+        self.pending = self._new(0, 0)  # glue before the first unit
+        self.stats: dict[str, dict] = {}
+        self.mods: list[nn.Module] = []  # innermost module stack (all modules)
+        self.norm_out: set[int] = set()
+        self.keep: list[torch.Tensor] = []  # keeps saved storages alive so identities stay unique
+        self.mark = self._read()
+
+    @staticmethod
+    def _new(in_bytes: int, out_bytes: int | None) -> dict:
+        return {"flops": 0.0, "attn": 0.0, "tp": 0, "seq": 0, "attn_b": 0, "in": in_bytes, "out": out_bytes}
+
+    def _read(self) -> tuple[float, float]:
+        counts = self.counter.flop_counts.get("Global", {})
+        attn = sum(v for k, v in counts.items() if "bmm" in str(k) or "attention" in str(k))
+        return float(sum(counts.values())), float(attn)
+
+    def target(self) -> str | None:
+        return self.stack[-1] if self.stack else self.last
+
+    def _charge(self) -> None:
+        total, attn = self._read()
+        df, da = total - self.mark[0], attn - self.mark[1]
+        self.mark = (total, attn)
+        t = self.target()
+        st = self.stats[t] if t else self.pending
+        st["flops"] += df
+        st["attn"] += da
+
+    def pre(self, mod, args, kwargs) -> None:
+        self._charge()
+        name = self.units[mod]
+        if name not in self.stats:
+            self.order.append(name)
+            self.stats[name] = self._new(_nbytes((args, kwargs)), None)
+            if len(self.order) == 1:
+                for k in ("flops", "attn", "tp", "seq", "attn_b"):
+                    self.stats[name][k] += self.pending[k]
+        self.stack.append(name)
+
+    def post(self, mod, args, kwargs, out) -> None:
+        self._charge()
+        name = self.stack.pop()
+        if self.stats[name]["out"] is None:
+            self.stats[name]["out"] = _nbytes(out)
+        self.last = name
+
+    def any_pre(self, mod, args) -> None:
+        self.mods.append(mod)
+
+    def any_post(self, mod, args, out) -> None:
+        if self.mods and self.mods[-1] is mod:
+            self.mods.pop()
+        if _is_norm(mod):
+            self.norm_out.update(_sid(t) for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor))
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        sid = _sid(t)
+        if sid in self.skip:
+            return t
+        self.skip.add(sid)
+        self.keep.append(t)
+        t_name = self.target()
+        st = self.stats[t_name] if t_name else self.pending
+        inner = self.mods[-1] if self.mods else None
+        nbytes = t.untyped_storage().nbytes()
+        if t.dim() >= 2 and self.seq_len > 1 and t.shape[-1] == t.shape[-2] == self.seq_len:
+            bucket = "attn_b"
+        elif (inner is not None and (_is_norm(inner) or isinstance(inner, nn.Dropout))) \
+                or sid in self.norm_out or not (t.is_floating_point() or t.is_complex()):
+            bucket = "seq"
+        else:
+            bucket = "tp"
+        st[bucket] += nbytes
+        return t
+
+
+def _first_tensor(x) -> torch.Tensor | None:
+    return next((t for t in tree_flatten(x)[0] if isinstance(t, torch.Tensor)), None)
+
+
+def infer_seq_len(example_input) -> int:
+    """Tokens per sample of an example: dim 1 of token ids [b, s] or of activations [b, s, h]; else 1."""
+    x = _first_tensor(example_input)
+    if x is None or x.dim() < 2:
+        return 1
+    if x.dim() == 2 and x.is_floating_point():
+        return 1  # [batch, features]
+    return int(x.shape[1]) if x.dim() <= 3 else 1  # images [b, c, h, w]: no token axis
+
+
+def _to_meta(dtype: torch.dtype | None):
+    def conv(t):
+        if not isinstance(t, torch.Tensor):
+            return t
+        cast = dtype if dtype is not None and t.is_floating_point() else t.dtype
+        return torch.empty(t.shape, dtype=cast, device="meta")
+    return conv
+
+
+def _trace_error(name: str, err: BaseException) -> AutoparError:
+    msg = f"{type(err).__name__}: {err}".splitlines()[0][:240] if str(err) else type(err).__name__
+    return AutoparError("model", f"tracing {name} on the meta device failed ({msg})",
+                        "make forward() run on meta tensors (create tensors with device=x.device, register cached "
+                        "tensors as buffers) and give an example_input() that matches forward()'s arguments")
+
+
+def spec_from_module(module: nn.Module, example_input, name: str | None = None, seq_len: int | None = None,
+                     dtype_bytes: int | None = None, source: str = "") -> ModelSpec:
+    """Trace ``module`` on ``example_input`` (tensor, tuple of args or dict of kwargs) into a ModelSpec.
+
+    Nothing is allocated: parameters, buffers and inputs are replaced by meta tensors (floating ones
+    cast to ``dtype_bytes``: 2 -> bf16, 4 -> fp32, 8 -> fp64; default: the module's own dtype). The
+    module is left as it was (training mode restored, hooks removed). Any failure inside the model is
+    an AutoparError naming ``model``.
+    """
+    if not isinstance(module, nn.Module):
+        raise AutoparError("model", f"expected a torch.nn.Module, got {type(module).__name__}",
+                           "return an nn.Module from the factory")
+    name = name or type(module).__name__
+    if dtype_bytes is not None and dtype_bytes not in DTYPES:
+        raise AutoparError("dtype_bytes", f"must be 2, 4 or 8 to trace, got {dtype_bytes!r}", "use 2 for bf16 training")
+    own = next((p for p in module.parameters() if p.is_floating_point()), None)
+    dtype = DTYPES[dtype_bytes] if dtype_bytes is not None else None
+    dbytes = dtype_bytes or (own.element_size() if own is not None else 4)
+    first = _first_tensor(example_input)
+    batch = int(first.shape[0]) if first is not None and first.dim() >= 1 and first.shape[0] > 0 else 1
+    seq = seq_len if seq_len is not None else infer_seq_len(example_input)
+
+    params = dict(module.named_parameters())
+    meta_state = {k: _to_meta(dtype)(p).requires_grad_(p.requires_grad) for k, p in params.items()}
+    meta_state.update({k: _to_meta(dtype)(b) for k, b in module.named_buffers()})
+    skip = {_sid(t) for t in meta_state.values()}
+    units = unit_modules(module)
+    unit_of = {m: n for n, m in units}
+    inputs = tree_map(_to_meta(dtype), example_input)
+    args, kwargs = ((), inputs) if isinstance(inputs, dict) else \
+        ((tuple(inputs), {}) if isinstance(inputs, (tuple, list)) else ((inputs,), {}))
+
+    was_training = module.training
+    handles = []
+    counter = FlopCounterMode(display=False)
+    try:
+        module.train()
+        with counter:
+            rec = _Recorder(unit_of, counter, seq, skip)
+            for m in unit_of:
+                handles.append(m.register_forward_pre_hook(rec.pre, with_kwargs=True))
+                handles.append(m.register_forward_hook(rec.post, with_kwargs=True))
+            handles.append(nn.modules.module.register_module_forward_pre_hook(rec.any_pre))
+            handles.append(nn.modules.module.register_module_forward_hook(rec.any_post))
+            with saved_tensors_hooks(rec.pack, lambda t: t):
+                out = torch.func.functional_call(module, meta_state, args, kwargs)
+                rec._charge()
+            fwd_total = float(counter.get_total_flops())
+            grads = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
+            if grads:
+                sum(g.float().sum() for g in grads).backward()
+            bwd_total = float(counter.get_total_flops()) - fwd_total
+    except AutoparError:
+        raise
+    except Exception as err:  # anything the user's model raises on meta tensors
+        raise _trace_error(name, err) from err
+    finally:
+        for h in handles:
+            h.remove()
+        module.train(was_training)
+    if not rec.order:
+        raise AutoparError("model", f"{name} ran none of its units ({', '.join(n for n, _ in units[:4])})",
+                           "call the child modules from forward()")
+    return _build(module, name, units, rec, seq, batch, dbytes, source,
+                  {"forward_flops": fwd_total / batch, "backward_flops": bwd_total / batch, "batch": batch})
+
+
+def _unit_params(module: nn.Module, units, order: list[str]) -> dict[str, list[nn.Parameter]]:
+    """Each parameter once, by unit: first runner of a tied weight; root's own -> first unit; unused -> previous."""
+    rank = {n: i for i, n in enumerate(order)}
+    owner: dict[str, str] = {}  # unit that never ran -> the preceding unit (registration order) that did
+    prev = order[0]
+    for n, _ in units:
+        if n in rank:
+            prev = n
+        owner[n] = prev
+    seen: set[int] = set()
+    out: dict[str, list[nn.Parameter]] = {n: [] for n in order}
+    by_order = sorted(units, key=lambda u: rank.get(u[0], len(rank)))
+    for n, m in by_order:
+        for p in m.parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                out[owner[n]].append(p)
+    for p in module.parameters(recurse=False):
+        if id(p) not in seen:
+            seen.add(id(p))
+            out[order[0]].append(p)
+    return out
+
+
+def _tp_facts(model: nn.Module, name: str, unit: nn.Module) -> tuple[str | None, str, tuple[int, ...]]:
+    """(plan name, unit kind, TP divisors) from autopar.models; (None, "", ()) when it has no plan."""
+    from autopar.models import unit_kind, unit_tp_info
+
+    info = unit_tp_info(model, name, unit)
+    if info.plan is None or not info.divisors:
+        return None, "", ()
+    kind = unit_kind(name)
+    return f"{model.family}.{kind}", kind, tuple(info.divisors)
+
+
+def _sharded(p: torch.Tensor, rule: str, divisors: tuple[int, ...]) -> bool:
+    return p.dim() >= 2 if rule == "matrices" else any(n in divisors for n in p.shape)
+
+
+def _build(module, name, units, rec: _Recorder, seq, batch, dbytes, source, trace_meta) -> ModelSpec:
+    mods = dict(units)
+    per_unit = _unit_params(module, units, rec.order)
+    layers = []
+    for i, n in enumerate(rec.order):
+        st, mod = rec.stats[n], mods[n]
+        plan, tp_kind, divisors = _tp_facts(module, n, mod)
+        is_last = i == len(rec.order) - 1
+        boundary = (st["in"] if is_last else (st["out"] or 0)) / batch
+        ps = per_unit[n]
+        count = sum(p.numel() for p in ps)
+        tp_params, comm, coll, kind = 0, 0.0, 0, "generic"
+        if plan:
+            row = TP_KINDS[tp_kind]
+            tp_params = sum(p.numel() for p in ps if _sharded(p, row["sharded"], divisors))
+            coll, kind = row["collectives"], row["kind"]
+            carried = (st["out"] or 0) if row["bytes_of"] == "output" else st["in"]
+            comm = coll * carried / batch
+        layers.append(LayerSpec(
+            n, kind, params=count, tp_params=tp_params, flops=st["flops"] / batch,
+            attn_core_flops=st["attn"] / batch, act_tp_bytes=st["tp"] / batch, act_seq_bytes=st["seq"] / batch,
+            act_attn_bytes=st["attn_b"] / batch, boundary_bytes=boundary, tp_divisors=divisors,
+            tp_comm_bytes=comm, tp_collectives=coll, tp_plan=plan))
+    ran = set(rec.order)
+    meta = {"traced": trace_meta, "unused_units": [n for n, _ in units if n not in ran]}
+    return ModelSpec(name=name, seq_len=seq, layers=layers, dtype_bytes=dbytes, source=source, meta=meta,
+                     **_shape_facts(module))
+
+
+# ModelSpec shape fields <- config attribute names (autopar.models, HF, nanoGPT spellings)
+CONFIG_FIELDS = {"hidden": ("dim", "hidden_size", "n_embd"), "num_heads": ("n_heads", "num_attention_heads", "n_head"),
+                 "num_kv_heads": ("n_kv_heads", "num_key_value_heads"), "ffn": ("ffn_hidden", "intermediate_size"),
+                 "vocab": ("vocab_size",)}
+
+
+def _shape_facts(module: nn.Module) -> dict[str, int]:
+    """Shape facts for the CLI from ``module.config`` if it has one, else from its first nn.Embedding."""
+    cfg = getattr(module, "config", None)
+    facts = {f: next((v for a in attrs if isinstance(v := getattr(cfg, a, None), int)), 0)
+             for f, attrs in CONFIG_FIELDS.items()}
+    emb = next((m for m in module.modules() if isinstance(m, nn.Embedding)), None)
+    if emb is not None:
+        facts["vocab"] = facts["vocab"] or emb.num_embeddings
+        facts["hidden"] = facts["hidden"] or emb.embedding_dim
+    return facts

@@ -1,0 +1,149 @@
+"""The plan: what runs where. One schema for homogeneous (Galvatron-style) and asymmetric (FlashFlex-style) plans.
+
+Conventions the search, the cost model and the runtime share:
+
+* A plan has one or more **pipelines** (data-parallel replicas). Pipeline j trains on a contiguous
+  block of ``batch_share`` samples of the global batch, in pipeline order.
+* ``micro_batch_size`` is samples per micro-batch *of the whole pipeline*; ``batch_share ==
+  micro_batch_size * num_microbatches``. Micro-batch k of pipeline j holds samples
+  ``offset_j + k*mbs ... offset_j + (k+1)*mbs - 1``.
+* A **stage** holds ``devices`` (global device ids, node by node = launch rank order) and a run of
+  consecutive layer units. Each layer has its own strategy. For a layer with TP degree t on a stage
+  with n devices, the TP groups are consecutive chunks ``devices[i*t:(i+1)*t]`` and the DP groups are
+  the strided slices ``devices[j::t]``, so dp = n / t. DP rank r of a layer processes samples
+  ``r*mbs/dp ... (r+1)*mbs/dp - 1`` of each micro-batch.
+* The loss is the mean over every sample of the global batch; gradients equal the global-batch mean
+  gradient whatever the plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from autopar.cluster.cluster import Cluster
+from autopar.errors import AutoparError
+from autopar.model.spec import CKPT_MODES
+
+PLAN_VERSION = 1
+SCHEDULES = ("1f1b", "gpipe")
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """How one layer unit runs inside its stage."""
+
+    tp: int = 1
+    zero: int = 0  # 0 DDP, 1 sharded optimizer, 2 + sharded grads, 3 + sharded params (FSDP)
+    ckpt: str = "none"  # none | selective | full
+    sp: bool = False  # sequence parallel (needs tp > 1)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.tp, int) or self.tp < 1:
+            raise AutoparError("strategy.tp", f"must be an integer >= 1, got {self.tp!r}", "use 1, 2, 4, 8, ...")
+        if self.zero not in (0, 1, 2, 3):
+            raise AutoparError("strategy.zero", f"must be 0, 1, 2 or 3, got {self.zero!r}",
+                               "0 = DDP, 1 = sharded optimizer, 2 = + grads, 3 = + params")
+        if self.ckpt not in CKPT_MODES:
+            raise AutoparError("strategy.ckpt", f"unknown mode {self.ckpt!r}", f"use one of {', '.join(CKPT_MODES)}")
+        if self.sp and self.tp == 1:
+            raise AutoparError("strategy.sp", "sequence parallel needs tp > 1", "set sp: false or tp >= 2")
+
+    def short(self) -> str:
+        """Compact label, e.g. ``tp2 z3 full sp``."""
+        s = f"tp{self.tp} z{self.zero}"
+        if self.ckpt != "none":
+            s += f" {self.ckpt[:3]}"
+        if self.sp:
+            s += " sp"
+        return s
+
+
+@dataclass(frozen=True)
+class StageLayer:
+    name: str
+    strategy: Strategy = Strategy()
+
+
+@dataclass
+class Stage:
+    devices: list[int]
+    layers: list[StageLayer]
+
+    def dp(self, layer: StageLayer) -> int:
+        return len(self.devices) // layer.strategy.tp
+
+    def tp_groups(self, tp: int) -> list[list[int]]:
+        return [self.devices[i:i + tp] for i in range(0, len(self.devices), tp)]
+
+    def dp_groups(self, tp: int) -> list[list[int]]:
+        return [self.devices[j::tp] for j in range(tp)]
+
+    @property
+    def layer_names(self) -> list[str]:
+        return [ly.name for ly in self.layers]
+
+
+@dataclass
+class Pipeline:
+    batch_share: int
+    micro_batch_size: int
+    num_microbatches: int
+    stages: list[Stage]
+
+    @property
+    def devices(self) -> list[int]:
+        return [d for st in self.stages for d in st.devices]
+
+
+@dataclass
+class ModelRef:
+    """Enough to rebuild the ModelSpec: ``source`` is a zoo name, a HF config path or ``pkg.mod:factory``."""
+
+    name: str
+    seq_len: int
+    num_layers: int
+    source: str = ""
+
+
+@dataclass
+class Plan:
+    model: ModelRef
+    cluster: Cluster
+    global_batch_size: int
+    pipelines: list[Pipeline]
+    schedule: str = "1f1b"
+    memory_budget_gib: float | None = None  # per-device cap; None: each device's own memory
+    predicted: dict = field(default_factory=dict)
+    search: dict = field(default_factory=dict)
+    version: int = PLAN_VERSION
+
+    def __post_init__(self) -> None:
+        if self.schedule not in SCHEDULES:
+            raise AutoparError("schedule", f"unknown schedule {self.schedule!r}", f"use one of {', '.join(SCHEDULES)}")
+
+    @property
+    def stages(self) -> list[Stage]:
+        return [st for p in self.pipelines for st in p.stages]
+
+    @property
+    def devices(self) -> list[int]:
+        return [d for p in self.pipelines for d in p.devices]
+
+    @property
+    def world_size(self) -> int:
+        return len(self.devices)
+
+    @property
+    def is_asymmetric(self) -> bool:
+        """True when there is more than one pipeline (a homogeneous plan is one pipeline)."""
+        return len(self.pipelines) > 1
+
+    def placements(self, layer_name: str) -> list[tuple[int, int, StageLayer]]:
+        """(pipeline index, stage index, StageLayer) for every place ``layer_name`` runs."""
+        out = []
+        for pi, p in enumerate(self.pipelines):
+            for si, st in enumerate(p.stages):
+                for ly in st.layers:
+                    if ly.name == layer_name:
+                        out.append((pi, si, ly))
+        return out

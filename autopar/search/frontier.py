@@ -1,0 +1,144 @@
+"""Per-layer dynamic programming inside a stage: a Pareto frontier of (memory, time) per layout.
+
+For a run of layers, every assignment of strategies gives a stage time (sum of per-layer costs plus
+the cost of re-laying out activations where adjacent layers change (tp, sp)) and a memory need (sum
+of per-layer bytes). Keeping, for each layout of the last layer, only the points no other point
+beats in both memory and time is exact: any optimal completion of a dropped point is matched by the
+point that dominated it. No memory discretisation, so nothing is lost to rounding.
+
+Transformer blocks repeat, so ranges are keyed by their sequence of layer *signatures* in a trie:
+every range "embed + 7 blocks", wherever it starts, is computed once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from autopar.search.space import LayerCandidates
+
+MAX_POINTS_PER_LAYOUT = 4096  # frontiers beyond this are thinned (never reached on real models)
+
+
+@dataclass
+class Frontier:
+    mem: np.ndarray
+    time: np.ndarray
+    layout: np.ndarray
+    parent_point: np.ndarray  # index into the parent node's frontier (-1 at the first layer)
+    strategy: np.ndarray  # index into the layer's LayerCandidates
+    parent: int  # parent node id (-1: root)
+    sig: int
+
+
+class RangeTrie:
+    """Frontiers for every run of layer signatures, for one stage context and in-flight count."""
+
+    def __init__(self, candidates: dict[int, LayerCandidates], switch: dict[int, np.ndarray], inflight: int,
+                 mem_cap: float):
+        self.candidates = candidates
+        self.switch = switch  # sig of the previous layer -> [prev layout, new layout] seconds
+        self.inflight = inflight
+        self.mem_cap = mem_cap
+        self.nodes: list[Frontier] = []
+        self.children: dict[tuple[int, int], int] = {}
+        self._mem = {sig: c.costs.mem(inflight) for sig, c in candidates.items()}
+        self.points_examined = 0
+
+    def child(self, parent: int, sig: int) -> int:
+        key = (parent, sig)
+        node = self.children.get(key)
+        if node is None:
+            node = self._extend(parent, sig)
+            self.children[key] = node
+        return node
+
+    def _extend(self, parent: int, sig: int) -> int:
+        cand = self.candidates[sig]
+        c, m, lay = cand.costs.cost, self._mem[sig], cand.layouts
+        if parent < 0:
+            new_m, new_t = m.copy(), c.copy()
+            new_l, pp, st = lay.copy(), np.full(len(c), -1), np.arange(len(c))
+        else:
+            pf = self.nodes[parent]
+            sw = self.switch[pf.sig][pf.layout][:, lay]  # P x S
+            new_t = (pf.time[:, None] + (c[None, :] + sw)).ravel()
+            new_m = (pf.mem[:, None] + m[None, :]).ravel()
+            P, S = len(pf.time), len(c)
+            pp = np.repeat(np.arange(P), S)
+            st = np.tile(np.arange(S), P)
+            new_l = np.tile(lay, P)
+        self.points_examined += len(new_t)
+        ok = new_m <= self.mem_cap
+        new_m, new_t, new_l, pp, st = new_m[ok], new_t[ok], new_l[ok], pp[ok], st[ok]
+        keep = pareto_by_group(new_l, new_m, new_t)
+        self.nodes.append(Frontier(new_m[keep], new_t[keep], new_l[keep], pp[keep], st[keep], parent, sig))
+        return len(self.nodes) - 1
+
+    def best(self, node: int, mem_limit: float) -> tuple[float, int]:
+        """(least time, point index) among points needing at most ``mem_limit`` bytes; (inf, -1) if none."""
+        f = self.nodes[node]
+        ok = np.flatnonzero(f.mem <= mem_limit)
+        if len(ok) == 0:
+            return float("inf"), -1
+        i = ok[np.argmin(f.time[ok])]
+        return float(f.time[i]), int(i)
+
+    def min_mem(self, node: int) -> float:
+        f = self.nodes[node]
+        return float(f.mem.min()) if len(f.mem) else float("inf")
+
+    def trace(self, node: int, point: int) -> list[int]:
+        """Strategy indices (into each layer's candidates) of the assignment ending at ``point``."""
+        out = []
+        while node >= 0:
+            f = self.nodes[node]
+            out.append(int(f.strategy[point]))
+            point = int(f.parent_point[point])
+            node = f.parent
+        return out[::-1]
+
+
+def pareto_by_group(group: np.ndarray, mem: np.ndarray, time: np.ndarray) -> np.ndarray:
+    """Indices of points not dominated (in mem and time) by another point of the same group.
+
+    Ties keep the first point. Result is sorted by (group, mem). One vectorised pass: after sorting
+    by (group, mem, time), a point survives when it is faster than every earlier point of its group;
+    shifting each group's times below the previous group's makes one running minimum reset at
+    group boundaries.
+    """
+    n = len(mem)
+    if n == 0:
+        return np.zeros(0, dtype=int)
+    order = np.lexsort((time, mem, group))
+    g, t = group[order], time[order]
+    span = float(t.max() - t.min()) + 1.0
+    shifted = t - g * (2.0 * span)
+    prev_min = np.minimum.accumulate(np.r_[np.inf, shifted[:-1]])
+    new_group = np.r_[True, g[1:] != g[:-1]]
+    keep = new_group | (shifted < prev_min)
+    # The shift can round; decide survivors inside a group on the unshifted times.
+    idx = np.flatnonzero(keep)
+    if len(idx) > 1:
+        tk = t[idx]
+        same = g[idx][1:] == g[idx][:-1]
+        ok = np.ones(len(idx), dtype=bool)
+        ok[1:] = ~same | (tk[1:] < tk[:-1])
+        keep[:] = False
+        keep[idx[ok]] = True
+    out = order[keep]
+    if len(out) > MAX_POINTS_PER_LAYOUT * 8:
+        out = _thin(out, group, mem)
+    return out
+
+
+def _thin(idx: np.ndarray, group: np.ndarray, mem: np.ndarray) -> np.ndarray:
+    """Keep at most MAX_POINTS_PER_LAYOUT evenly spread points per group (only for huge frontiers)."""
+    parts = []
+    for gv in np.unique(group[idx]):
+        sel = idx[group[idx] == gv]
+        if len(sel) > MAX_POINTS_PER_LAYOUT:
+            sel = sel[np.unique(np.linspace(0, len(sel) - 1, MAX_POINTS_PER_LAYOUT).astype(int))]
+        parts.append(sel)
+    return np.concatenate(parts)

@@ -1,0 +1,189 @@
+"""Hierarchical partition of the device graph: devices into pipelines, each pipeline into ordered stages.
+
+Level 1, pipelines (data-parallel replicas): balanced in compute. Their gradient all-reduce crosses
+the cut between them, so the cut should run along *fast* links: METIS minimises the cut weight, and
+the weight of an edge is its slowness (fastest bandwidth / its bandwidth). The opposite cut (weight =
+bandwidth: pipelines keep whole fast islands, like one GPU type per pipeline) is offered too, and the
+cost model judges. Without pymetis the same two cuts are made greedily on the networkx device graph.
+
+Level 2, stages: a pipeline's devices on one node form a piece; a stage is a piece or an equal chunk
+of one, so every stage sits inside one machine and TP groups (level 3, chosen per layer by the
+frontier DP as consecutive chunks of the stage) stay on the node fabric. Stages are ordered along
+fast links, memory-rich first (1F1B's first stage holds the most micro-batches in flight).
+"""
+
+from __future__ import annotations
+
+import math
+
+from autopar.cluster.cluster import Cluster
+
+Devices = tuple[int, ...]
+Shape = tuple[tuple[Devices, ...], ...]  # pipelines -> ordered stages -> devices
+
+
+def canonical(shape: Shape) -> Shape:
+    """The same shape with its pipelines in a fixed order (pipeline order does not change the cost)."""
+    return tuple(sorted(shape, key=lambda p: min(min(s) for s in p)))
+
+
+def all_devices(shape: Shape) -> list[int]:
+    return sorted(d for p in shape for s in p for d in s)
+
+
+def pieces(cluster: Cluster, devices) -> list[Devices]:
+    """The devices grouped by node, in node order."""
+    by_node: dict[int, list[int]] = {}
+    for d in sorted(devices):
+        by_node.setdefault(cluster.node_of(d), []).append(d)
+    return [tuple(v) for _, v in sorted(by_node.items())]
+
+
+def chunk(piece: Devices, size: int) -> list[Devices]:
+    """``piece`` cut into consecutive chunks of ``size`` devices (the whole piece if size does not divide it)."""
+    if size <= 0 or len(piece) % size:
+        return [piece]
+    return [piece[i:i + size] for i in range(0, len(piece), size)]
+
+
+def stage_split(cluster: Cluster, devices, parts_per_piece: int = 1) -> list[Devices]:
+    """Stages of one pipeline: each of its node pieces cut into ``parts_per_piece`` equal chunks."""
+    out: list[Devices] = []
+    for pc in pieces(cluster, devices):
+        n = parts_per_piece if len(pc) % parts_per_piece == 0 else 1
+        out.extend(chunk(pc, len(pc) // n))
+    return out
+
+
+def _link_bw(cluster: Cluster, a: Devices, b: Devices) -> float:
+    return min(cluster.link(x, y)[0] for x in a[:1] for y in b[:1]) if a and b else 0.0
+
+
+def order_stages(cluster: Cluster, stages: list[Devices]) -> tuple[Devices, ...]:
+    """A path through the stages along fast links, starting memory-rich (then fast).
+
+    Greedy: start from the stage with the most memory per device (ties: fastest, then lowest id);
+    append the stage with the fastest link to the last one (ties: more memory, faster, lower id).
+    """
+    if not stages:
+        return ()
+
+    def rank(s: Devices):
+        g = cluster.gpu_of(s[0])
+        return (-min(cluster.gpu_of(d).memory_gib for d in s), -g.tflops, s[0])
+
+    left = sorted(stages, key=rank)
+    path = [left.pop(0)]
+    while left:
+        last = path[-1]
+        nxt = min(left, key=lambda s: (-_link_bw(cluster, last, s), rank(s)))
+        left.remove(nxt)
+        path.append(nxt)
+    return tuple(path)
+
+
+# -- level 1: pipelines ---------------------------------------------------------------------------
+def _chunks_for(cluster: Cluster, parts: int) -> list[Devices]:
+    """Vertices of the pipeline-level graph: node chunks small enough to give every part a share."""
+    out: list[Devices] = []
+    for n in range(cluster.num_nodes):
+        devs = tuple(cluster.node_devices(n))
+        size = math.gcd(len(devs), max(1, len(devs) // max(1, parts)))
+        out.extend(chunk(devs, max(1, size)))
+    return out
+
+
+def _edge_weights(cluster: Cluster, chunks: list[Devices], cut: str) -> dict[tuple[int, int], int]:
+    bws = {(i, j): cluster.link(chunks[i][0], chunks[j][0])[0] for i in range(len(chunks))
+           for j in range(i + 1, len(chunks))}
+    if not bws:
+        return {}
+    lo, hi = min(bws.values()), max(bws.values())
+    if cut == "fast":  # cutting a slow link is expensive: keep slow links inside pipelines
+        return {e: max(1, round(100 * hi / bw)) for e, bw in bws.items()}
+    return {e: max(1, round(100 * bw / lo)) for e, bw in bws.items()}
+
+
+def _metis(nparts: int, n: int, weights: dict[tuple[int, int], int], vweights: list[int]) -> list[int] | None:
+    try:
+        import pymetis
+    except ImportError:
+        return None
+    adj: list[list[tuple[int, int]]] = [[] for _ in range(n)]
+    for (i, j), w in weights.items():
+        adj[i].append((j, w))
+        adj[j].append((i, w))
+    xadj, adjncy, ew = [0], [], []
+    for row in adj:
+        for j, w in row:
+            adjncy.append(j)
+            ew.append(w)
+        xadj.append(len(adjncy))
+    try:
+        _, parts = pymetis.part_graph(nparts, xadj=xadj, adjncy=adjncy, vweights=vweights, eweights=ew)
+    except Exception:  # METIS refuses some tiny or degenerate graphs; the greedy cut covers them
+        return None
+    return list(parts)
+
+
+def _greedy(nparts: int, chunks: list[Devices], vweights: list[int], cut: str) -> list[int]:
+    """Balanced-compute assignment without METIS: chunks by decreasing compute to the lightest part.
+
+    ``fast`` cut: chunks of one node go to different parts in turn (the cut runs inside nodes);
+    ``slow`` cut: whole nodes first (chunks arrive node by node, so a node's chunks stay together
+    until its part is full).
+    """
+    load = [0] * nparts
+    out = [0] * len(chunks)
+    order = sorted(range(len(chunks)), key=lambda i: (-vweights[i], i)) if cut == "fast" else range(len(chunks))
+    for i in order:
+        j = min(range(nparts), key=lambda p: (load[p], p))
+        out[i] = j
+        load[j] += vweights[i]
+    return out
+
+
+def pipeline_groups(cluster: Cluster, parts: int) -> list[list[list[int]]]:
+    """Candidate groupings of all devices into ``parts`` pipelines (distinct, none empty)."""
+    if parts == 1:
+        return [[list(range(cluster.num_devices))]]
+    found: list[list[list[int]]] = []
+    seen: set = set()
+
+    def add(groups: list[list[int]]) -> None:
+        groups = [sorted(g) for g in groups if g]
+        if len(groups) != parts:
+            return
+        key = frozenset(frozenset(g) for g in groups)
+        if key not in seen:
+            seen.add(key)
+            found.append(groups)
+
+    # Node slicing: pipeline j takes slice j of every node (when parts divides every node).
+    if all(nd.count % parts == 0 for nd in cluster.nodes):
+        add([[d for n in range(cluster.num_nodes) for d in chunk(tuple(cluster.node_devices(n)),
+                                                                 cluster.nodes[n].count // parts)[j]]
+             for j in range(parts)])
+    chunks = _chunks_for(cluster, parts)
+    if len(chunks) >= parts:
+        vw = [max(1, round(sum(cluster.gpu_of(d).tflops for d in c))) for c in chunks]
+        for cut in ("fast", "slow"):
+            w = _edge_weights(cluster, chunks, cut)
+            assign = _metis(parts, len(chunks), w, vw) or _greedy(parts, chunks, vw, cut)
+            add([[d for i, c in enumerate(chunks) if assign[i] == j for d in c] for j in range(parts)])
+    return found
+
+
+def initial_shapes(cluster: Cluster, max_pipelines: int, max_stages: int) -> list[Shape]:
+    """Start points of the local search: each pipeline grouping with one or two stages per node piece."""
+    shapes: list[Shape] = []
+    seen: set = set()
+    for parts in range(1, max_pipelines + 1):
+        for groups in pipeline_groups(cluster, parts):
+            for per_piece in (1, 2):
+                shape = canonical(tuple(order_stages(cluster, stage_split(cluster, g, per_piece)) for g in groups))
+                if any(len(p) > max_stages for p in shape) or shape in seen:
+                    continue
+                seen.add(shape)
+                shapes.append(shape)
+    return shapes

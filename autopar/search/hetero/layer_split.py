@@ -1,0 +1,288 @@
+"""Layers to the stages of one asymmetric pipeline: per-stage tables, then the exact partition DP.
+
+Each stage has its own StageContext (its GPU type, size, links and memory), so a stage table
+``C[a, b]``, the least per-micro-batch cost of layers a..b-1 on that stage with the best per-layer
+(tp, zero, ckpt, sp) under *that* stage's memory, comes from the same frontier DP and ``layer_costs``
+as the homogeneous search. ``best_partition`` then splits the layers exactly for the given tables:
+the slowest stage gets fewer layers, the small-memory stage only what fits.
+
+Tables are cached by stage *kind* (GPU types, devices per node, links, memory budget): stages on
+equal nodes share them. ``buckets`` thins the frontiers for fast screening: points whose memory falls
+in the same (layout, memory bucket) keep only the fastest. Every kept point is a real assignment with
+its true memory, so a thinned table is never optimistic (its plans are real and fit); with
+``buckets=None`` the tables are exact.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from autopar.cluster.cluster import Cluster
+from autopar.estimate.layer_cost import StageContext, layout_switch_time, transient_bytes
+from autopar.estimate.plan_cost import device_budget_bytes, stage_link
+from autopar.model.spec import ModelSpec
+from autopar.plan.schema import Stage, StageLayer
+from autopar.search.frontier import Frontier, RangeTrie, pareto_by_group
+from autopar.search.homogeneous import layer_signatures
+from autopar.search.options import SearchOptions
+from autopar.search.partition import best_partition
+from autopar.search.space import layer_candidates, tp_degrees
+from cost_models import communication as comm
+from cost_models.memory import inflight_microbatches
+
+Devices = tuple[int, ...]
+
+
+class ThinTrie(RangeTrie):
+    """RangeTrie whose frontiers keep one point per (layout, memory bucket): fast, never optimistic."""
+
+    def __init__(self, candidates, switch, inflight: int, mem_cap: float, buckets: int):
+        super().__init__(candidates, switch, inflight, mem_cap)
+        self.bucket_bytes = max(mem_cap, 1.0) / buckets
+
+    def _extend(self, parent: int, sig: int) -> int:
+        cand = self.candidates[sig]
+        c, m, lay = cand.costs.cost, self._mem[sig], cand.layouts
+        if parent < 0:
+            new_m, new_t, new_l = m.copy(), c.copy(), lay.copy()
+            pp, st = np.full(len(c), -1), np.arange(len(c))
+        else:
+            pf = self.nodes[parent]
+            sw = self.switch[pf.sig][pf.layout][:, lay]
+            new_t = (pf.time[:, None] + (c[None, :] + sw)).ravel()
+            new_m = (pf.mem[:, None] + m[None, :]).ravel()
+            P, S = len(pf.time), len(c)
+            pp, st, new_l = np.repeat(np.arange(P), S), np.tile(np.arange(S), P), np.tile(lay, P)
+        self.points_examined += len(new_t)
+        ok = np.flatnonzero(new_m <= self.mem_cap)
+        if len(ok):
+            key = new_l[ok].astype(np.int64) * (1 << 32) + np.floor(new_m[ok] / self.bucket_bytes).astype(np.int64)
+            order = np.lexsort((new_t[ok], key))
+            first = np.r_[True, key[order][1:] != key[order][:-1]]
+            ok = ok[order[first]]
+        new_m, new_t, new_l, pp, st = new_m[ok], new_t[ok], new_l[ok], pp[ok], st[ok]
+        keep = pareto_by_group(new_l, new_m, new_t)
+        self.nodes.append(Frontier(new_m[keep], new_t[keep], new_l[keep], pp[keep], st[keep], parent, sig))
+        return len(self.nodes) - 1
+
+
+@dataclass
+class StageTable:
+    C: np.ndarray  # (L+1, L+1): least cost per micro-batch of layers a..b-1; inf where nothing fits
+    Mmin: np.ndarray  # least peak bytes per rank of layers a..b-1 (any strategy; for "nothing fits")
+    trie: RangeTrie
+    node_of: dict
+    cands: dict
+    room: float  # bytes for states + activations (budget - reserve)
+    transient: list[float]
+
+
+@dataclass
+class PipelineSplit:
+    """One pipeline with its layers placed: what ``best_partition`` chose for given stages and batching."""
+
+    stages: list[Devices]
+    micro_batch_size: int
+    num_microbatches: int
+    time: float  # the pipeline's step time, summed as ``pipeline_time`` sums it
+    bounds: list[int]
+    layers: list[list[StageLayer]] = field(default_factory=list)
+
+    @property
+    def share(self) -> int:
+        return self.micro_batch_size * self.num_microbatches
+
+    def plan_stages(self) -> list[Stage]:
+        return [Stage(list(d), list(ls)) for d, ls in zip(self.stages, self.layers)]
+
+
+def role(i: int, p: int) -> str:
+    """Which layer ranges stage i of p can hold: the first stage starts at layer 0, the last ends at L."""
+    if p == 1:
+        return "only"
+    return "first" if i == 0 else "last" if i == p - 1 else "middle"
+
+
+class LayerSplitter:
+    """Stage tables (cached by kind) and the per-pipeline layer split for one model and cluster."""
+
+    def __init__(self, model: ModelSpec, cluster: Cluster, opts: SearchOptions, buckets: int | None = None):
+        self.model, self.cluster, self.opts, self.buckets = model, cluster, opts, buckets
+        self.sigs = layer_signatures(model)
+        self.sig_layer = {s: model.layers[i] for i, s in enumerate(self.sigs)}
+        self.L = model.num_layers
+        self.bb = np.array([0.0] + [ly.boundary_bytes for ly in model.layers])
+        self.pruned: Counter = Counter()
+        self._cands: dict = {}
+        self._tables: dict = {}
+        self._kinds: dict = {}
+        self.builds = 0
+        self.candidates = 0
+
+    # -- stage kinds and tables ----------------------------------------------------------------
+    def kind(self, devices: Devices) -> tuple:
+        """Everything a stage's costs depend on besides batching: equal kinds have equal tables."""
+        hit = self._kinds.get(devices)
+        if hit is not None:
+            return hit
+        c = self.cluster
+        nodes: list[int] = []
+        for d in devices:
+            if not nodes or nodes[-1] != c.node_of(d):
+                nodes.append(c.node_of(d))
+        per_node = tuple((c.nodes[n].gpu, sum(1 for d in devices if c.node_of(d) == n), c.nodes[n].intra_bw,
+                          c.nodes[n].intra_lat_us) for n in nodes)
+        links = tuple(c.node_link(a, b) for a in nodes for b in nodes if a != b)
+        budget = min(device_budget_bytes(c, d, self.opts.memory_budget_gib) for d in devices)
+        key = (per_node, tuple(nodes.count(n) for n in nodes), links, budget)
+        self._kinds[devices] = key
+        return key
+
+    def _candidates(self, devices: Devices, mbs: int, m: int):
+        key = (self.kind(devices), mbs, m)
+        hit = self._cands.get(key)
+        if hit is None:
+            ctx = StageContext(self.cluster, tuple(devices), mbs, m, self.opts.params)
+            tps = tp_degrees(ctx, self.pruned)
+            layouts: dict = {}
+            cands = {s: layer_candidates(ly, ctx, tps, layouts, self.pruned, prune=self.opts.prune_dominated)
+                     for s, ly in self.sig_layer.items()}
+            order = sorted(layouts, key=layouts.get)
+            switch = {}
+            for s, ly in self.sig_layer.items():
+                switch[s] = np.array([[layout_switch_time(ly.boundary_bytes, a, b, ctx) for b in order]
+                                      for a in order]).reshape(len(order), len(order))
+            hit = (ctx, cands, switch)
+            self._cands[key] = hit
+        return hit
+
+    def least_costs(self, devices: Devices, mbs: int, m: int) -> np.ndarray:
+        """Per layer, its cheapest strategy's cost on this stage (memory ignored; inf if none is legal)."""
+        _, cands, _ = self._candidates(devices, mbs, m)
+        return np.array([float(cands[s].costs.cost.min()) if len(cands[s].strategies) else np.inf
+                         for s in self.sigs])
+
+    def table(self, devices: Devices, mbs: int, m: int, k: int, role: str = "any") -> StageTable:
+        """C and Mmin of a stage of this kind; ``role`` limits the ranges to those its position can hold.
+
+        first: ranges from layer 0; last: ranges to the last layer; middle: neither end; only: the
+        whole model; any: every range. The trie then builds only the frontiers those ranges need.
+        """
+        key = (self.kind(devices), mbs, m, k, role)
+        hit = self._tables.get(key)
+        if hit is not None:
+            return hit
+        ctx, cands, switch = self._candidates(devices, mbs, m)
+        reserve = self.opts.params.reserve_bytes
+        room = min(device_budget_bytes(self.cluster, d, self.opts.memory_budget_gib) for d in devices) - reserve
+        if self.buckets:
+            trie: RangeTrie = ThinTrie(cands, switch, k, room, self.buckets)
+        else:
+            trie = RangeTrie(cands, switch, k, room)
+        L = self.L
+        transient = [transient_bytes(ly, ctx) for ly in self.model.layers]
+        least = np.array([float(cands[s].costs.mem(k).min()) if len(cands[s].strategies) else np.inf
+                          for s in self.sigs])
+        C = np.full((L + 1, L + 1), np.inf)
+        Mmin = np.full((L + 1, L + 1), np.inf)
+        node_of: dict = {}
+        memo: dict = {}
+        a_range = {"first": range(1), "only": range(1), "middle": range(1, L)}.get(role, range(L))
+        b_top = L - 1 if role in ("first", "middle") else L
+        for a in a_range:
+            node, tmax, mmin = -1, 0.0, 0.0
+            for b in range(a + 1, L + 1):
+                if b > b_top:
+                    break
+                node = trie.child(node, self.sigs[b - 1])
+                tmax = max(tmax, transient[b - 1])
+                mmin += least[b - 1]
+                if role in ("last", "only") and b < L:
+                    continue
+                Mmin[a, b] = mmin + tmax + reserve
+                if node not in memo:
+                    memo[node] = trie.best(node, room - tmax)
+                C[a, b] = memo[node][0]
+                node_of[(a, b)] = node
+        self.builds += 1
+        self.candidates += trie.points_examined
+        tab = StageTable(C, Mmin, trie, node_of, cands, room, transient)
+        self._tables[key] = tab
+        return tab
+
+    # -- one pipeline --------------------------------------------------------------------------
+    def p2p_costs(self, stages: list[Devices], mbs: int) -> list[np.ndarray]:
+        """P_i[b]: both directions of stage i's boundary send when it ends at layer b (0 for the last)."""
+        out = []
+        for i in range(len(stages)):
+            Pi = np.zeros(self.L + 1)
+            if i + 1 < len(stages):
+                bw, lat = stage_link(self.cluster, list(stages[i]), list(stages[i + 1]))
+                Pi = 2.0 * comm.p2p_time(self.bb * mbs, bw, lat)
+                Pi[0] = 0.0
+            out.append(Pi)
+        return out
+
+    def split(self, stages: list[Devices], mbs: int, m: int) -> PipelineSplit | None:
+        """The best layer split (and per-layer strategies) of one pipeline; None if nothing fits."""
+        p = len(stages)
+        if p > self.L:
+            return None
+        ks = [inflight_microbatches(self.opts.schedule, p, i, m) for i in range(p)]
+        tabs = [self.table(st, mbs, m, k, role(i, p)) for i, (st, k) in enumerate(zip(stages, ks))]
+        part = best_partition([t.C for t in tabs], self.p2p_costs(stages, mbs), m)
+        if part is None or not np.isfinite(part.step_time):
+            return None
+        res = PipelineSplit(list(stages), mbs, m, part.step_time, part.bounds)
+        for i, tab in enumerate(tabs):
+            a, b = part.bounds[i], part.bounds[i + 1]
+            node = tab.node_of[(a, b)]
+            _, point = tab.trie.best(node, tab.room - max(tab.transient[a:b]))
+            picks = tab.trie.trace(node, point)
+            res.layers.append([StageLayer(self.model.layers[j].name, tab.cands[self.sigs[j]].strategies[picks[j - a]])
+                               for j in range(a, b)])
+        return res
+
+    def least_memory(self, stages: list[Devices], mbs: int, m: int) -> float:
+        """Least per-device peak (bytes) any split of this pipeline needs, whatever fits (for errors)."""
+        from autopar.search.partition import minmax_partition
+
+        p = len(stages)
+        if p > self.L:
+            return np.inf
+        ks = [inflight_microbatches(self.opts.schedule, p, i, m) for i in range(p)]
+        return minmax_partition([self.table(st, mbs, m, k, role(i, p)).Mmin
+                                 for i, (st, k) in enumerate(zip(stages, ks))])[0]
+
+    def guess(self, stages: list[Devices], mbs: int, m: int) -> float:
+        """A quick guess of the pipeline time (memory ignored): stages balanced by their speed."""
+        W = [float(self.least_costs(st, mbs, m).sum()) for st in stages]
+        if not all(np.isfinite(W)):
+            return np.inf
+        balanced = 1.0 / sum(1.0 / w for w in W if w > 0)
+        return (m - 1 + len(stages)) * balanced
+
+    def best(self, stages: list[Devices], share: int, tries: int = 2) -> PipelineSplit | None:
+        """Best split over micro-batch sizes dividing ``share``: the ``tries`` best guesses are solved."""
+        opts = []
+        for mbs in range(1, share + 1):
+            if share % mbs:
+                continue
+            m = share // mbs
+            if self.opts.num_microbatches and m not in self.opts.num_microbatches:
+                continue
+            opts.append((self.guess(stages, mbs, m), mbs, m))
+        opts.sort()
+        best: PipelineSplit | None = None
+        solved = 0
+        for g, mbs, m in opts:
+            if not np.isfinite(g) or solved >= tries and best is not None:
+                break
+            r = self.split(stages, mbs, m)
+            solved += 1
+            if r is not None and (best is None or r.time < best.time):
+                best = r
+        return best

@@ -1,0 +1,254 @@
+"""Search on a homogeneous cluster: PP degree and micro-batching, then per-layer strategies and the
+pipeline partition jointly (Galvatron-BMW's space, solved exactly under the cost model).
+
+Order of the decision tree: (1) PP degree p (stages of N/p devices, kept inside or across whole
+nodes), (2) micro-batch count m, (3) per layer (tp, zero, ckpt, sp) under the stage's memory by the
+frontier DP, (4) the partition by ``best_partition``. Configurations (p, m) are visited in order of
+a lower bound on their step time and the loop stops when the bound passes the best plan found.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from autopar.cluster.cluster import GIB, Cluster
+from autopar.errors import AutoparError
+from autopar.estimate.layer_cost import StageContext, layout_switch_time, transient_bytes
+from autopar.estimate.plan_cost import device_budget_bytes, stage_link
+from autopar.model.spec import ModelSpec
+from autopar.plan.schema import Pipeline, Stage, StageLayer
+from autopar.search.frontier import RangeTrie
+from autopar.search.options import SearchOptions
+from autopar.search.partition import best_partition, minmax_partition
+from autopar.search.space import layer_candidates, tp_degrees
+from cost_models import communication as comm
+from cost_models.memory import inflight_microbatches
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def layer_signatures(model: ModelSpec) -> list[int]:
+    """Equal ids for layers that differ only by name (repeated transformer blocks)."""
+    ids: dict = {}
+    return [ids.setdefault(replace(ly, name=""), len(ids)) for ly in model.layers]
+
+
+@dataclass
+class ConfigResult:
+    pp: int
+    num_microbatches: int
+    micro_batch_size: int
+    lower_bound: float
+    step_time: float = float("inf")
+    stages: list[Stage] = field(default_factory=list)
+    min_memory_gib: float = float("inf")  # least per-device need of any partition (for "nothing fits")
+    note: str = ""
+
+
+@dataclass
+class HomogeneousSearch:
+    """State of one search; ``run`` returns the best pipeline and the per-config results."""
+
+    model: ModelSpec
+    cluster: Cluster
+    global_batch_size: int
+    opts: SearchOptions
+    pruned: Counter = field(default_factory=Counter)
+    candidates: int = 0
+    timed_out: bool = False
+
+    def __post_init__(self) -> None:
+        self.sigs = layer_signatures(self.model)
+        self.sig_layer = {s: self.model.layers[i] for i, s in enumerate(self.sigs)}
+
+    # -- the decision tree's first two levels -------------------------------------------------
+    def configs(self) -> list[tuple[int, int]]:
+        N, L = self.cluster.num_devices, self.model.num_layers
+        G = self.cluster.gpus_per_node
+        out = []
+        pps = self.opts.pp_degrees or divisors(N)
+        for p in pps:
+            if N % p or p > L:
+                self.pruned["pp-more-stages-than-layers" if p > L else "pp-not-dividing-devices"] += 1
+                continue
+            n = N // p
+            if n % G and G % n:
+                self.pruned["pp-stage-straddles-node"] += 1
+                continue
+            for m in divisors(self.global_batch_size):
+                if self.opts.num_microbatches and m not in self.opts.num_microbatches:
+                    continue
+                out.append((p, m))
+        return out
+
+    def stage_devices(self, p: int, i: int) -> list[int]:
+        n = self.cluster.num_devices // p
+        return list(range(i * n, (i + 1) * n))
+
+    def context(self, p: int, m: int, i: int = 0) -> StageContext:
+        mbs = self.global_batch_size // m
+        return StageContext(self.cluster, tuple(self.stage_devices(p, i)), mbs, m, self.opts.params)
+
+    # -- one configuration --------------------------------------------------------------------
+    def candidates_for(self, p: int, m: int):
+        ctx = self.context(p, m)
+        tps = tp_degrees(ctx, self.pruned)
+        layouts: dict = {}
+        cands = {s: layer_candidates(ly, ctx, tps, layouts, self.pruned, prune=self.opts.prune_dominated)
+                 for s, ly in self.sig_layer.items()}
+        return ctx, cands, layouts
+
+    def lower_bound(self, p: int, m: int, cands) -> float:
+        """T >= (m - 1) * (sum of per-layer least costs) / p + that sum (memory ignored)."""
+        tot = 0.0
+        for s in self.sigs:
+            c = cands[s].costs.cost
+            if len(c) == 0:
+                return float("inf")
+            tot += float(c.min())
+        return (m - 1) * tot / p + tot
+
+    def evaluate(self, p: int, m: int, ctx: StageContext, cands, layouts, incumbent: float = float("inf")
+                 ) -> ConfigResult:
+        L, mbs = self.model.num_layers, ctx.micro_batch_size
+        res = ConfigResult(p, m, mbs, self.lower_bound(p, m, cands))
+        layout_list = sorted(layouts, key=layouts.get)
+        switch = {}
+        for s, ly in self.sig_layer.items():
+            sw = np.zeros((len(layout_list), len(layout_list)))
+            for a, la in enumerate(layout_list):
+                for b, lb in enumerate(layout_list):
+                    sw[a, b] = layout_switch_time(ly.boundary_bytes, la, lb, ctx)
+            switch[s] = sw
+        budget = device_budget_bytes(self.cluster, ctx.devices[0], self.opts.memory_budget_gib)
+        reserve = self.opts.params.reserve_bytes
+        transient = np.array([transient_bytes(ly, ctx) for ly in self.model.layers])
+        ks = [inflight_microbatches(self.opts.schedule, p, i, m) for i in range(p)]
+        C_by_k, trie_by_k, nodes_by_k, M_by_k = {}, {}, {}, {}
+        for k in sorted(set(ks)):
+            trie = RangeTrie(cands, switch, k, budget - reserve)
+            C = np.full((L + 1, L + 1), np.inf)
+            Mmin = np.full((L + 1, L + 1), np.inf)
+            node_of = {}
+            memo: dict[int, tuple[float, int]] = {}
+            least = np.array([float(cands[s].costs.mem(k).min()) if len(cands[s].strategies) else np.inf
+                              for s in self.sigs])
+            # Stage i runs some range [a, b) with i <= a and b <= L - (p - 1 - i); extending a range
+            # never lowers its cost or memory, so stop once it cannot fit or cannot beat the incumbent.
+            for a in range(L):
+                Mmin[a, a + 1:] = (np.cumsum(least[a:]) + np.maximum.accumulate(transient[a:])) + reserve
+                node, tmax = -1, 0.0
+                for b in range(a + 1, L + 1):
+                    tmax = max(tmax, transient[b - 1])
+                    if Mmin[a, b] > budget:
+                        self.pruned["range-over-memory"] += L + 1 - b
+                        break
+                    node = trie.child(node, self.sigs[b - 1])
+                    if node not in memo:
+                        memo[node] = trie.best(node, budget - reserve - tmax)
+                    C[a, b] = memo[node][0]
+                    node_of[(a, b)] = node
+                    if m * C[a, b] >= incumbent:
+                        self.pruned["range-over-incumbent"] += L - b
+                        break
+            C_by_k[k], trie_by_k[k], nodes_by_k[k], M_by_k[k] = C, trie, node_of, Mmin
+            self.candidates += trie.points_examined
+        res.min_memory_gib = minmax_partition([M_by_k[k] for k in ks])[0] / GIB
+        P = []
+        for i in range(p):
+            Pi = np.zeros(L + 1)
+            if i + 1 < p:
+                bw, lat = stage_link(self.cluster, self.stage_devices(p, i), self.stage_devices(p, i + 1))
+                bb = np.array([0.0] + [ly.boundary_bytes for ly in self.model.layers])
+                Pi = 2.0 * comm.p2p_time(bb * mbs, bw, lat)
+                Pi[0] = 0.0
+            P.append(Pi)
+        part = best_partition([C_by_k[k] for k in ks], P, m)
+        if part is None:
+            fits = res.min_memory_gib * GIB <= budget
+            res.note = "cannot beat the best plan" if fits else f"needs {res.min_memory_gib:.3g} GiB per device"
+            return res
+        res.step_time = part.step_time
+        for i in range(p):
+            a, b = part.bounds[i], part.bounds[i + 1]
+            k = ks[i]
+            node = nodes_by_k[k][(a, b)]
+            trie = trie_by_k[k]
+            _, point = trie.best(node, budget - reserve - max(transient[a:b]))
+            picks = trie.trace(node, point)
+            layers = [StageLayer(self.model.layers[j].name, cands[self.sigs[j]].strategies[picks[j - a]])
+                      for j in range(a, b)]
+            res.stages.append(Stage(self.stage_devices(p, i), layers))
+        return res
+
+    # -- the loop --------------------------------------------------------------------------
+    def run(self) -> tuple[ConfigResult | None, list[ConfigResult]]:
+        start = time.perf_counter()
+        scored = []
+        for p, m in self.configs():
+            ctx, cands, layouts = self.candidates_for(p, m)
+            scored.append((self.lower_bound(p, m, cands), p, m, ctx, cands, layouts))
+        scored.sort(key=lambda x: x[0])
+        best: ConfigResult | None = None
+        results: list[ConfigResult] = []
+        bar = _progress(len(scored), self.opts.progress)
+        for lb, p, m, ctx, cands, layouts in scored:
+            if best is not None and lb >= best.step_time:
+                self.pruned["config-lower-bound"] += 1
+                results.append(ConfigResult(p, m, ctx.micro_batch_size, lb, note="bound >= best"))
+                bar.update(1)
+                continue
+            if not np.isfinite(lb):
+                self.pruned["config-no-strategy"] += 1
+                results.append(ConfigResult(p, m, ctx.micro_batch_size, lb, note="no legal strategy"))
+                bar.update(1)
+                continue
+            if self.opts.time_budget_s is not None and time.perf_counter() - start > self.opts.time_budget_s:
+                self.timed_out = True
+                break
+            r = self.evaluate(p, m, ctx, cands, layouts, best.step_time if best else float("inf"))
+            results.append(r)
+            if r.stages and (best is None or r.step_time < best.step_time):
+                best = r
+            bar.update(1)
+        bar.close()
+        return best, results
+
+    def pipeline_of(self, r: ConfigResult) -> Pipeline:
+        return Pipeline(self.global_batch_size, r.micro_batch_size, r.num_microbatches, r.stages)
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _progress(total: int, enabled: bool):
+    if not enabled:
+        return _NoBar()
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="configs", unit="cfg", leave=False)
+
+
+def nothing_fits_error(results: list[ConfigResult], cluster: Cluster, opts: SearchOptions) -> AutoparError:
+    """The one-line 'no plan fits' error naming the closest setting and what it needs."""
+    tried = [r for r in results if np.isfinite(r.min_memory_gib)]
+    budget = opts.memory_budget_gib or min(g.memory_gib for g in cluster.gpu_types)
+    if not tried:
+        return AutoparError("global_batch_size", "no (pp, micro-batch) setting gives every layer a legal strategy",
+                            "pick a global batch size divisible by the data-parallel degrees (e.g. a power of 2)")
+    c = min(tried, key=lambda r: r.min_memory_gib)
+    return AutoparError(
+        "memory", f"no plan fits in {budget:.3g} GiB per device; the closest, pp={c.pp} with "
+        f"{c.num_microbatches} micro-batches of {c.micro_batch_size}, needs {c.min_memory_gib:.3g} GiB per device",
+        "add devices, raise --memory-budget, or lower --global-batch-size / --seq-len")

@@ -1,0 +1,31 @@
+"""SearchOptions: the knobs of a search, validated where they are made."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from autopar.errors import AutoparError
+from autopar.plan.schema import SCHEDULES
+from cost_models import CostParams
+
+
+@dataclass
+class SearchOptions:
+    memory_budget_gib: float | None = None  # per-device cap (None: each device's memory)
+    time_budget_s: float | None = None  # stop and return the best so far
+    schedule: str = "1f1b"
+    pp_degrees: list[int] | None = None  # restrict the PP degrees tried
+    num_microbatches: list[int] | None = None  # restrict the micro-batch counts tried
+    prune_dominated: bool = True
+    progress: bool = False
+    params: CostParams = field(default_factory=CostParams)
+
+    def __post_init__(self) -> None:
+        if self.memory_budget_gib is not None and self.memory_budget_gib <= 0:
+            raise AutoparError("memory_budget", f"must be positive, got {self.memory_budget_gib}",
+                               "pass --memory-budget GiB with a value > 0")
+        if self.time_budget_s is not None and self.time_budget_s <= 0:
+            raise AutoparError("time_budget", f"must be positive, got {self.time_budget_s}",
+                               "pass --time-budget seconds with a value > 0")
+        if self.schedule not in SCHEDULES:
+            raise AutoparError("schedule", f"unknown schedule {self.schedule!r}", f"use one of {', '.join(SCHEDULES)}")

@@ -1,0 +1,123 @@
+"""The strategy space of one layer in one stage, and the decision-tree pruning rules that shrink it.
+
+Every rule has a name and a counter, so ``autopar search --explain`` can say what was dropped and
+why. Rules that only remove *equivalent* or *dominated* candidates never change the optimum.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+
+from autopar.estimate.layer_cost import LayerCosts, StageContext, layer_costs
+from autopar.model.spec import CKPT_MODES, LayerSpec
+from autopar.plan.schema import Strategy
+
+RULES = {
+    "tp-not-dividing-stage": "TP degree must divide the stage's device count",
+    "tp-crosses-node": "TP groups stay inside one node (TP traffic needs the node fabric)",
+    "tp-not-dividing-unit": "TP degree must divide the unit's heads, KV heads, FFN width and vocab",
+    "tp-unsupported": "the unit has no TP plan, so it runs with tp = 1",
+    "dp-not-dividing-microbatch": "each data-parallel rank needs a whole number of samples",
+    "zero-without-dp": "with dp = 1 every ZeRO stage equals plain replication (kept: zero 0)",
+    "selective-equals-none": "the unit has no attention core to recompute (kept: ckpt none)",
+    "sp-no-effect": "sequence parallel changes nothing for a unit with no sequence-shardable activations",
+    "dominated": "slower and at least as large as another strategy with the same layout",
+}
+
+
+@dataclass
+class LayerCandidates:
+    """The strategies kept for one layer signature in one stage context, with their cost arrays."""
+
+    strategies: list[Strategy]
+    costs: LayerCosts
+    layouts: np.ndarray  # index into the layout table, per strategy
+
+
+def tp_degrees(ctx: StageContext, pruned: Counter) -> list[int]:
+    """TP degrees whose groups divide the stage and stay inside nodes."""
+    out = []
+    for tp in range(1, ctx.n + 1):
+        if ctx.n % tp:
+            pruned["tp-not-dividing-stage"] += 1
+            continue
+        groups = [ctx.devices[i:i + tp] for i in range(0, ctx.n, tp)]
+        if any(len({ctx.cluster.node_of(d) for d in g}) > 1 for g in groups):
+            pruned["tp-crosses-node"] += 1
+            continue
+        out.append(tp)
+    return out
+
+
+def enumerate_strategies(layer: LayerSpec, ctx: StageContext, tps: list[int], pruned: Counter) -> list[Strategy]:
+    """All (tp, zero, ckpt, sp) left after the structural rules, in a fixed order."""
+    has_attn = layer.attn_core_flops > 0 or layer.act_attn_bytes > 0
+    out = []
+    for tp in tps:
+        if tp > 1 and not layer.supports_tp:
+            pruned["tp-unsupported"] += 1
+            continue
+        if not layer.tp_ok(tp):
+            pruned["tp-not-dividing-unit"] += 1
+            continue
+        dp = ctx.n // tp
+        if ctx.micro_batch_size % dp:
+            pruned["dp-not-dividing-microbatch"] += 1
+            continue
+        for zero in (0, 1, 2, 3):
+            if dp == 1 and zero > 0:
+                pruned["zero-without-dp"] += 1
+                continue
+            for ckpt in CKPT_MODES:
+                if ckpt == "selective" and not has_attn:
+                    pruned["selective-equals-none"] += 1
+                    continue
+                for sp in ((False, True) if tp > 1 else (False,)):
+                    if sp and layer.act_seq_bytes == 0:
+                        pruned["sp-no-effect"] += 1
+                        continue
+                    out.append(Strategy(tp=tp, zero=zero, ckpt=ckpt, sp=sp))
+    return out
+
+
+def prune_dominated(strategies: list[Strategy], costs: LayerCosts, pruned: Counter) -> np.ndarray:
+    """Indices of strategies not dominated inside their (tp, sp) layout.
+
+    A dominates B when A's per-micro-batch cost, model-state bytes and activation bytes are all <=
+    B's (ties broken by order, so of equal candidates the first stays). Layout-equal strategies pay
+    the same switching costs, so dropping B can never lose the optimum.
+    """
+    n = len(strategies)
+    keep = np.ones(n, dtype=bool)
+    c, ms, ma = costs.cost, costs.mem_states, costs.mem_act
+    layout = [(s.tp, s.sp) for s in strategies]
+    eps = 1e-12
+    for j in range(n):
+        for i in range(n):
+            if i == j or not keep[i] or layout[i] != layout[j]:
+                continue
+            le = c[i] <= c[j] * (1 + eps) and ms[i] <= ms[j] * (1 + eps) and ma[i] <= ma[j] * (1 + eps)
+            strict = c[i] < c[j] * (1 - eps) or ms[i] < ms[j] * (1 - eps) or ma[i] < ma[j] * (1 - eps)
+            if le and (strict or i < j):
+                keep[j] = False
+                pruned["dominated"] += 1
+                break
+    return np.flatnonzero(keep)
+
+
+def layer_candidates(layer: LayerSpec, ctx: StageContext, tps: list[int], layout_index: dict,
+                     pruned: Counter, prune: bool = True) -> LayerCandidates:
+    """Strategies of ``layer`` after pruning, scored in ``ctx``. ``layout_index`` maps (tp, sp) -> id."""
+    strategies = enumerate_strategies(layer, ctx, tps, pruned)
+    if not strategies:
+        return LayerCandidates([], LayerCosts(*(np.zeros(0) for _ in range(6))), np.zeros(0, dtype=int))
+    costs = layer_costs(layer, strategies, ctx)
+    if prune:
+        keep = prune_dominated(strategies, costs, pruned)
+        strategies = [strategies[i] for i in keep]
+        costs = LayerCosts(*(getattr(costs, f)[keep] for f in ("fwd", "bwd", "step", "cost", "mem_states", "mem_act")))
+    layouts = np.array([layout_index.setdefault((s.tp, s.sp), len(layout_index)) for s in strategies], dtype=int)
+    return LayerCandidates(strategies, costs, layouts)

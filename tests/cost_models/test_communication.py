@@ -1,0 +1,80 @@
+"""Collective formulas against hand-computed values."""
+
+import numpy as np
+import pytest
+
+from cost_models import communication as comm
+
+GB = 1e9
+
+
+def test_p2p_is_latency_plus_bytes_over_bandwidth():
+    assert comm.p2p_time(1e9, 10 * GB, 5e-6) == pytest.approx(5e-6 + 0.1)
+    assert comm.p2p_time(0, 10 * GB, 5e-6) == 0.0
+
+
+def test_ring_allreduce_hand_value():
+    # 8 ranks, 1 GB, 100 GB/s, 10 us: 2*7/8*1/100 + 14*10us
+    assert comm.ring_allreduce_time(1e9, 8, 100 * GB, 10e-6) == pytest.approx(2 * 7 / 8 * 0.01 + 14 * 10e-6)
+
+
+def test_tree_allreduce_hand_value():
+    assert comm.tree_allreduce_time(1e9, 8, 100 * GB, 10e-6) == pytest.approx(2 * 3 * 10e-6 + 2 * 0.01)
+
+
+def test_allreduce_picks_ring_for_large_and_tree_for_small_messages():
+    big = comm.allreduce_time(1e9, 8, 100 * GB, 10e-6)
+    assert big == pytest.approx(comm.ring_allreduce_time(1e9, 8, 100 * GB, 10e-6))
+    small = comm.allreduce_time(1e3, 64, 100 * GB, 10e-6)
+    assert small == pytest.approx(comm.tree_allreduce_time(1e3, 64, 100 * GB, 10e-6))
+
+
+def test_allgather_and_reduce_scatter_hand_value():
+    assert comm.allgather_time(4e9, 4, 100 * GB, 1e-5) == pytest.approx(3 / 4 * 0.04 + 3e-5)
+    assert comm.reduce_scatter_time(4e9, 4, 100 * GB, 1e-5) == pytest.approx(3 / 4 * 0.04 + 3e-5)
+
+
+def test_single_rank_and_zero_bytes_cost_nothing():
+    for f in (comm.ring_allreduce_time, comm.tree_allreduce_time, comm.allgather_time):
+        assert f(1e9, 1, GB, 1e-5) == 0.0
+        assert f(0, 8, GB, 1e-5) == 0.0
+
+
+def test_hierarchical_allreduce_hand_value():
+    # 2 nodes x 8: RS intra (7/8 * S / 300) + AR inter on S/8 (2 nodes: ring 2*1/2 * S/8 / 12.5 vs tree)
+    S, intra, inter = 1e9, 300 * GB, 12.5 * GB
+    expected = (7 / 8 * S / intra + 7 * 3e-6) * 2 + min(
+        2 * 1 / 2 * (S / 8) / inter + 2 * 1 * 5e-6, 2 * 1 * 5e-6 + 2 * (S / 8) / inter)
+    got = comm.hierarchical_allreduce_time(S, 8, 2, intra, 3e-6, inter, 5e-6)
+    assert got == pytest.approx(expected)
+
+
+def test_hierarchical_degenerates_to_flat():
+    flat_intra = comm.allreduce_time(1e9, 8, 300 * GB, 3e-6)
+    assert comm.hierarchical_allreduce_time(1e9, 8, 1, 300 * GB, 3e-6, 12.5 * GB, 5e-6) == pytest.approx(flat_intra)
+    flat_inter = comm.allreduce_time(1e9, 4, 12.5 * GB, 5e-6)
+    assert comm.hierarchical_allreduce_time(1e9, 1, 4, 300 * GB, 3e-6, 12.5 * GB, 5e-6) == pytest.approx(flat_inter)
+
+
+def test_crossing_nodes_is_slower_than_staying_inside():
+    inside = comm.hierarchical_allreduce_time(1e9, 16, 1, 300 * GB, 3e-6, 12.5 * GB, 5e-6)
+    across = comm.hierarchical_allreduce_time(1e9, 8, 2, 300 * GB, 3e-6, 12.5 * GB, 5e-6)
+    assert across > inside
+
+
+def test_genmodel_reduces_to_ring_without_extra_terms_and_grows_with_incast():
+    S, n, a, b = 1e9, 8, 1e-5, 1 / (100 * GB)
+    assert comm.genmodel_allreduce_time(S, n, a, b) == pytest.approx(comm.ring_allreduce_time(S, n, 100 * GB, a))
+    base = comm.genmodel_allreduce_time(S, n, a, b, gamma=1e-11)
+    assert base == pytest.approx(2 * 7 * a + 2 * 7 / 8 * S * b + 7 / 8 * S * 1e-11)
+    assert comm.genmodel_allreduce_time(S, n, a, b, delta=0.5, fan_in=7) == pytest.approx(
+        comm.genmodel_allreduce_time(S, n, a, b) + 0.5 * 6 * S / 8 * b)
+
+
+def test_vectorised_over_arrays():
+    out = comm.allreduce_time(np.array([1e6, 1e9]), np.array([2, 8]), 100 * GB, 1e-5)
+    assert out.shape == (2,) and out[1] > out[0]
+
+
+def test_reduction_time_gamma_term():
+    assert comm.reduction_time(1e9, 4, 2e12) == pytest.approx(3 * 3 / 4 * 1e9 / 2e12)

@@ -1,0 +1,203 @@
+"""Launch scripts: contents, bash syntax, argument passing (run with stand-in torchrun/srun), bad input."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from launch_testlib import cpu_plan, mixed_plan, two_node_plan
+
+from autopar.errors import AutoparError
+from autopar.launch import write_launch_scripts
+from autopar.plan.io import load_plan, save_plan
+
+BASH = shutil.which("bash")
+
+
+@pytest.fixture
+def train(tmp_path) -> Path:
+    path = tmp_path / "train.py"
+    path.write_text("print('train')\n")
+    return path
+
+
+def _text(paths, name):
+    return next(p for p in paths if p.name == name).read_text()
+
+
+def _bash_n(path: Path) -> None:
+    r = subprocess.run([BASH, "-n", str(path)], capture_output=True, text=True)
+    assert r.returncode == 0, f"{path.name}: {r.stderr}"
+
+
+def test_two_node_torchrun_scripts(tmp_path, train):
+    plan = two_node_plan()
+    paths = write_launch_scripts(plan, train, tmp_path / "out", script_args=["--steps", "3"])
+    assert [p.name for p in paths] == ["plan.yaml", "node0.sh", "node1.sh"]  # no run_local.sh for 2 nodes
+    assert load_plan(paths[0]) == plan
+    for i, p in enumerate(paths[1:]):
+        text = p.read_text()
+        assert os.access(p, os.X_OK)
+        assert text.startswith("#!/usr/bin/env bash\n") and "\nset -euo pipefail\n" in text
+        for flag in ("--nnodes 2", "--nproc-per-node 4", f"--node-rank {i}", "--rdzv-backend static",
+                     '--master-addr "$MASTER_ADDR"', '--master-port "$MASTER_PORT"', "--max-restarts 0"):
+            assert f"  {flag} \\\n" in text
+        for var in ("OMP_NUM_THREADS", "CUDA_DEVICE_MAX_CONNECTIONS", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+                    "NCCL_ASYNC_ERROR_HANDLING"):
+            assert f"export {var}" in text
+        assert 'export CUDA_DEVICE_MAX_CONNECTIONS="${CUDA_DEVICE_MAX_CONNECTIONS:-1}"' in text
+        assert f"SCRIPT={train.resolve()}" in text and "SCRIPT_ARGS=(--steps 3)" in text
+        assert "#   node 0 (4 x A100-80G): local ranks 0-3 = global ranks 0-3 (pipeline 0 stage 0)" in text
+        assert "#   node 1 (4 x A100-80G): local ranks 0-3 = global ranks 4-7 (pipeline 0 stage 1)" in text
+        assert f"# This script: node {i} " in text
+        assert "c10d would ignore it and order nodes" in text
+        _bash_n(p)
+
+
+def test_single_node_cluster_gets_run_local(tmp_path, train):
+    paths = write_launch_scripts(cpu_plan([4]), train, tmp_path)
+    assert [p.name for p in paths] == ["plan.yaml", "node0.sh", "run_local.sh"]
+    text = _text(paths, "run_local.sh")
+    assert "  --standalone \\\n  --nnodes 1 \\\n  --nproc-per-node 4 \\\n" in text
+    assert "MASTER_ADDR" not in text  # standalone needs no rendezvous host
+    for p in paths[1:]:
+        _bash_n(p)
+
+
+def test_two_node_slurm_sbatch(tmp_path, train):
+    out = tmp_path / "launch dir"  # a space in the path must survive quoting
+    paths = write_launch_scripts(two_node_plan(), train, out, scheduler="slurm")
+    assert [p.name for p in paths] == ["plan.yaml", "node0.sh", "node1.sh", "autopar.sbatch"]
+    text = _text(paths, "autopar.sbatch")
+    directives = [ln for ln in text.splitlines() if ln.startswith("#SBATCH")]
+    assert directives == ["#SBATCH --job-name=autopar", "#SBATCH --output=%x-%j.out", "#SBATCH --nodes=2",
+                          "#SBATCH --ntasks-per-node=1", "#SBATCH --exclusive", "#SBATCH --gpus-per-node=4"]
+    assert 'export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"' in text
+    assert f"export AUTOPAR_DIR='{out.resolve()}'" in text
+    assert "srun --kill-on-bad-exit=1 bash -c 'exec bash \"$AUTOPAR_DIR/node${SLURM_NODEID}.sh\"'" in text
+    assert "hetjob" not in text
+    for p in paths[1:]:
+        _bash_n(p)
+
+
+def test_mixed_cluster_slurm_is_a_hetjob(tmp_path, train):
+    paths = write_launch_scripts(mixed_plan(), train, tmp_path, scheduler="slurm")
+    text = _text(paths, "autopar.sbatch")
+    head, _, rest = text.partition("#SBATCH hetjob\n")
+    assert "#SBATCH --nodes=2" in head and "#SBATCH --gpus-per-node=4" in head
+    assert "#SBATCH --nodes=1" in rest and "#SBATCH --gpus-per-node=2" in rest and "RTX3090" in rest
+    assert '"$SLURM_JOB_NODELIST_HET_GROUP_0" | head -n 1' in text
+    assert "srun --het-group=0 " in text and "node$((SLURM_NODEID + 0)).sh" in text
+    assert "srun --het-group=1 " in text and "node$((SLURM_NODEID + 2)).sh" in text
+    assert "wait -n" in text and 'scancel "$SLURM_JOB_ID"' in text
+    assert "--nproc-per-node 2" in _text(paths, "node2.sh") and "--node-rank 2" in _text(paths, "node2.sh")
+    for p in paths[1:]:
+        _bash_n(p)
+
+
+def _fake_bin(tmp_path: Path) -> Path:
+    """Stand-ins for the cluster tools absent here: they record what the real ones would have been given."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    tools = {
+        "torchrun": 'echo "BEGIN node=$(printf %s "$AUTOPAR_TEST_NODE")"\nfor a in "$@"; do echo "ARG $a"; done\n'
+                    'echo "ENV OMP=$OMP_NUM_THREADS CDMC=$CUDA_DEVICE_MAX_CONNECTIONS MASTER=$MASTER_ADDR:$MASTER_PORT"\n',
+        # srun: run the command once per node of the chosen het group, with SLURM_NODEID set.
+        "srun": 'group=0\nwhile [[ $1 == --* ]]; do case $1 in --het-group=*) group=${1#--het-group=};; esac; '
+                'shift; done\nIFS=, read -ra counts <<< "$FAKE_NODES"\n'
+                'for ((k = 0; k < ${counts[$group]}; k++)); do SLURM_NODEID=$k "$@" || exit $?; done\n',
+        "scontrol": 'echo "head-$3"; echo other\n',  # first host of the list it is given
+        "scancel": 'echo "CANCELLED $1"\n',
+    }
+    for name, body in tools.items():
+        path = bin_dir / name
+        path.write_text("#!/usr/bin/env bash\n" + body)
+        path.chmod(0o755)
+    return bin_dir
+
+
+def _blocks(stdout: str) -> list[list[str]]:
+    blocks: list[list[str]] = []
+    for line in stdout.splitlines():
+        if line.startswith("BEGIN"):
+            blocks.append([])
+        elif line.startswith("ARG "):
+            blocks[-1].append(line[4:])
+        elif line.startswith("ENV "):
+            blocks[-1].append(line)
+    return blocks
+
+
+def test_node_script_passes_exact_arguments(tmp_path, train):
+    paths = write_launch_scripts(two_node_plan(), train, tmp_path / "out",
+                                 script_args=["--name", "two words", "--x=$HOME"])
+    env = {**os.environ, "PATH": f"{_fake_bin(tmp_path)}:{os.environ['PATH']}", "MASTER_ADDR": "10.0.0.1"}
+    env.pop("OMP_NUM_THREADS", None)
+    r = subprocess.run([BASH, str(paths[2]), "--extra", "1"], env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    [args] = _blocks(r.stdout)
+    assert args[:14] == ["--nnodes", "2", "--nproc-per-node", "4", "--node-rank", "1", "--rdzv-backend", "static",
+                         "--master-addr", "10.0.0.1", "--master-port", "29500", "--max-restarts", "0"]
+    assert args[14:-1] == [str(train.resolve()), "--plan", str((tmp_path / "out" / "plan.yaml").resolve()),
+                           "--name", "two words", "--x=$HOME", "--extra", "1"]
+    omp = max(1, len(os.sched_getaffinity(0)) // 4)  # what nproc reports
+    assert args[-1] == f"ENV OMP={omp} CDMC=1 MASTER=10.0.0.1:29500"
+
+
+def test_node_script_requires_master_addr(tmp_path, train):
+    paths = write_launch_scripts(two_node_plan(), train, tmp_path / "out")
+    env = {k: v for k, v in os.environ.items() if k != "MASTER_ADDR"}
+    env["PATH"] = f"{_fake_bin(tmp_path)}:{os.environ['PATH']}"
+    r = subprocess.run([BASH, str(paths[1])], env=env, capture_output=True, text=True)
+    assert r.returncode != 0 and "set MASTER_ADDR to the address of node 0" in r.stderr
+
+
+@pytest.mark.parametrize("plan_fn, nodes, groups", [(two_node_plan, [4, 4], "2"), (mixed_plan, [4, 4, 2], "2,1")])
+def test_sbatch_starts_every_node_with_its_node_rank(tmp_path, train, plan_fn, nodes, groups):
+    paths = write_launch_scripts(plan_fn(), train, tmp_path / "out", scheduler="slurm")
+    env = {**os.environ, "PATH": f"{_fake_bin(tmp_path)}:{os.environ['PATH']}", "FAKE_NODES": groups,
+           "SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "n[1-9]", "SLURM_JOB_NODELIST_HET_GROUP_0": "a[1-2]"}
+    r = subprocess.run([BASH, str(paths[-1])], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    blocks = _blocks(r.stdout)
+    ranks = sorted((int(b[b.index("--node-rank") + 1]), int(b[b.index("--nproc-per-node") + 1])) for b in blocks)
+    assert ranks == list(enumerate(nodes))  # every plan node once, with its own GPU count
+    head = "head-a[1-2]" if len(nodes) == 3 else "head-n[1-9]"  # hetjob: component 0's first host
+    assert all(b[-1].endswith(f"MASTER={head}:29500") for b in blocks)
+
+
+def test_c10d_rendezvous_only_for_homogeneous_clusters(tmp_path, train):
+    paths = write_launch_scripts(two_node_plan(), train, tmp_path / "a", rendezvous="c10d")
+    text = _text(paths, "node1.sh")
+    assert "--rdzv-backend c10d" in text and '--rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT"' in text
+    assert "--node-rank" not in text.split("exec torchrun")[1]
+    _bash_n(paths[1])
+    with pytest.raises(AutoparError, match=r"^rendezvous: c10d orders nodes by hostname"):
+        write_launch_scripts(mixed_plan(), train, tmp_path / "b", rendezvous="c10d")
+
+
+def test_bad_input(tmp_path, train):
+    out = tmp_path / "never"
+    with pytest.raises(AutoparError, match=r"^scheduler: unknown scheduler 'pbs'; use one of torchrun, slurm"):
+        write_launch_scripts(two_node_plan(), train, out, scheduler="pbs")
+    with pytest.raises(AutoparError, match=r"^script: training script .*missing.py does not exist"):
+        write_launch_scripts(two_node_plan(), tmp_path / "missing.py", out)
+    with pytest.raises(AutoparError, match=r"^rendezvous: unknown rendezvous 'etcd'"):
+        write_launch_scripts(two_node_plan(), train, out, rendezvous="etcd")
+    bad = two_node_plan()
+    bad.global_batch_size = 99
+    with pytest.raises(AutoparError, match=r"^pipelines\[\*\]\.batch_share: shares \[16\] sum to 16"):
+        write_launch_scripts(bad, train, out)
+    with pytest.raises(AutoparError, match=r"^plan: file .* does not exist"):
+        write_launch_scripts(tmp_path / "nope.yaml", train, out)
+    assert not out.exists()  # nothing written for bad input
+
+
+def test_plan_path_is_accepted(tmp_path, train):
+    plan_file = save_plan(mixed_plan(), tmp_path / "p.yaml")
+    paths = write_launch_scripts(plan_file, train, tmp_path / "out")
+    assert [p.name for p in paths] == ["plan.yaml", "node0.sh", "node1.sh", "node2.sh"]
+    assert load_plan(paths[0]) == mixed_plan()

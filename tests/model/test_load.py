@@ -1,0 +1,212 @@
+"""load_model: zoo names, HF config.json files, pkg.module:factory; round trips through ``source``; bad input."""
+
+import json
+import sys
+import textwrap
+
+import pytest
+
+from autopar.errors import AutoparError
+from autopar.model import from_zoo, load_model
+
+from . import refmodels
+
+LLAMA3_8B = {"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
+             "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256,
+             "max_position_embeddings": 8192, "tie_word_embeddings": False, "hidden_act": "silu",
+             "rms_norm_eps": 1e-5, "rope_theta": 500000.0}
+GPT2 = {"model_type": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12, "n_inner": None, "vocab_size": 50257,
+        "n_positions": 1024, "resid_pdrop": 0.1, "activation_function": "gelu_new"}
+BERT_BASE = {"model_type": "bert", "num_hidden_layers": 12, "hidden_size": 768, "num_attention_heads": 12,
+             "intermediate_size": 3072, "vocab_size": 30522, "max_position_embeddings": 512, "type_vocab_size": 2,
+             "hidden_dropout_prob": 0.1}
+
+
+def _write(tmp_path, cfg, name="config.json"):
+    path = tmp_path / name
+    path.write_text(json.dumps(cfg))
+    return path
+
+
+def test_llama_style_config_equals_zoo(tmp_path):
+    (tmp_path / "llama3").mkdir()
+    path = _write(tmp_path / "llama3", LLAMA3_8B)
+    m = load_model(str(path))
+    z = from_zoo("llama3-8b")
+    assert m.name == "llama3" and m.source == str(path.resolve()) and m.seq_len == 8192
+    assert [ly for ly in m.layers] == [ly for ly in z.layers]
+    assert load_model(str(tmp_path / "llama3"), seq_len=2048).flops_per_sample == from_zoo("llama3-8b", 2048).flops_per_sample
+
+
+def test_gpt2_style_config(tmp_path):
+    m = load_model(str(_write(tmp_path, GPT2)))
+    assert m.num_params == 124_439_808  # GPT2LMHeadModel "gpt2", tied LM head
+    assert m.seq_len == 1024 and m.vocab == 50257 and m.ffn == 3072 and m.meta["tied_embeddings"]
+    assert m.layers[1].tp_plan == "gpt.block" and m.layers[1].act_seq_bytes == 1024 * 768 * (4 * 2 + 2)
+    with pytest.raises(AutoparError, match="^seq_len: .*up to 1024"):
+        load_model(str(tmp_path / "config.json"), seq_len=2048)
+
+
+def test_neox_and_mistral_configs(tmp_path):
+    pythia = {"model_type": "gpt_neox", "num_hidden_layers": 12, "hidden_size": 768, "num_attention_heads": 12,
+              "intermediate_size": 3072, "vocab_size": 50304, "max_position_embeddings": 2048,
+              "rotary_pct": 0.25, "use_parallel_residual": True, "tie_word_embeddings": False}
+    m = load_model(str(_write(tmp_path, pythia, "pythia-160m.json")))
+    assert m.name == "pythia-160m" and m.num_params == 162_322_944  # Pythia paper, table 1
+    assert m.num_params - m.layers[0].params - 50304 * 768 == 85_056_000  # its non-embedding count
+    mistral = {**LLAMA3_8B, "model_type": "mistral", "vocab_size": 32000, "max_position_embeddings": 32768,
+               "_name_or_path": "mistralai/Mistral-7B-v0.1"}
+    m = load_model(str(_write(tmp_path, mistral)))
+    assert m.name == "mistralai/Mistral-7B-v0.1" and m.num_params == 7_241_732_096
+    assert m.seq_len == 8192  # max_position_embeddings capped: pass --seq-len for long context
+
+
+def test_bert_config_equals_zoo(tmp_path):
+    m = load_model(str(_write(tmp_path, BERT_BASE)))
+    assert m.layers == from_zoo("bert-base").layers
+
+
+def test_vit_config(tmp_path):
+    cfg = {"model_type": "vit", "num_hidden_layers": 32, "hidden_size": 1280, "num_attention_heads": 16,
+           "intermediate_size": 5120, "image_size": 224, "patch_size": 14, "num_channels": 3,
+           "id2label": {str(i): str(i) for i in range(1000)}}
+    assert load_model(str(_write(tmp_path, cfg))).layers == from_zoo("vit-huge").layers
+
+
+@pytest.mark.parametrize("spec", ["llama2-70b", "gpt-tiny"])
+def test_zoo_round_trip(spec):
+    m = load_model(spec, seq_len=16)
+    again = load_model(m.source, m.seq_len)
+    assert again.layers == m.layers and again.seq_len == 16
+
+
+def test_hf_round_trip(tmp_path):
+    m = load_model(str(_write(tmp_path, LLAMA3_8B)), seq_len=512)
+    assert load_model(m.source, m.seq_len).layers == m.layers
+
+
+def test_factory_round_trip():
+    spec = f"{refmodels.__name__}:gpt_tiny"
+    m = load_model(spec)  # seq_len from the model's config; built on the meta device
+    assert m.seq_len == 32
+    assert m.source == spec and [ly.name for ly in m.layers] == ["embed", "layers.0", "layers.1", "layers.2",
+                                                                  "layers.3", "head"]
+    assert m.num_params == from_zoo("gpt-tiny").num_params
+    assert m.layers[1].tp_plan == "gpt.block" and m.layers[1].tp_divisors == (4, 256)
+    assert load_model(m.source, m.seq_len).layers == m.layers
+
+
+@pytest.fixture
+def factory_dir(tmp_path, monkeypatch):
+    """A project folder with factory modules, as the cwd (load_model imports from it like `python -m`)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    yield tmp_path
+    for name in [n for n in sys.modules if n.startswith("autopar_fac_")]:
+        del sys.modules[name]
+
+
+def _module(folder, name, body):
+    (folder / f"{name}.py").write_text(textwrap.dedent(body))
+
+
+def test_factory_with_example_input(factory_dir):
+    _module(factory_dir, "autopar_fac_img", """
+        import torch
+        from torch import nn
+        def build():
+            return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 16 * 16, 10))
+        def example_input():
+            return torch.randn(4, 3, 16, 16)
+    """)
+    m = load_model("autopar_fac_img:build")
+    assert [ly.name for ly in m.layers] == ["0", "1", "2", "3"]
+    assert m.layers[0].flops == 2 * 8 * 3 * 9 * 16 * 16 and m.layers[3].flops == 2 * 8 * 16 * 16 * 10
+    assert m.seq_len == 1 and load_model(m.source, m.seq_len).layers == m.layers
+
+
+def test_factory_seq_len_from_example_input(factory_dir):
+    _module(factory_dir, "autopar_fac_seq", """
+        import torch
+        from torch import nn
+        def build():
+            return nn.Sequential(nn.Embedding(50, 8), nn.Linear(8, 50))
+        def example_input(seq_len):
+            return torch.zeros(2, seq_len or 12, dtype=torch.long)
+    """)
+    assert load_model("autopar_fac_seq:build").seq_len == 12
+    m = load_model("autopar_fac_seq:build", seq_len=20)
+    assert m.seq_len == 20 and m.layers[1].flops == 2 * 20 * 8 * 50
+
+
+BAD_FACTORIES = {
+    "autopar_fac_nomod_xyz:build": "cannot import 'autopar_fac_nomod_xyz'",
+    "autopar_fac_bad:missing": "has no 'missing'",
+    "autopar_fac_bad:NUMBER": "not a callable",
+    "autopar_fac_bad:not_module": "returned a dict, not an nn.Module",
+    "autopar_fac_bad:raises": "raised RuntimeError: broken",
+    "autopar_fac_bad:data_dependent": "tracing autopar_fac_bad:data_dependent on the meta device failed",
+}
+
+
+@pytest.mark.parametrize("spec", sorted(BAD_FACTORIES))
+def test_bad_factories(factory_dir, spec):
+    _module(factory_dir, "autopar_fac_bad", """
+        import torch
+        from torch import nn
+        NUMBER = 3
+        def not_module():
+            return {}
+        def raises():
+            raise RuntimeError("broken")
+        class DataDependent(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.emb = nn.Embedding(10, 4)
+            def forward(self, ids):
+                x = self.emb(ids)
+                return x if x.sum() > 0 else -x
+        def data_dependent():
+            return DataDependent()
+    """)
+    with pytest.raises(AutoparError, match="^model: ") as err:
+        load_model(spec, seq_len=8)
+    assert BAD_FACTORIES[spec] in str(err.value) and "\n" not in str(err.value)
+
+
+def test_factory_needs_a_length_or_an_example(factory_dir):
+    _module(factory_dir, "autopar_fac_len", """
+        from torch import nn
+        def lm():
+            return nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 10))
+        def mlp():
+            return nn.Sequential(nn.Linear(4, 4))
+    """)
+    with pytest.raises(AutoparError, match="^seq_len: cannot tell"):
+        load_model("autopar_fac_len:lm")
+    assert load_model("autopar_fac_len:lm", seq_len=6).seq_len == 6
+    with pytest.raises(AutoparError, match="^model: .*no example_input"):
+        load_model("autopar_fac_len:mlp", seq_len=6)
+
+
+@pytest.mark.parametrize(("content", "problem"), [
+    (None, "not found"),
+    ("{not json", "not valid JSON"),
+    ("[1, 2]", "not a JSON object"),
+    (json.dumps({"model_type": "mamba"}), "model_type 'mamba' is not supported"),
+    (json.dumps({**LLAMA3_8B, "num_hidden_layers": None}), "'num_hidden_layers' is missing"),
+    (json.dumps({**LLAMA3_8B, "num_key_value_heads": 5}), "5 KV heads do not divide 32 heads"),
+])
+def test_bad_configs(tmp_path, content, problem):
+    path = tmp_path / "config.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(AutoparError, match="^model") as err:
+        load_model(str(path))
+    assert problem in str(err.value)
+
+
+@pytest.mark.parametrize("spec", ["", "   ", "llama-7b", "no such thing"])
+def test_unknown_names(spec):
+    with pytest.raises(AutoparError, match="^model: .*autopar list models"):
+        load_model(spec)

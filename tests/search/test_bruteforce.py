@@ -1,0 +1,119 @@
+"""The search is exact under the cost model: brute force over every per-layer assignment, every
+partition and every (pp, micro-batch) setting finds nothing better, and the plan's estimate is the
+number the search optimised."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from autopar.estimate import estimate_plan
+from autopar.estimate.layer_cost import StageContext, layer_costs, layout_switch_time, transient_bytes
+from autopar.estimate.plan_cost import device_budget_bytes, stage_link
+from autopar.model.spec import CKPT_MODES
+from autopar.plan.schema import Strategy
+from autopar.search import SearchOptions, search
+from cost_models import CostParams
+from cost_models import communication as comm
+from cost_models.memory import inflight_microbatches
+from tests.search.tiny import gpt_like, small_cluster
+
+PARAMS = CostParams(reserve_gib=0.0)
+
+
+def raw_strategies(layer, ctx):
+    """Every legal strategy, with no equivalence or dominance pruning."""
+    out = []
+    for tp in (1, 2, 4):
+        if ctx.n % tp or tp > 2 or not layer.tp_ok(tp) or ctx.micro_batch_size % (ctx.n // tp):
+            continue  # 2 GPUs per node: TP stays inside a node
+        for zero, ckpt in itertools.product(range(4), CKPT_MODES):
+            for sp in ((False, True) if tp > 1 else (False,)):
+                out.append(Strategy(tp, zero, ckpt, sp))
+    return out
+
+
+def best_stage(layers, ctx, inflight, budget):
+    """Least stage cost over the full product of strategies (numpy broadcasting), inf if nothing fits."""
+    per = [raw_strategies(ly, ctx) for ly in layers]
+    if any(not s for s in per):
+        return np.inf
+    total_c, total_m = 0.0, 0.0
+    for j, (ly, strats) in enumerate(zip(layers, per)):
+        lc = layer_costs(ly, strats, ctx)
+        shape = [1] * len(layers)
+        shape[j] = len(strats)
+        total_c = total_c + lc.cost.reshape(shape)
+        total_m = total_m + lc.mem(inflight).reshape(shape)
+        if j:
+            sw = np.array([[layout_switch_time(layers[j - 1].boundary_bytes, (a.tp, a.sp), (b.tp, b.sp), ctx)
+                            for b in strats] for a in per[j - 1]])
+            shp = [1] * len(layers)
+            shp[j - 1], shp[j] = sw.shape
+            total_c = total_c + sw.reshape(shp)
+    room = budget - PARAMS.reserve_bytes - max(transient_bytes(ly, ctx) for ly in layers)
+    ok = total_m <= room
+    return float(total_c[ok].min()) if ok.any() else np.inf
+
+
+def brute_force(model, cluster, B, budget_gib):
+    N, L = cluster.num_devices, model.num_layers
+    best = np.inf
+    for p in (1, 2, 4):
+        if p > L:
+            continue
+        n = N // p
+        for m in [d for d in range(1, B + 1) if B % d == 0]:
+            mbs = B // m
+            for cuts in itertools.combinations(range(1, L), p - 1):
+                bounds = [0, *cuts, L]
+                C, P = [], []
+                for i in range(p):
+                    devs = list(range(i * n, (i + 1) * n))
+                    ctx = StageContext(cluster, tuple(devs), mbs, m, PARAMS)
+                    budget = device_budget_bytes(cluster, 0, budget_gib)
+                    k = inflight_microbatches("1f1b", p, i, m)
+                    C.append(best_stage(model.layers[bounds[i]:bounds[i + 1]], ctx, k, budget))
+                    if i + 1 < p:
+                        bw, lat = stage_link(cluster, devs, list(range((i + 1) * n, (i + 2) * n)))
+                        P.append(2 * float(comm.p2p_time(model.layers[bounds[i + 1] - 1].boundary_bytes * mbs, bw, lat)))
+                    else:
+                        P.append(0.0)
+                if all(np.isfinite(C)):
+                    best = min(best, (m - 1) * max(C) + sum(c + q for c, q in zip(C, P)))
+    return best
+
+
+@pytest.mark.parametrize("budget_gib,inter_gbps", [(None, 5.0), (0.3, 5.0), (0.12, 5.0), (0.08, 5.0), (0.05, 5.0),
+                                                  (None, 0.05), (0.08, 0.05)])
+def test_search_matches_brute_force(budget_gib, inter_gbps):
+    model, cluster, B = gpt_like(blocks=2), small_cluster(inter_gbps=inter_gbps), 8
+    expected = brute_force(model, cluster, B, budget_gib)
+    opts = SearchOptions(memory_budget_gib=budget_gib, params=PARAMS)
+    if not np.isfinite(expected):
+        with pytest.raises(Exception, match="no plan fits"):
+            search(model, cluster, B, opts, with_baselines=False)
+        return
+    res = search(model, cluster, B, opts, with_baselines=False)
+    assert res.estimate.step_time_s == pytest.approx(expected, rel=1e-9)
+    again = estimate_plan(res.plan, model, PARAMS)
+    assert again.step_time_s == res.estimate.step_time_s
+    assert again.fits
+
+
+def test_tight_memory_forces_memory_saving_strategies():
+    model, cluster, B = gpt_like(blocks=2), small_cluster(), 8
+    loose = search(model, cluster, B, SearchOptions(params=PARAMS), with_baselines=False)
+    tight = search(model, cluster, B, SearchOptions(memory_budget_gib=0.08, params=PARAMS), with_baselines=False)
+    assert tight.estimate.step_time_s > loose.estimate.step_time_s
+    assert tight.estimate.max_memory_gib <= 0.08
+    used = {(ly.strategy.zero, ly.strategy.ckpt) for st in tight.plan.stages for ly in st.layers}
+    assert any(z > 0 or c != "none" for z, c in used)
+
+
+def test_slow_network_makes_pipelining_win():
+    model, B = gpt_like(blocks=2), 8
+    fast = search(model, small_cluster(inter_gbps=50.0), B, SearchOptions(params=PARAMS), with_baselines=False)
+    slow = search(model, small_cluster(inter_gbps=0.05), B, SearchOptions(params=PARAMS), with_baselines=False)
+    assert len(fast.plan.stages) == 1
+    assert len(slow.plan.stages) > 1
