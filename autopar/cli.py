@@ -128,9 +128,11 @@ def _plan_and_model(path: str):
 
 def cmd_estimate(args) -> int:
     from autopar.estimate import estimate_plan
+    from autopar.plan.validate import validate_plan
     from autopar.report import figures_line, plan_shape, plan_table
 
     plan, model = _plan_and_model(args.plan)
+    validate_plan(plan, model)  # structure only: an over-budget plan is still estimated (and flagged)
     est = estimate_plan(plan, model, _cost_params(plan))
     if args.json:
         print(json.dumps({"plan": args.plan, "predicted": est.predicted(), "fits": est.fits}))

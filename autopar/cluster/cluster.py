@@ -104,6 +104,7 @@ class Cluster:
                     if i != j and (mat[i][j] <= 0 if key.startswith("bw") else mat[i][j] < 0):
                         raise AutoparError(f"cluster.{key}[{i}][{j}]", f"is {mat[i][j]}",
                                            "bandwidths must be > 0 and latencies >= 0")
+        self._homogeneous: bool | None = None
         self._dev_node: list[int] = [i for i, nd in enumerate(self.nodes) for _ in range(nd.count)]
         self._node_first: list[int] = []
         start = 0
@@ -144,7 +145,12 @@ class Cluster:
 
     @property
     def is_homogeneous(self) -> bool:
-        """One GPU type, equal nodes, one intra-node fabric and a uniform network."""
+        """One GPU type, equal nodes, one intra-node fabric and a uniform network (memoised)."""
+        if self._homogeneous is None:
+            self._homogeneous = self._compute_homogeneous()
+        return self._homogeneous
+
+    def _compute_homogeneous(self) -> bool:
         first = self.nodes[0]
         same_nodes = all(nd.gpu == first.gpu and nd.count == first.count and nd.intra_bw == first.intra_bw
                          for nd in self.nodes)
@@ -152,7 +158,7 @@ class Cluster:
 
     def _uniform_network(self) -> bool:
         n = self.num_nodes
-        if n == 1:
+        if n == 1 or (self.bw_matrix_gbps is None and self.lat_matrix_us is None):
             return True
         bws = {self.node_link(i, j) for i in range(n) for j in range(n) if i != j}
         return len(bws) == 1

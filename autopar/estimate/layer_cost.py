@@ -58,6 +58,16 @@ class StageContext:
         return len(self.devices)
 
     @cached_property
+    def shape_key(self) -> tuple:
+        """Equal for stages whose costs are equal: on a homogeneous cluster only the pattern of
+        node membership matters (every node and node pair is alike), elsewhere the devices."""
+        if self.cluster.is_homogeneous:
+            relabel: dict[int, int] = {}
+            pattern = tuple(relabel.setdefault(self.cluster.node_of(d), len(relabel)) for d in self.devices)
+            return (id(self.cluster), pattern, self.micro_batch_size, self.num_microbatches, self.params)
+        return (id(self.cluster), self.devices, self.micro_batch_size, self.num_microbatches, self.params)
+
+    @cached_property
     def peak_flops(self) -> float:
         """The stage runs in lock step, so its slowest device sets the pace."""
         return min(self.cluster.gpu_of(d).flops for d in self.devices)

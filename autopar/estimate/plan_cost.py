@@ -69,12 +69,23 @@ class PlanEstimate:
 
 
 _COST_CACHE: dict = {}
+_NAMELESS: dict[int, tuple[LayerSpec, LayerSpec]] = {}
+
+
+def _nameless(ly: LayerSpec) -> LayerSpec:
+    """The layer without its name (repeated blocks share cache entries); memoised per object."""
+    hit = _NAMELESS.get(id(ly))
+    if hit is None or hit[0] is not ly:
+        if len(_NAMELESS) > 100_000:
+            _NAMELESS.clear()
+        hit = (ly, replace(ly, name=""))
+        _NAMELESS[id(ly)] = hit
+    return hit[1]
 
 
 def _one_layer_cost(ly: LayerSpec, s: Strategy, ctx: StageContext):
     """layer_costs for one strategy, memoised: baselines and estimates re-score the same layers often."""
-    key = (replace(ly, name=""), s, id(ctx.cluster), ctx.devices, ctx.micro_batch_size, ctx.num_microbatches,
-           ctx.params)
+    key = (_nameless(ly), s, ctx.shape_key)
     hit = _COST_CACHE.get(key)
     if hit is None:
         if len(_COST_CACHE) > 200_000:

@@ -209,7 +209,9 @@ class HomogeneousSearch:
                 results.append(ConfigResult(p, m, ctx.micro_batch_size, lb, note="no legal strategy"))
                 bar.update(1)
                 continue
-            if self.opts.time_budget_s is not None and time.perf_counter() - start > self.opts.time_budget_s:
+            # The budget stops the search only once it has a plan: an answer beats none.
+            if (best is not None and self.opts.time_budget_s is not None
+                    and time.perf_counter() - start > self.opts.time_budget_s):
                 self.timed_out = True
                 break
             r = self.evaluate(p, m, ctx, cands, layouts, best.step_time if best else float("inf"))

@@ -1,0 +1,122 @@
+"""The command line as a contract: outputs, --json, estimate == search, and every bad input -> one line, exit 2."""
+
+import json
+
+import pytest
+import yaml
+
+from autopar.cli import main
+
+SEARCH = ["search", "--model", "llama2-7b", "--cluster", "2x8xA100-80G", "--global-batch-size", "512",
+          "--seq-len", "4096"]
+
+
+def run(argv, capsys):
+    rc = main(argv)
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cli") / "plan.yaml"
+    rc = main(SEARCH + ["-o", str(path), "--json"])
+    assert rc == 0
+    return path
+
+
+def test_search_json_is_one_object_with_the_contract_keys(tmp_path, capsys):
+    rc, out, err = run(SEARCH + ["-o", str(tmp_path / "p.yaml"), "--json"], capsys)
+    assert rc == 0
+    obj = json.loads(out)  # nothing else on stdout
+    assert obj["plan"] == str(tmp_path / "p.yaml")
+    assert set(obj["predicted"]) == {"step_time_s", "tokens_per_s", "tps", "tflops", "mfu", "max_memory_gib"}
+    assert {"seconds", "candidates", "pruned"} <= set(obj["search"])
+    assert set(obj["baselines"]) == {"ddp", "zero3", "megatron"}
+    assert obj["baselines"]["ddp"] is None  # 7B replicated Adam states (108 GB) cannot fit in 80 GiB
+    for b in obj["baselines"].values():
+        if b is not None:
+            assert b["step_time_s"] >= obj["predicted"]["step_time_s"] * (1 - 1e-12)
+    assert 0 < obj["predicted"]["mfu"] < 1 and obj["predicted"]["max_memory_gib"] <= 80
+
+
+def test_estimate_reproduces_the_searched_figures(searched, capsys):
+    written = yaml.safe_load(searched.read_text())["predicted"]
+    rc, out, _ = run(["estimate", str(searched), "--json"], capsys)
+    assert rc == 0
+    again = json.loads(out)["predicted"]
+    for k in ("step_time_s", "tokens_per_s", "tps", "tflops", "mfu", "max_memory_gib"):
+        assert again[k] == written[k]
+
+
+def test_validate_accepts_what_search_wrote(searched, capsys):
+    rc, out, _ = run(["validate", str(searched)], capsys)
+    assert rc == 0 and "valid" in out
+
+
+def test_human_output_has_table_figures_and_baselines(tmp_path, capsys):
+    rc, out, _ = run(SEARCH + ["-o", str(tmp_path / "p.yaml"), "--explain"], capsys)
+    assert rc == 0
+    for needle in ("predicted: step", "tokens/s", "MFU", "baselines", "megatron", "zero3", "pruning rules",
+                   "dominated", "wrote"):
+        assert needle in out
+
+
+@pytest.mark.parametrize("what", ["models", "gpus", "clusters"])
+def test_list(what, capsys):
+    rc, out, _ = run(["list", what], capsys)
+    assert rc == 0 and len(out.splitlines()) >= 3
+
+
+def _bad(argv, capsys, field, tmp_path):
+    out_file = tmp_path / "never.yaml"
+    rc, out, err = run(argv + ["-o", str(out_file)] if argv[0] == "search" else argv, capsys)
+    assert rc == 2
+    assert out == ""
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert field in err
+    assert not out_file.exists()
+
+
+@pytest.mark.parametrize("argv,field", [
+    (["search", "--model", "llama9-7b", "--cluster", "8xA100-80G", "--global-batch-size", "8"], "model"),
+    (["search", "--model", "llama2-7b", "--cluster", "8xB999", "--global-batch-size", "8"], "gpu"),
+    (["search", "--model", "llama2-7b", "--cluster", "no-such-preset", "--global-batch-size", "8"], "cluster"),
+    (["search", "--model", "llama2-70b", "--cluster", "1xA10", "--global-batch-size", "8"], "no plan fits"),
+    (["search", "--model", "llama2-7b", "--cluster", "8xA100-80G", "--global-batch-size", "8",
+      "--memory-budget", "2"], "no plan fits"),
+    (["search", "--model", "llama-tiny", "--cluster", "2x8xA100-80G", "--global-batch-size", "1"],
+     "global_batch_size"),
+])
+def test_bad_search_input_is_one_line_exit_2(argv, field, capsys, tmp_path):
+    _bad(argv, capsys, field, tmp_path)
+
+
+def test_no_fit_names_the_closest_setting(capsys, tmp_path):
+    rc, _, err = run(["search", "--model", "llama2-70b", "--cluster", "1xA10", "--global-batch-size", "8",
+                      "-o", str(tmp_path / "x.yaml")], capsys)
+    assert rc == 2 and "closest" in err and "GiB per device" in err
+
+
+def test_malformed_cluster_yaml(capsys, tmp_path):
+    bad = tmp_path / "c.yaml"
+    bad.write_text("nodes: [ {gpu: A100, count: 8\n")
+    _bad(["search", "--model", "llama2-7b", "--cluster", str(bad), "--global-batch-size", "8"], capsys, "c.yaml",
+         tmp_path)
+
+
+def test_argparse_rejects_non_positive_batch(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["search", "--model", "llama2-7b", "--cluster", "8xA100-80G", "--global-batch-size", "0"])
+    assert e.value.code == 2
+    assert "--global-batch-size" in capsys.readouterr().err
+
+
+def test_plan_whose_tp_cannot_divide_the_heads_is_refused(searched, capsys, tmp_path):
+    doc = yaml.safe_load(searched.read_text())
+    doc["pipelines"][0]["stages"][0]["layers"][1]["tp"] = 3
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(doc))
+    for cmd in ("validate", "estimate"):
+        rc, out, err = run([cmd, str(bad)], capsys)
+        assert rc == 2 and len(err.strip().splitlines()) == 1 and "tp" in err
