@@ -161,11 +161,9 @@ def cmd_validate(args) -> int:
 # -- launch / list ------------------------------------------------------------------------------
 def cmd_launch(args) -> int:
     from autopar.launch import write_launch_scripts
-    from autopar.plan.io import load_plan
 
-    plan = load_plan(args.plan)
-    paths = write_launch_scripts(plan, args.script, args.output, scheduler=args.scheduler,
-                                 script_args=args.script_args, plan_path=args.plan)
+    extra = args.script_args[1:] if args.script_args[:1] == ["--"] else args.script_args
+    paths = write_launch_scripts(args.plan, args.script, args.output, scheduler=args.scheduler, script_args=extra)
     for p in paths:
         print(p)
     return 0

@@ -1,24 +1,25 @@
-"""Compute time: FLOPs over the achieved fraction of peak."""
+"""Compute time: FLOPs at the achieved fraction of peak, plus a fixed per-call overhead."""
 
 from __future__ import annotations
 
 import numpy as np
 
 
-def achieved_efficiency(flops_per_call, eff_max: float, eff_half_flops: float):
-    """Fraction of peak a kernel of ``flops_per_call`` FLOPs reaches: a saturating curve.
+def compute_time(flops, peak_flops, eff_max: float = 0.6, overhead_s: float = 5e-5):
+    """Seconds to run ``flops`` FLOPs of one layer call on a device of ``peak_flops`` FLOP/s.
 
-    ``eff_max`` for large work, half of it at ``eff_half_flops``; zero work gives zero time anyway.
+    t = flops / (peak * eff_max) + overhead_s: large work runs at ``eff_max`` of peak; every call
+    also pays a fixed overhead (kernel launches, framework dispatch), which is what makes small
+    per-rank work inefficient. A call with no FLOPs costs nothing.
     """
-    x = np.asarray(flops_per_call, dtype=float)
-    return eff_max * x / (x + eff_half_flops)
-
-
-def compute_time(flops, peak_flops, eff_max: float = 0.75, eff_half_flops: float = 2.0e10):
-    """Seconds to run ``flops`` FLOPs on a device of ``peak_flops`` FLOP/s (0 FLOPs -> 0 s)."""
     f = np.asarray(flops, dtype=float)
-    eff = achieved_efficiency(np.maximum(f, 1.0), eff_max, eff_half_flops)
-    return np.where(f > 0, f / (np.asarray(peak_flops, dtype=float) * eff), 0.0)
+    return np.where(f > 0, f / (np.asarray(peak_flops, dtype=float) * eff_max) + overhead_s, 0.0)
+
+
+def achieved_efficiency(flops, peak_flops, eff_max: float = 0.6, overhead_s: float = 5e-5):
+    """Fraction of peak one call of ``flops`` FLOPs reaches: eff_max * x / (x + overhead * peak * eff_max)."""
+    f = np.asarray(flops, dtype=float)
+    return np.where(f > 0, f / (compute_time(f, peak_flops, eff_max, overhead_s) * peak_flops), 0.0)
 
 
 def memory_bound_time(nbytes, hbm_bytes_per_s):

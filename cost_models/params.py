@@ -11,11 +11,12 @@ GIB = 1024**3
 class CostParams:
     """Constants the formulas use. A measured profile (``autopar profile``) replaces the defaults.
 
-    eff_max / eff_half_flops: achieved fraction of peak FLOPS for a kernel of x FLOPs is
-        ``eff_max * x / (x + eff_half_flops)``. Large GEMMs reach 70-80% of dense peak, but attention,
-        norms and elementwise kernels pull a whole layer down to about 60%: Megatron-LM reports
-        52-56% MFU for GPT-3-scale models on A100 (Korthikanti et al., 2205.05198) after its
-        communication and bubbles; small per-rank work loses more. A profile replaces this.
+    eff_max: achieved fraction of peak FLOPS for large work. Large GEMMs reach 70-80% of dense
+        peak, but attention, norms and elementwise kernels pull a whole layer down to about 60%:
+        Megatron-LM reports 52-56% MFU for GPT-3-scale models on A100 (Korthikanti et al.,
+        2205.05198) after its communication and bubbles. A profile replaces this.
+    layer_overhead_s: fixed time per layer call (forward; backward pays it twice): kernel launches
+        and dispatch, ~10 kernels of ~5 us on a GPU. It is what makes small per-rank work slow.
     param_bytes: bytes of a parameter in the compute dtype (bf16).
     grad_comm_bytes: bytes per gradient element on the wire (fp32 reduction, the Megatron/FSDP2 default).
     state_bytes: model-state bytes per parameter with mixed-precision Adam, unsharded
@@ -27,7 +28,7 @@ class CostParams:
     """
 
     eff_max: float = 0.60
-    eff_half_flops: float = 2.0e10
+    layer_overhead_s: float = 5e-5
     param_bytes: int = 2
     grad_comm_bytes: int = 4
     state_bytes: int = 16

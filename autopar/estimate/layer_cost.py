@@ -167,8 +167,8 @@ def layer_costs(layer: LayerSpec, strategies: list[Strategy], ctx: StageContext)
     f_flops = layer.flops * b_local / tp
     recompute = np.select([ckpt == 0, ckpt == 1, ckpt == 2],
                           [0.0, layer.attn_core_flops, layer.flops]) * b_local / tp
-    f_comp = compute_time(f_flops, ctx.peak_flops, p.eff_max, p.eff_half_flops)
-    b_comp = 2.0 * f_comp + compute_time(recompute, ctx.peak_flops, p.eff_max, p.eff_half_flops)
+    f_comp = compute_time(f_flops, ctx.peak_flops, p.eff_max, p.layer_overhead_s)
+    b_comp = 2.0 * f_comp + compute_time(recompute, ctx.peak_flops, p.eff_max, p.layer_overhead_s)
 
     # TP collectives (Megatron: all-reduces; with SP all-gather + reduce-scatter, the same bytes).
     tp_fwd = np.zeros_like(tp)

@@ -29,12 +29,13 @@ def test_activation_bytes_scale_linearly():
     assert activation_bytes(1e6, 4, 3) == pytest.approx(12e6)
 
 
-def test_compute_time_uses_saturating_efficiency():
-    eff = achieved_efficiency(2e10, 0.6, 2e10)
-    assert eff == pytest.approx(0.3)
-    assert compute_time(2e10, 1e14, 0.6, 2e10) == pytest.approx(2e10 / (1e14 * 0.3))
-    assert compute_time(0.0, 1e14) == 0.0
-    assert achieved_efficiency(1e16, 0.6, 2e10) == pytest.approx(0.6, rel=1e-5)
+def test_compute_time_is_flops_at_eff_max_plus_overhead():
+    assert compute_time(2e10, 1e14, 0.6, 1e-4) == pytest.approx(2e10 / (1e14 * 0.6) + 1e-4)
+    assert compute_time(0.0, 1e14, 0.6, 1e-4) == 0.0
+    # efficiency saturates at eff_max for large work and collapses for small work
+    assert achieved_efficiency(1e18, 1e14, 0.6, 1e-4) == pytest.approx(0.6, rel=1e-4)
+    x_half = 1e-4 * 1e14 * 0.6
+    assert achieved_efficiency(x_half, 1e14, 0.6, 1e-4) == pytest.approx(0.3)
 
 
 def test_pipeline_equal_stages_matches_bubble_formula():
