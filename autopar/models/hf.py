@@ -1,0 +1,156 @@
+"""Hugging Face ``transformers`` causal LMs (Llama family, GPT-2) as embed / layers / head units.
+
+``from_transformers(hf_model)`` returns a module whose children are the plan's units and which
+shares the HF model's submodules (no copies of weights). Only needed when ``transformers`` is
+installed; nothing here imports it.
+
+* Llama-like (``llama``, ``mistral``, ``qwen2``): TP plan from the config's ``base_model_tp_plan``
+  (the colwise / rowwise entries HF ships), plus vocabulary-parallel embedding / logits and
+  sequence-parallel norms as in autopar's own Llama. Each block gets its own copy of the rotary
+  embedding (no parameters), so a unit never shares a module with another.
+* GPT-2: tp = 1 only (its fused ``c_attn`` cannot be split by heads with a plain column split). Its
+  tied ``wte`` / ``lm_head`` are untied (the head gets a copy), since units sync gradients on their own.
+
+Blocks get an explicit causal mask (correct for every attention implementation). Selective
+checkpointing recomputes the whole attention module: HF's attention core is a function, not a module.
+Build the HF model with real weights (same seed on every rank, or ``from_pretrained``); meta-device
+materialisation needs ``reset_parameters`` everywhere, which HF modules do not all have.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from autopar.errors import AutoparError
+
+LLAMA_LIKE = ("llama", "mistral", "qwen2")
+_HF_STYLES = {"colwise": "colwise", "rowwise": "rowwise"}  # HF style name -> autopar style name
+_LLAMA_SP = {
+    "layer": "sp_unit",
+    "layer.input_layernorm": "sp_norm",
+    "layer.self_attn": "sp_region_hidden_states",
+    "layer.post_attention_layernorm": "sp_norm",
+    "layer.mlp": "sp_region",
+}
+
+
+def causal_mask(x: torch.Tensor) -> torch.Tensor:
+    """Additive ``[1, 1, S, S]`` mask: 0 on and below the diagonal, the dtype's minimum above it."""
+    s = x.shape[1]
+    mask = torch.full((s, s), torch.finfo(x.dtype).min, device=x.device, dtype=x.dtype).triu(1)
+    return mask[None, None]
+
+
+class HFTokenEmbed(nn.Module):
+    def __init__(self, tok: nn.Embedding) -> None:
+        super().__init__()
+        self.tok = tok
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.tok(tokens)
+
+
+class HFGPT2Embed(nn.Module):
+    def __init__(self, wte: nn.Embedding, wpe: nn.Embedding, drop: nn.Module) -> None:
+        super().__init__()
+        self.wte, self.wpe, self.drop = wte, wpe, drop
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        return self.drop(self.wte(tokens) + self.wpe(positions))
+
+
+class HFRotaryBlock(nn.Module):
+    """A Llama-like decoder layer plus the rotary table it needs (computed for the full sequence)."""
+
+    def __init__(self, layer: nn.Module, rotary: nn.Module) -> None:
+        super().__init__()
+        self.layer, self.rotary = layer, rotary
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(x.shape[1], device=x.device)[None]
+        cos, sin = self.rotary(x, pos)
+        out = self.layer(x, attention_mask=causal_mask(x), position_ids=pos, position_embeddings=(cos, sin))
+        return out[0] if isinstance(out, tuple) else out
+
+
+class HFBlock(nn.Module):
+    def __init__(self, block: nn.Module) -> None:
+        super().__init__()
+        self.block = block
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.block(x, attention_mask=causal_mask(x))
+        return out[0] if isinstance(out, tuple) else out
+
+
+class HFHead(nn.Module):
+    def __init__(self, norm: nn.Module, proj: nn.Linear) -> None:
+        super().__init__()
+        self.norm, self.proj = norm, proj
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.norm(x))
+
+
+class HFCausalLM(nn.Module):
+    """tokens ``[B, S]`` -> logits ``[B, S, vocab]`` through ``embed``, ``layers``, ``head``."""
+
+    def __init__(self, embed: nn.Module, layers: list[nn.Module], head: nn.Module, family: str,
+                 tp_plans: dict[str, dict[str, str] | None], tp_divisors: dict[str, tuple[int, ...]],
+                 selective: dict[str, tuple[str, ...]]) -> None:
+        super().__init__()
+        self.embed, self.layers, self.head = embed, nn.ModuleList(layers), head
+        self.family, self.tp_plans, self.tp_divisors, self.selective_ckpt = family, tp_plans, tp_divisors, selective
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        for block in self.layers:
+            x = block(x)
+        return self.head(x)
+
+
+def _llama_block_plan(cfg) -> dict[str, str] | None:
+    raw = getattr(cfg, "base_model_tp_plan", None) or {}
+    plan = {}
+    for key, style in raw.items():
+        if not key.startswith("layers.*."):
+            continue
+        if style not in _HF_STYLES:
+            return None  # a style autopar does not translate: run this architecture with tp = 1
+        plan["layer." + key[len("layers.*."):]] = _HF_STYLES[style]
+    return {**_LLAMA_SP, **plan} if plan else None
+
+
+def from_transformers(hf_model: nn.Module) -> HFCausalLM:
+    """Units view of a ``transformers`` causal LM (shares its modules). Raises AutoparError if unsupported."""
+    cfg = hf_model.config
+    kind = cfg.model_type
+    if kind in LLAMA_LIKE:
+        base = hf_model.model
+        embed = HFTokenEmbed(base.embed_tokens)
+        layers = [HFRotaryBlock(layer, copy.deepcopy(base.rotary_emb)) for layer in base.layers]
+        head = HFHead(base.norm, _untied(hf_model.lm_head, base.embed_tokens))
+        block = _llama_block_plan(cfg)
+        plans = {"embed": {"tok": "vocab_embed"} if block else None, "block": block,
+                 "head": {"": "sp_unit_in", "norm": "sp_norm", "proj": "logits"} if block else None}
+        divisors = {"embed": (cfg.vocab_size,), "head": (cfg.vocab_size,),
+                    "block": (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size)}
+        return HFCausalLM(embed, layers, head, f"hf-{kind}", plans, divisors, {"block": ("layer.self_attn",)})
+    if kind == "gpt2":
+        base = hf_model.transformer
+        embed = HFGPT2Embed(base.wte, base.wpe, base.drop)
+        head = HFHead(base.ln_f, _untied(hf_model.lm_head, base.wte))
+        return HFCausalLM(embed, [HFBlock(b) for b in base.h], head, "hf-gpt2",
+                          {"embed": None, "block": None, "head": None}, {}, {"block": ("block.attn",)})
+    raise AutoparError("model", f"transformers model type {kind!r} is not supported",
+                       f"use one of {', '.join(LLAMA_LIKE + ('gpt2',))}, or wrap it as an nn.Sequential")
+
+
+def _untied(proj: nn.Linear, embedding: nn.Embedding) -> nn.Linear:
+    if proj.weight is embedding.weight:
+        proj.weight = nn.Parameter(proj.weight.detach().clone())
+    return proj

@@ -1,0 +1,78 @@
+"""Tensor-parallel plans as data: unit kind -> {submodule FQN relative to the unit: style name}.
+
+In the spirit of HF transformers' ``base_model_tp_plan`` and picotron. The runtime turns a style
+name into a torch ``ParallelStyle`` (autopar/runtime/tensor_parallel.py); ``sp_*`` entries only act
+when the layer runs with sequence parallelism. Style names:
+
+  colwise       ColwiseParallel: weight rows sharded, output sharded on the last dim (heads / FFN)
+  rowwise       RowwiseParallel: weight columns sharded, partial sums all-reduced (reduce-scattered
+                along the sequence with sp)
+  vocab_embed   RowwiseParallel on an nn.Embedding: vocabulary-parallel embedding
+  logits        ColwiseParallel on the LM head: vocabulary-sharded logits, gathered unless the loss
+                runs under loss_parallel
+  sp_norm       SequenceParallel: the norm runs on its sequence shard
+  sp_region     the module's input is gathered from sequence shards (attention / MLP need the full sequence)
+  sp_region_hidden_states   the same for a module called with ``hidden_states=`` (HF attention)
+  sp_unit       the unit's input is split along the sequence and its output gathered back, so unit
+                boundaries (what pipeline stages exchange) always hold the full sequence
+  sp_unit_in    the unit's input is split along the sequence (its output is not sequence-shaped)
+
+TP_DIVISORS names, per unit kind, the config fields a TP degree must divide.
+"""
+
+from __future__ import annotations
+
+GPT_TP_PLAN: dict[str, dict[str, str]] = {
+    "embed": {"tok": "vocab_embed"},
+    "block": {
+        "": "sp_unit",
+        "ln1": "sp_norm",
+        "attn": "sp_region",
+        "attn.q": "colwise",
+        "attn.k": "colwise",
+        "attn.v": "colwise",
+        "attn.o": "rowwise",
+        "ln2": "sp_norm",
+        "mlp": "sp_region",
+        "mlp.up": "colwise",
+        "mlp.down": "rowwise",
+    },
+    "head": {"": "sp_unit_in", "norm": "sp_norm", "proj": "logits"},
+}
+
+LLAMA_TP_PLAN: dict[str, dict[str, str]] = {
+    "embed": {"tok": "vocab_embed"},
+    "block": {
+        "": "sp_unit",
+        "attn_norm": "sp_norm",
+        "attn": "sp_region",
+        "attn.q": "colwise",
+        "attn.k": "colwise",
+        "attn.v": "colwise",
+        "attn.o": "rowwise",
+        "ffn_norm": "sp_norm",
+        "mlp": "sp_region",
+        "mlp.gate": "colwise",
+        "mlp.up": "colwise",
+        "mlp.down": "rowwise",
+    },
+    "head": {"": "sp_unit_in", "norm": "sp_norm", "proj": "logits"},
+}
+
+GPT_TP_DIVISORS: dict[str, tuple[str, ...]] = {
+    "embed": ("vocab_size",),
+    "block": ("n_heads", "ffn_hidden"),
+    "head": ("vocab_size",),
+}
+
+LLAMA_TP_DIVISORS: dict[str, tuple[str, ...]] = {
+    "embed": ("vocab_size",),
+    "block": ("n_heads", "n_kv_heads", "ffn_hidden"),
+    "head": ("vocab_size",),
+}
+
+# name -> table, so a LayerSpec.tp_plan such as "llama.block" can be looked up.
+TP_PLANS: dict[str, dict[str, str]] = {
+    **{f"gpt.{kind}": table for kind, table in GPT_TP_PLAN.items()},
+    **{f"llama.{kind}": table for kind, table in LLAMA_TP_PLAN.items()},
+}

@@ -1,0 +1,12 @@
+"""The thin torch.distributed runtime: ``wrap(model, plan)`` executes any autopar plan.
+
+Modules: layout (pure placement arithmetic), checks (plan vs model vs world), groups (process
+groups, meshes), materialize (deterministic weights), tensor_parallel (DTensor TP/SP), checkpointing,
+sharding (ZeRO-1/2/3), p2p (pipeline and in-stage row exchanges), schedule (1F1B / GPipe),
+stage (one stage's micro-batch loop), grad_sync, wrap; testing (fork-based multi-process launcher).
+"""
+
+from autopar.runtime.materialize import init_weights
+from autopar.runtime.wrap import ParallelModel, wrap
+
+__all__ = ["ParallelModel", "init_weights", "wrap"]

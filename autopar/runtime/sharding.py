@@ -1,0 +1,71 @@
+"""ZeRO for one unit: FSDP2 ``fully_shard`` for ZeRO-3; a flat sharded optimizer for ZeRO-1 and ZeRO-2.
+
+ZeRO-3 is torch's own FSDP2 over the stage's DP mesh (2-D with the TP mesh when tp > 1). Gradients
+are summed, not averaged (divide factor 1): the runtime already weights each micro-batch's loss by
+its share of the global batch.
+
+ZeRO-1/2 are written here rather than with ``ZeroRedundancyOptimizer`` because that class assigns
+whole parameters to ranks of one group for the whole model, while a plan shards each unit over its
+own DP group and the user's optimizer is a factory. Each unit's local tensors are viewed as one flat
+vector; DP rank i of the group steps the i-th slice (its ``master`` tensor, which owns the optimizer
+state) and an all-gather puts the updated slices back into every rank's parameters. This matches
+the unsharded optimizer exactly for element-wise optimizers (SGD, Adam, AdamW, ...).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import fully_shard
+
+
+def apply_fsdp(unit: nn.Module, mesh: DeviceMesh) -> None:
+    """ZeRO-3 ``unit`` over ``mesh`` (1-D DP mesh, or the "dp" dimension of a 2-D (dp, tp) mesh)."""
+    fully_shard(unit, mesh=mesh, reshard_after_forward=True)
+    unit.set_gradient_divide_factor(1.0)
+    unit.set_force_sum_reduction_for_comms(True)  # a plain SUM: gloo has no PREMUL_SUM
+
+
+class FlatShard:
+    """ZeRO-1/2 state of one unit on one rank: its slice of the unit's flattened local tensors."""
+
+    def __init__(self, tensors: list[torch.Tensor], group: dist.ProcessGroup) -> None:
+        self.tensors = tensors
+        self.group = group
+        self.world = dist.get_world_size(group)
+        self.index = dist.get_rank(group)
+        self.numel = sum(t.numel() for t in tensors)
+        self.size = -(-self.numel // self.world)
+        with torch.no_grad():
+            flat = self._flatten(tensors)
+            self.master = flat[self.index * self.size:(self.index + 1) * self.size].clone()
+
+    def _flatten(self, tensors: list[torch.Tensor]) -> torch.Tensor:
+        flat = torch.cat([t.reshape(-1) for t in tensors]) if tensors else torch.zeros(0)
+        pad = self.size * self.world - flat.numel()
+        return torch.nn.functional.pad(flat, (0, pad)) if pad else flat
+
+    def set_grad_from_full(self, grads: list[torch.Tensor]) -> None:
+        """ZeRO-1 (or ZeRO-2 after a full all-reduce): keep this rank's slice of the synced gradients."""
+        flat = self._flatten(grads)
+        self.master.grad = flat[self.index * self.size:(self.index + 1) * self.size].clone()
+
+    def reduce_scatter_grad(self, grads: list[torch.Tensor]) -> None:
+        """ZeRO-2: sum the group's gradients and keep only this rank's slice (a reduce-scatter)."""
+        flat = self._flatten(grads)
+        out = torch.empty(self.size, dtype=flat.dtype, device=flat.device)
+        dist.reduce_scatter_single(out, flat, group=self.group)
+        self.master.grad = out
+
+    @torch.no_grad()
+    def all_gather_params(self) -> None:
+        """After the optimizer step: every rank of the group gets all updated slices."""
+        full = torch.empty(self.size * self.world, dtype=self.master.dtype, device=self.master.device)
+        dist.all_gather_single(full, self.master, group=self.group)
+        offset = 0
+        for t in self.tensors:
+            t.copy_(full[offset:offset + t.numel()].view_as(t))
+            offset += t.numel()
+        self.master.grad = None

@@ -1,0 +1,186 @@
+"""One rank's pipeline stage: run its units on micro-batches, exchange boundaries, follow the schedule.
+
+A unit's boundary tensors are local tensors of the rows its layout gives this rank (see layout.py),
+full sequence, replicated over the unit's TP group. Between two units of the stage with different
+TP degrees the rows are re-spread (``reshard``); between stages they travel by ``Mailbox.post``.
+Each micro-batch's loss is weighted by its rows' share of the global batch, so the summed gradients
+of all micro-batches, pipelines and DP ranks are the global-batch mean gradient.
+
+Every plan, symmetric or not, runs through this one executor rather than
+``torch.distributed.pipelining`` for the symmetric ones: ``PipelineStage`` wants the same group
+layout on every stage and one tensor from one peer per boundary, while a plan's stages may differ in
+size and TP degree and change TP degree between units; a second executor for the easy case would
+double what has to be proven equal to single-device training.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import loss_parallel
+
+from autopar.plan.schema import Strategy
+from autopar.runtime.layout import Layout
+from autopar.runtime.p2p import Exchange, Mailbox, Recv, Send, reshard
+from autopar.runtime.schedule import stage_actions
+
+
+def cross_entropy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Default loss: token-mean cross entropy of logits ``[..., V]`` against class indices ``[...]``."""
+    return F.cross_entropy(output.flatten(0, -2), target.flatten())
+
+
+@dataclass
+class LocalUnit:
+    name: str
+    module: nn.Module
+    layout: Layout
+    strategy: Strategy
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """Where this rank's stage sits: its pipeline's batch block, its neighbours' boundary layouts."""
+
+    pipeline: int
+    stage: int
+    num_stages: int
+    micro_batch_size: int
+    num_microbatches: int
+    batch_offset: int  # first global-batch row of this pipeline
+    global_batch: int
+    prev_layout: Layout | None  # last unit of the previous stage
+    next_layout: Layout | None  # first unit of the next stage
+
+
+class StageRunner:
+    """Forward and backward of one stage for every micro-batch of a step, in schedule order."""
+
+    def __init__(self, rank: int, units: list[LocalUnit], spec: StageSpec, schedule: str, mailbox: Mailbox,
+                 loss_fn: Callable, logits_sharded: bool) -> None:
+        self.rank, self.units, self.spec, self.mailbox = rank, units, spec, mailbox
+        self.loss_fn, self.logits_sharded = loss_fn, logits_sharded
+        self.actions = stage_actions(schedule, spec.num_stages, spec.stage, spec.num_microbatches)
+        mbs = spec.micro_batch_size
+        first, last = units[0].layout, units[-1].layout
+        self.recv_fwd = self.send_bwd = self.send_fwd = self.recv_bwd = None
+        if spec.prev_layout is not None:
+            self.recv_fwd = Exchange.between(spec.prev_layout, first, mbs, rank)
+            self.send_bwd = Exchange.between(first, spec.prev_layout, mbs, rank)
+        if spec.next_layout is not None:
+            self.send_fwd = Exchange.between(last, spec.next_layout, mbs, rank)
+            self.recv_bwd = Exchange.between(spec.next_layout, last, mbs, rank)
+        self.reshards: list[tuple[Exchange, Exchange] | None] = [None]
+        for a, b in zip(units, units[1:]):
+            same = a.layout == b.layout
+            self.reshards.append(None if same else (Exchange.between(a.layout, b.layout, mbs, rank),
+                                                    Exchange.between(b.layout, a.layout, mbs, rank)))
+        self.fsdp_modules = [u.module for u in units if isinstance(u.module, FSDPModule)]
+        # Only one member of the last unit's TP group reports the loss (the others hold copies).
+        self.reports_loss = spec.next_layout is None and last.tp_coord(rank) == 0
+
+    # -- tags: unique per message kind within a step ----------------------------------------
+    def _boundary_tag(self, k: int, boundary: int, backward: bool) -> int:
+        return (k * self.spec.num_stages + boundary) * 2 + int(backward)
+
+    def _reshard_tag(self, k: int, i: int) -> int:
+        base = 2 * self.spec.num_microbatches * self.spec.num_stages
+        return base + k * len(self.units) + i
+
+    def _rows(self, layout: Layout, k: int) -> slice:
+        lo, hi = layout.my_rows(self.rank, self.spec.micro_batch_size)
+        start = self.spec.batch_offset + k * self.spec.micro_batch_size
+        return slice(start + lo, start + hi)
+
+    def _loss_ctx(self):
+        return loss_parallel() if self.logits_sharded else contextlib.nullcontext()
+
+    # -- one micro-batch --------------------------------------------------------------------
+    def forward(self, k: int, inputs: torch.Tensor, targets: torch.Tensor, received: torch.Tensor | None,
+                ) -> Send | None:
+        """Run micro-batch ``k`` through the stage; return what to send to the next stage."""
+        spec = self.spec
+        if self.recv_fwd is None:
+            x = inputs[self._rows(self.units[0].layout, k)]
+        else:
+            x = received
+            if x.is_floating_point():
+                x.requires_grad_(True)
+            self.inputs[k] = x
+        for i, unit in enumerate(self.units):
+            if self.reshards[i] is not None:
+                fwd, bwd = self.reshards[i]
+                x = reshard(x, self.mailbox, fwd, bwd, self._reshard_tag(k, i))
+            x = unit.module(x)
+        if self.send_fwd is not None:
+            self.outputs[k] = x
+            return Send(x.detach(), self.send_fwd, self._boundary_tag(k, spec.stage, False), header=k == 0)
+        rows = self._rows(self.units[-1].layout, k)
+        with self._loss_ctx():
+            loss = self.loss_fn(x, targets[rows]) * ((rows.stop - rows.start) / spec.global_batch)
+        self.outputs[k] = loss
+        if self.reports_loss:
+            value = loss.detach()
+            self.loss_sum += value.to_local() if isinstance(value, DTensor) else value
+        return None
+
+    def backward(self, k: int, received: torch.Tensor | None) -> Send | None:
+        """Backward of micro-batch ``k`` (``received``: the gradient of its output); return what to send back."""
+        out = self.outputs.pop(k)
+        if self.recv_bwd is None:
+            with self._loss_ctx():
+                out.backward()
+        elif received is not None and out.requires_grad:
+            torch.autograd.backward(out, received)
+        x = self.inputs.pop(k, None)
+        if self.send_bwd is None or x is None or not x.is_floating_point():
+            return None
+        grad = x.grad if x.grad is not None else torch.zeros_like(x)
+        return Send(grad, self.send_bwd, self._boundary_tag(k, self.spec.stage - 1, True))
+
+    def _recv_for(self, action: tuple[str, int] | None) -> Recv | None:
+        """What ``action`` needs from a neighbouring stage before it can run."""
+        if action is None:
+            return None
+        kind, k = action
+        if kind == "F" and self.recv_fwd is not None:
+            return Recv(self.recv_fwd, self._boundary_tag(k, self.spec.stage - 1, False), cache_key=("act",))
+        if kind == "B" and self.recv_bwd is not None and self.outputs[k].is_floating_point():
+            return Recv(self.recv_bwd, self._boundary_tag(k, self.spec.stage, True), like=self.outputs[k])
+        return None
+
+    def _post(self, send: Send | None, recv: Recv | None) -> torch.Tensor | None:
+        out = self.mailbox.post([send] if send else [], [recv] if recv else [])
+        return out[0] if recv else None
+
+    # -- a whole step -----------------------------------------------------------------------
+    def run(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Run the schedule over this pipeline's micro-batches; return this rank's weighted loss sum.
+
+        Between two actions the previous action's sends and the next action's receives are posted
+        as one batch (see p2p.py).
+        """
+        self.inputs: dict[int, torch.Tensor] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        self.loss_sum = torch.zeros((), device=inputs.device)
+        self.mailbox.shapes.clear()  # shapes may change from step to step: the first micro-batch re-sends them
+        last_backward = max(i for i, (kind, _) in enumerate(self.actions) if kind == "B")
+        received = self._post(None, self._recv_for(self.actions[0]))
+        for i, (kind, k) in enumerate(self.actions):
+            if kind == "F":
+                send = self.forward(k, inputs, targets, received)
+            else:
+                # ZeRO-3 units accumulate unsharded gradients and reduce-scatter once, in the last backward.
+                for m in self.fsdp_modules:
+                    m.set_requires_gradient_sync(i == last_backward)
+                send = self.backward(k, received)
+            following = self.actions[i + 1] if i + 1 < len(self.actions) else None
+            received = self._post(send, self._recv_for(following))
+        return self.loss_sum

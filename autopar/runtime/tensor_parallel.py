@@ -1,0 +1,90 @@
+"""Tensor parallelism of one unit with DTensor ``parallelize_module``, driven by the model's TP table.
+
+A unit's boundary tensors (its input and output) are always plain local tensors holding the full
+sequence, replicated over the TP group: that is the contract between units and pipeline stages.
+Sequence parallelism lives inside a unit (``sp_unit`` splits the input along the sequence and
+gathers the output), so neighbours with different TP degrees or without sp need no special case.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    PrepareModuleOutput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+from torch.distributed.tensor.parallel.style import ParallelStyle
+
+from autopar.errors import AutoparError
+
+
+def _style(name: str, sp: bool, logits_sharded: bool) -> ParallelStyle | None:
+    """The ParallelStyle for a table entry (None: leave the module as it is)."""
+    seq = Shard(1)
+    if name == "colwise":
+        return ColwiseParallel()
+    if name == "rowwise":
+        return RowwiseParallel(output_layouts=seq if sp else Replicate())
+    if name == "vocab_embed":
+        return RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+    if name == "logits":
+        return ColwiseParallel(input_layouts=seq if sp else Replicate(),
+                               output_layouts=Shard(-1) if logits_sharded else Replicate(),
+                               use_local_output=not logits_sharded)
+    if not sp:
+        return None  # the remaining styles only act under sequence parallelism
+    if name == "sp_norm":
+        return SequenceParallel()
+    if name == "sp_region":
+        return PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),))
+    if name == "sp_region_hidden_states":  # the same for a module called as m(hidden_states=...) (HF attention)
+        return PrepareModuleInput(input_kwarg_layouts={"hidden_states": seq},
+                                  desired_input_kwarg_layouts={"hidden_states": Replicate()})
+    if name == "sp_unit":
+        return _SplitGather()
+    if name == "sp_unit_in":
+        return PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(seq,),
+                                  use_local_output=True)
+    raise AutoparError("tp plan", f"unknown style {name!r}",
+                       "use colwise, rowwise, vocab_embed, logits, sp_norm, sp_region, sp_region_hidden_states, "
+                       "sp_unit or sp_unit_in")
+
+
+class _SplitGather(ParallelStyle):
+    """Split a unit's replicated input along the sequence and gather its sequence-sharded output."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),),
+                           use_local_output=True)._apply(module, device_mesh)
+        PrepareModuleOutput(output_layouts=(Shard(1),), desired_output_layouts=(Replicate(),),
+                            use_local_output=True)._apply(module, device_mesh)
+        return module
+
+
+def apply_tp(unit: nn.Module, table: dict[str, str], mesh: DeviceMesh, sp: bool,
+             logits_sharded: bool = False) -> None:
+    """Shard ``unit`` over the 1-D ``mesh`` as ``table`` says (in place).
+
+    ``logits_sharded``: keep vocabulary-sharded logits as a DTensor for ``loss_parallel``.
+    Modules not named in the table keep plain, replicated parameters.
+    """
+    plan: dict[str, ParallelStyle] = {}
+    unit_style = None
+    for fqn, name in table.items():
+        style = _style(name, sp, logits_sharded)
+        if style is None:
+            continue
+        if fqn == "":
+            unit_style = style
+        else:
+            plan[fqn] = style
+    if plan:
+        parallelize_module(unit, mesh, plan)
+    if unit_style is not None:
+        unit_style._apply(unit, mesh)

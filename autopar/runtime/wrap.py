@@ -1,0 +1,240 @@
+"""``wrap(model, plan)``: the parallel model a plan describes, on this rank, ready to ``step``."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from autopar.errors import AutoparError
+from autopar.models import UnitTPInfo, unit_tp_info, units
+from autopar.plan.schema import Plan, StageLayer
+from autopar.runtime.checkpointing import apply_checkpointing
+from autopar.runtime.checks import check_plan, check_untied
+from autopar.runtime.env import ensure_process_group, runtime_device
+from autopar.runtime.grad_sync import UnitGradSync
+from autopar.runtime.groups import Groups, unit_rank_sets
+from autopar.runtime.layout import Layout, Placement, placements
+from autopar.runtime.materialize import materialize_unit
+from autopar.runtime.p2p import Mailbox
+from autopar.runtime.sharding import FlatShard, apply_fsdp
+from autopar.runtime.stage import LocalUnit, StageRunner, StageSpec, cross_entropy
+from autopar.runtime.tensor_parallel import apply_tp
+
+OptimizerFactory = Callable[[Iterable[torch.Tensor]], torch.optim.Optimizer]
+
+
+def _local(p: torch.Tensor) -> torch.Tensor:
+    """A plain tensor sharing storage with this rank's part of ``p`` (in-place updates reach ``p``)."""
+    return p.to_local().detach() if isinstance(p, DTensor) else p
+
+
+@dataclass
+class _UnitState:
+    unit: LocalUnit
+    place: Placement
+    sync: UnitGradSync
+    proxies: list[torch.Tensor]  # what the optimizer steps for this unit
+    shard: FlatShard | None  # ZeRO-1/2
+    reduce_scatter: bool  # ZeRO-2 whose sync group is its shard group
+
+
+class ParallelModel:
+    """This rank's share of a model trained as a plan says. Build it with ``wrap``.
+
+    ``step(inputs, targets)`` runs one optimizer step over the whole global batch; every rank passes
+    the same full global-batch tensors (batch dimension first) and gets the global mean loss back.
+    ``full_state_dict()`` returns every unsharded parameter on every rank (a collective).
+    ``optimizer`` is the optimizer the factory built over this rank's tensors.
+    """
+
+    def __init__(self, plan: Plan, device: torch.device, runner: StageRunner, states: list[_UnitState],
+                 optimizer: torch.optim.Optimizer, mailbox: Mailbox, shapes: dict, places: dict) -> None:
+        self.plan, self.device, self.runner, self.optimizer = plan, device, runner, optimizer
+        self._states, self._mailbox, self._shapes, self._places = states, mailbox, shapes, places
+        self.rank = dist.get_rank()
+        self.pipeline, self.stage = runner.spec.pipeline, runner.spec.stage
+
+    @property
+    def local_units(self) -> dict[str, nn.Module]:
+        """The units this rank runs (TP / FSDP-wrapped modules), by name."""
+        return {s.unit.name: s.unit.module for s in self._states}
+
+    def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
+        """One optimizer step over the global batch; returns the global mean loss (same on every rank)."""
+        gbs = self.plan.global_batch_size
+        if inputs.shape[0] != gbs or targets.shape[0] != gbs:
+            raise AutoparError("step inputs", f"batch dimensions {inputs.shape[0]} / {targets.shape[0]} differ "
+                               f"from the plan's global_batch_size {gbs}", "pass the whole global batch on every rank")
+        inputs, targets = inputs.to(self.device), targets.to(self.device)
+        loss_sum = self.runner.run(inputs, targets)
+        self._mailbox.flush()
+        for st in self._states:
+            synced = st.sync.sync(st.shard if st.reduce_scatter else None)
+            if synced is None:
+                continue
+            if st.shard is not None:
+                st.shard.set_grad_from_full(synced)
+            else:
+                for proxy, g in zip(st.proxies, synced):
+                    proxy.grad = g
+        self.optimizer.step()
+        for st in self._states:
+            if st.shard is not None:
+                st.shard.all_gather_params()
+            for p in st.unit.module.parameters():
+                p.grad = None
+        self.optimizer.zero_grad(set_to_none=True)
+        total = loss_sum.detach().clone().float()
+        dist.all_reduce(total)
+        return float(total)
+
+    @torch.no_grad()
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Every parameter of the model, unsharded, on the CPU of every rank (call on all ranks).
+
+        Each unit is taken from its first placement (pipeline 0) and broadcast from that stage's
+        first device.
+        """
+        local = {s.unit.name: s for s in self._states}
+        out: dict[str, torch.Tensor] = {}
+        # Gathering FSDP x TP parameters takes two all-gathers and torch logs a warning per parameter
+        # about it; this runs once per export, so keep the log readable.
+        logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
+        for name, shapes in self._shapes.items():
+            if not shapes:
+                continue
+            owner = self._places[name][0]
+            flat = None
+            if name in local and self.runner.spec.pipeline == owner.pipeline:
+                fulls = [p.full_tensor() if isinstance(p, DTensor) else p.detach()
+                         for p in local[name].unit.module.parameters()]
+                flat = torch.cat([f.reshape(-1) for f in fulls]).to(self.device)
+            numel = sum(torch.Size(s).numel() for _, s, _ in shapes)
+            if self.rank != owner.devices[0]:
+                flat = torch.empty(numel, dtype=shapes[0][2], device=self.device)
+            dist.broadcast(flat, src=owner.devices[0])
+            offset = 0
+            for fqn, shape, _ in shapes:
+                n = torch.Size(shape).numel()
+                out[f"{name}.{fqn}"] = flat[offset:offset + n].view(shape).cpu().clone()
+                offset += n
+        return out
+
+
+def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerFactory | None = None,
+         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None, *, seed: int = 0,
+         device: torch.device | None = None, loss_parallel: bool = True,
+         timeout_s: float | None = None) -> ParallelModel:
+    """Place ``model`` on this rank as ``plan`` says; call on every rank with the same arguments.
+
+    model:      an ``nn.Sequential`` or a model with ``embed`` / ``layers`` / ``head`` children
+                (autopar.models). Real weights (same seed on every rank) are used as given; a model
+                on the meta device is materialised per unit from ``seed`` (autopar.runtime.materialize:
+                ``init_weights(model, seed)`` is the single-device equivalent). ``wrap`` takes the
+                model over: units this rank does not hold are moved to the meta device.
+    plan:       a Plan, or a path to a plan YAML file.
+    optimizer:  a factory ``params -> torch.optim.Optimizer``, e.g.
+                ``lambda params: torch.optim.AdamW(params, lr=3e-4)``; each rank calls it once over
+                the plain tensors it updates (its TP / FSDP shards, or its ZeRO-1/2 slices), so
+                element-wise optimizers behave exactly as on one device.
+    loss_fn:    ``(output rows, target rows) -> mean loss over those rows``; default token-mean
+                cross entropy. With the default and a TP head, the loss runs under
+                ``loss_parallel`` on vocabulary-sharded logits (``loss_parallel=False`` gathers them).
+    device:     default: this rank's CUDA device under nccl, else the CPU.
+    timeout_s:  collective timeout when ``wrap`` initialises the process group from torchrun variables.
+
+    Raises AutoparError, on every rank and before any collective, if the plan does not fit the
+    model or the world.
+    """
+    if isinstance(plan, (str, os.PathLike)):
+        from autopar.plan.io import load_plan
+
+        plan = load_plan(plan)
+    if optimizer is None:
+        raise AutoparError("optimizer", "no optimizer factory given",
+                           "pass optimizer=lambda params: torch.optim.AdamW(params, lr=3e-4)")
+    ensure_process_group(timeout_s)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    named = units(model)
+    names = [n for n, _ in named]
+    modules = dict(named)
+    infos = {n: unit_tp_info(model, n, m) for n, m in named}
+    check_plan(plan, names, infos, world)
+    check_untied(named)
+
+    places = placements(plan)
+    device = device or runtime_device()
+    groups = Groups([s for n in names for s in unit_rank_sets(places[n])], device.type)
+    pi, si = next((pi, si) for pi, p in enumerate(plan.pipelines) for si, st in enumerate(p.stages)
+                  if rank in st.devices)
+    pipe = plan.pipelines[pi]
+    stage = pipe.stages[si]
+    shapes = {n: [(fqn, tuple(p.shape), p.dtype) for fqn, p in m.named_parameters()] for n, m in named}
+    last = stage.layers[-1]
+    logits_sharded = (loss_parallel and loss_fn is None and si == len(pipe.stages) - 1 and last.strategy.tp > 1
+                      and "logits" in infos[last.name].plan.values())
+    states = [_build_unit(ly, modules[ly.name], infos[ly.name], places[ly.name], pi, rank, groups, seed, device,
+                          logits_sharded and ly is last) for ly in stage.layers]
+    for n, m in named:
+        if n not in stage.layer_names:
+            m.to_empty(device="meta")  # this rank never runs it: free its memory
+
+    layouts = [[[Layout(tuple(st.devices), ly.strategy.tp) for ly in st.layers] for st in pp.stages]
+               for pp in plan.pipelines]
+    spec = StageSpec(
+        pipeline=pi, stage=si, num_stages=len(pipe.stages), micro_batch_size=pipe.micro_batch_size,
+        num_microbatches=pipe.num_microbatches,
+        batch_offset=sum(p.batch_share for p in plan.pipelines[:pi]), global_batch=plan.global_batch_size,
+        prev_layout=layouts[pi][si - 1][-1] if si > 0 else None,
+        next_layout=layouts[pi][si + 1][0] if si + 1 < len(pipe.stages) else None,
+    )
+    mailbox = Mailbox(device)
+    runner = StageRunner(rank, [s.unit for s in states], spec, plan.schedule, mailbox,
+                         loss_fn or cross_entropy, logits_sharded)
+    tensors = [t for s in states for t in s.proxies]
+    # A rank whose units have no parameters still gets a real optimizer (torch refuses empty lists).
+    opt = optimizer(tensors or [torch.zeros(0, device=device, requires_grad=True)])
+    # Every rank takes part in one collective on the default group before any subset uses it for
+    # batched point-to-point (NCCL requires it; it also means every rank finished wrap()).
+    dist.barrier()
+    return ParallelModel(plan, device, runner, states, opt, mailbox, shapes, places)
+
+
+def _build_unit(ly: StageLayer, module: nn.Module, info: UnitTPInfo, places: list[Placement], pipeline: int,
+                rank: int, groups: Groups, seed: int, device: torch.device, logits_sharded: bool) -> _UnitState:
+    """Materialise one unit of this rank's stage and apply TP, checkpointing, ZeRO; set up its sync."""
+    mine = next(p for p in places if p.pipeline == pipeline)
+    lay, strat = mine.layout, ly.strategy
+    module = materialize_unit(module, ly.name, seed, device)
+    tp_mesh = fsdp_mesh = None
+    if mine.fsdp and lay.tp > 1:  # FSDP x TP: one 2-D mesh, TP inner (torchtitan's layout)
+        mesh2 = groups.mesh_fsdp_tp(lay)
+        tp_mesh, fsdp_mesh = mesh2["tp"], mesh2["dp"]
+    else:
+        if lay.tp > 1:
+            tp_mesh = groups.mesh_1d(lay.tp_group(rank))
+        if mine.fsdp:
+            fsdp_mesh = groups.mesh_1d(tuple(sorted(mine.devices)))
+    if tp_mesh is not None:
+        apply_tp(module, info.plan, tp_mesh, strat.sp, logits_sharded=logits_sharded)
+    apply_checkpointing(module, strat.ckpt, info.selective)
+    params = list(module.parameters())
+    if fsdp_mesh is not None and params:
+        apply_fsdp(module, fsdp_mesh)
+        params = list(module.parameters())
+    sync = UnitGradSync(module, places, mine, rank, groups)
+    shard, proxies, reduce_scatter = None, [_local(p) for p in params], False
+    if mine.zero in (1, 2) and params:
+        shard = FlatShard(proxies, groups.get(lay.dp_group(rank)))
+        # ZeRO-2 reduce-scatters straight into the shard when its sync group is exactly its DP group.
+        reduce_scatter = (mine.zero == 2 and sync.mode == "aligned" and lay.tp == 1
+                          and set(sync.rep_ranks) == set(lay.dp_group(rank)))
+        proxies = [shard.master]
+    return _UnitState(LocalUnit(ly.name, module, lay, strat), mine, sync, proxies, shard, reduce_scatter)

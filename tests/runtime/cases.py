@@ -1,0 +1,52 @@
+"""Models, data and plan shorthands shared by the runtime tests."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from autopar.models import GPT, GPTConfig, Llama, LlamaConfig
+
+GPT_UNITS = ["embed", "layers.0", "layers.1", "head"]
+MLP_UNITS = [str(i) for i in range(5)]
+
+
+def gpt() -> nn.Module:
+    return GPT(GPTConfig(vocab_size=64, seq_len=8, dim=32, n_layers=2, n_heads=4, ffn_hidden=64))
+
+
+def llama() -> nn.Module:
+    return Llama(LlamaConfig(vocab_size=64, seq_len=8, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden=64))
+
+
+def mlp() -> nn.Module:
+    # Odd widths: ZeRO / FSDP shards come out uneven.
+    return nn.Sequential(nn.Linear(6, 13), nn.Tanh(), nn.Linear(13, 7), nn.GELU(), nn.Linear(7, 3))
+
+
+def mse(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return F.mse_loss(output, target)
+
+
+def token_data(batch: int = 8, seq: int = 8, vocab: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1234)
+    return torch.randint(0, vocab, (batch, seq), generator=g), torch.randint(0, vocab, (batch, seq), generator=g)
+
+
+def float_data(batch: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1234)
+    return torch.randn(batch, 6, generator=g), torch.randn(batch, 3, generator=g)
+
+
+# name -> (builder, unit names, (inputs, targets), loss_fn)
+MODELS = {
+    "gpt": (gpt, GPT_UNITS, token_data(), None),
+    "llama": (llama, GPT_UNITS, token_data(), None),
+    "mlp": (mlp, MLP_UNITS, float_data(), mse),
+}
+
+
+def same(units: list[str], **strategy) -> list[tuple[str, dict]]:
+    """Every unit with the same strategy."""
+    return [(u, dict(strategy)) for u in units]

@@ -1,0 +1,75 @@
+"""transformers' Llama and GPT-2 through the runtime (skipped when transformers is not installed)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autopar.runtime.testing import assert_matches_reference, make_plan
+from tests.runtime.cases import GPT_UNITS, same, token_data
+
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.dist
+
+E, L0, L1, H = GPT_UNITS
+
+
+def llama_model(attn: str = "sdpa"):
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16,
+                                   attn_implementation=attn)
+    return transformers.LlamaForCausalLM(cfg)
+
+
+def gpt2_model(attn: str = "sdpa"):
+    cfg = transformers.GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=16, resid_pdrop=0.0,
+                                  embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
+                                  attn_implementation=attn)
+    return transformers.GPT2LMHeadModel(cfg)
+
+
+def hf_llama():
+    from autopar.models.hf import from_transformers
+
+    return from_transformers(llama_model())
+
+
+def hf_gpt2():
+    from autopar.models.hf import from_transformers
+
+    return from_transformers(gpt2_model())
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+@pytest.mark.parametrize("build", [llama_model, gpt2_model])
+def test_units_view_equals_the_hf_model(build, attn):
+    """Same logits as the HF forward (eager attention only masks what it is given: the units pass a causal mask)."""
+    from autopar.models import units
+    from autopar.models.hf import from_transformers
+
+    torch.manual_seed(0)
+    hf = build(attn).eval()
+    x = token_data()[0]
+    expected = hf(x).logits
+    wrapped = from_transformers(hf)
+    assert [n for n, _ in units(wrapped)] == GPT_UNITS
+    torch.testing.assert_close(wrapped(x), expected)
+
+
+def test_hf_llama_tensor_and_sequence_parallel():
+    x, y = token_data()
+    assert_matches_reference(hf_llama, make_plan([(4, 2, [([0, 1], same(GPT_UNITS, tp=2, sp=True))])]), x, y)
+
+
+def test_hf_llama_asymmetric_pipelines():
+    x, y = token_data()
+    plan = make_plan([(2, 2, [([0, 1], same([E, L0], tp=2)), ([2], same([L1, H], ckpt="selective"))]),
+                      (4, 1, [([3], same(GPT_UNITS, zero=0))])])
+    assert_matches_reference(hf_llama, plan, x, y)
+
+
+def test_hf_gpt2_pipeline_with_zero_and_checkpointing():
+    x, y = token_data()
+    plan = make_plan([(2, 4, [([0, 1], [(E, {"zero": 1}), (L0, {"zero": 3, "ckpt": "selective"})]),
+                              ([2], same([L1, H], ckpt="full"))])])
+    assert_matches_reference(hf_gpt2, plan, x, y)
