@@ -43,12 +43,17 @@ def _min_sum(C: list[np.ndarray], P: list[np.ndarray], tau: float) -> tuple[floa
         back.append(arg)
     if not np.isfinite(F[L]):
         return INF, []
+    return float(F[L]), _backtrack(back, L)
+
+
+def _backtrack(back: list[np.ndarray], L: int) -> list[int]:
+    """Stage bounds from the per-stage argmin tables of a partition DP ending at layer L."""
     bounds = [L]
     b = L
     for arg in reversed(back):
         b = int(arg[b])
         bounds.append(b)
-    return float(F[L]), bounds[::-1]
+    return bounds[::-1]
 
 
 def _step_time(C: list[np.ndarray], P: list[np.ndarray], bounds: list[int], m: int) -> tuple[float, float]:
@@ -107,9 +112,4 @@ def minmax_partition(M: list[np.ndarray]) -> tuple[float, list[int]]:
         back.append(arg)
     if not np.isfinite(G[L]):
         return INF, []
-    bounds = [L]
-    b = L
-    for arg in reversed(back):
-        b = int(arg[b])
-        bounds.append(b)
-    return float(G[L]), bounds[::-1]
+    return float(G[L]), _backtrack(back, L)
