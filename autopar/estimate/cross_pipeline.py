@@ -137,7 +137,7 @@ def sync_schedule(plan: Plan, model: ModelSpec, params: CostParams, pipes=None, 
                 holders.setdefault(ly.name, []).append(tuple(st.devices))
                 inside += _one_layer_cost(model.layers[index[ly.name]], ly.strategy, ctx)[2]
             behind += est[i].bwd_s + est[i].p2p_s  # then the gradient crosses back to stage i
-    order = sorted(ready, key=lambda n: (-ready[n], -index[n]))
+    order = sorted(ready, key=lambda n: (ready[n], -index[n]))
     out, F = [], 0.0
     for name in order:
         t = layer_sync_time(cluster, holders[name], model.layers[index[name]].params, params)

@@ -73,13 +73,16 @@ def allocate(total: int, rates: list[PipelineRate]) -> list[int] | None:
     limits = [min(r.max_m, total // r.micro_batch_size) for r in rates]
     if any(lim < 1 for lim in limits):
         return None
-    times = [np.array([r.time(m) for m in range(1, lim + 1)]) for r, lim in zip(rates, limits)]
-    # T(m) grows with m, but guard against float noise: use the running max as the time of "up to m".
-    times = [np.maximum.accumulate(t) for t in times]
+    times = []
+    for r, lim in zip(rates, limits):
+        m = np.arange(1, lim + 1, dtype=float)
+        c = np.asarray(r.fb)[:, None] + np.asarray(r.st)[:, None] / m[None, :]
+        t = (m - 1) * c.max(axis=0) + c.sum(axis=0) + r.p2p
+        times.append(np.maximum.accumulate(t))  # T grows with m; the running max guards float noise
     cands = np.unique(np.concatenate(times))
-    lo, hi = 0, len(cands) - 1
-    if _feasible(total, rates, times, cands[hi]) is None:
+    if _feasible(total, rates, times, cands[-1]) is None:
         return None
+    lo, hi = 0, len(cands) - 1
     while lo < hi:
         mid = (lo + hi) // 2
         if _feasible(total, rates, times, cands[mid]) is not None:
@@ -89,8 +92,23 @@ def allocate(total: int, rates: list[PipelineRate]) -> list[int] | None:
     return _feasible(total, rates, times, cands[lo])
 
 
+def _window_or(reach: np.ndarray, step: int, count: int) -> np.ndarray:
+    """out[x] = any(reach[x - m * step] for m in 1..count), by prefix sums along each residue class."""
+    n = len(reach)
+    rows = -(-n // step)
+    pre = np.zeros(rows * step, dtype=np.int64)
+    pre[:n] = reach
+    pre = np.cumsum(pre.reshape(rows, step), axis=0).ravel()  # pre[x] = sum of reach[x], reach[x - step], ...
+    x = np.arange(n)
+    hi = x - step  # newest term: m = 1
+    lo = x - (count + 1) * step  # first term past the window
+    upto_hi = np.where(hi >= 0, pre[np.maximum(hi, 0)], 0)
+    upto_lo = np.where(lo >= 0, pre[np.maximum(lo, 0)], 0)
+    return (upto_hi - upto_lo) > 0
+
+
 def _feasible(total: int, rates: list[PipelineRate], times: list[np.ndarray], tau: float) -> list[int] | None:
-    """Counts m_j with T_j(m_j) <= tau and sum mbs_j m_j = total (largest shares to the fastest), or None."""
+    """Counts m_j with T_j(m_j) <= tau and sum mbs_j m_j = total (largest counts first), or None."""
     reach = np.zeros(total + 1, dtype=bool)
     reach[0] = True
     layers = []
@@ -98,22 +116,15 @@ def _feasible(total: int, rates: list[PipelineRate], times: list[np.ndarray], ta
         M = int(np.searchsorted(t, tau, side="right"))  # m = 1..M fit under tau
         if M < 1:
             return None
-        nxt = np.zeros(total + 1, dtype=bool)
-        for m in range(1, M + 1):
-            s = m * r.micro_batch_size
-            if s > total:
-                break
-            nxt[s:] |= reach[:total + 1 - s]
         layers.append((reach, M))
-        reach = nxt
+        reach = _window_or(reach, r.micro_batch_size, M)
     if not reach[total]:
         return None
     out, rem = [], total
     for (prev, M), r in zip(reversed(layers), reversed(rates)):
-        for m in range(M, 0, -1):
-            s = m * r.micro_batch_size
-            if s <= rem and prev[rem - s]:
+        for m in range(min(M, rem // r.micro_batch_size), 0, -1):
+            if prev[rem - m * r.micro_batch_size]:
                 out.append(m)
-                rem -= s
+                rem -= m * r.micro_batch_size
                 break
     return out[::-1]

@@ -1,22 +1,27 @@
 """search_heterogeneous: the planner for mixed GPU types or uneven networks.
 
-1. Start shapes from the hierarchical partition (graph_partition): 1..max pipelines, each with one
+1. Start shapes from the hierarchical partition (graph_partition): 1..MAX_PIPELINES pipelines, one
    or two stages per node piece, stages ordered along fast links.
 2. Each shape is realised (realise.py: per-stage tables, exact layer split per pipeline, batch shares
-   by speed) with fast screening tables, and the best few are improved by local search.
-3. The winner is split again with exact tables (the frontier DP without thinning) at its batching.
-4. Baselines: the best single-GPU-type subset and the plan made as if every GPU were the slowest;
-   the latter is a plan for this cluster, so when it scores better it is returned (never worse than
-   a baseline that can run here).
-The reported figures are ``estimate_plan`` of the returned plan.
+   by speed) with fast screening tables (one micro-batch size per pipeline, the best guess), and the
+   LOCAL_STARTS best are improved by local search (local_search.py).
+3. A second local search from the winner solves WIDE_TRIES micro-batch sizes per pipeline and splits
+   pipelines again after their shares move.
+4. The winner is split again with exact tables (the frontier DP without thinning).
+5. Baselines: the best single-GPU-type subset and the plan made as if every GPU were the slowest;
+   the latter is a plan for this cluster, so when it scores better it is returned: the result is
+   never worse than a baseline that can run on the whole cluster.
+The score of every candidate is ``estimate_plan(plan).step_time_s``, so the reported figures are the
+optimised ones. ``opts.time_budget_s`` stops the search at the next shape (steps 3-5 are skipped).
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import autopar
-from autopar.cluster.cluster import GIB, Cluster
+from autopar.cluster.cluster import Cluster
 from autopar.errors import AutoparError
 from autopar.estimate.plan_cost import estimate_plan
 from autopar.model.spec import ModelSpec
@@ -30,7 +35,9 @@ from autopar.search.options import SearchOptions
 
 SCREEN_BUCKETS = 32  # memory buckets per frontier while screening shapes (layer_split.ThinTrie)
 MAX_PIPELINES = 8
+SCREEN_TRIES = 1  # micro-batch sizes solved per pipeline while screening (best guesses first)
 LOCAL_STARTS = 3  # best distinct start shapes improved by local search
+WIDE_TRIES = 4  # micro-batch sizes solved per pipeline in the second local search
 
 
 def search_heterogeneous(model: ModelSpec, cluster: Cluster, global_batch_size: int,
@@ -50,13 +57,22 @@ def search_heterogeneous(model: ModelSpec, cluster: Cluster, global_batch_size: 
     if with_baselines:
         base = {SUBSET: best_homogeneous_subset(model, cluster, global_batch_size, opts),
                 AS_SLOWEST: as_slowest_gpu(model, cluster, global_batch_size, opts)}
-    plan, est = best.plan, best.estimate
+    plan, reported = best.plan, best.time
     slow = base.get(AS_SLOWEST)
-    if slow is not None and slow[1].step_time_s < est.step_time_s:
-        plan, est = slow[0], slow[1]
+    if slow is not None and slow[1].step_time_s < reported:
+        plan, reported = replace(slow[0]), slow[1].step_time_s
         info["returned"] = AS_SLOWEST
-    plan = _finish(plan, model, opts, info, seconds)
     est = estimate_plan(plan, model, opts.params)
+    if abs(est.step_time_s - reported) > 1e-9 * reported:
+        raise RuntimeError(f"internal: the heterogeneous search scored {reported!r} but the plan estimates "
+                           f"{est.step_time_s!r}; the search and estimate_plan disagree")
+    sub = base.get(SUBSET)
+    if sub is not None and sub[1].tokens_per_s > est.tokens_per_s:
+        # Plans use every device (ranks are device ids), so a faster subset can only be pointed out.
+        info["note"] = (f"the best homogeneous subset ({sub[0].cluster.describe()}, {sub[0].world_size} devices) "
+                        f"trains {sub[1].tokens_per_s / est.tokens_per_s:.2f}x faster: leave the other nodes out")
+    plan.predicted = est.predicted()
+    plan.search = _search_block(opts, info, seconds)
     validate_plan(plan, model, est.memory_gib)
     return SearchResult(plan, est, seconds, info["candidates"], dict(info["pruned"]), [], info["timed_out"], base,
                         planner="heterogeneous")
@@ -67,7 +83,7 @@ def plan_search(model: ModelSpec, cluster: Cluster, B: int, opts: SearchOptions,
     """The planner proper (no baselines): best candidate plus search statistics."""
     max_stages = model.num_layers
     screen = LayerSplitter(model, cluster, opts, buckets=SCREEN_BUCKETS)
-    realise = Realiser(model, cluster, B, opts, screen)
+    realise = Realiser(model, cluster, B, opts, screen, tries=SCREEN_TRIES)
     timed_out = False
     starts: list[Candidate] = []
     for shape in initial_shapes(cluster, min(MAX_PIPELINES, cluster.num_devices, B), max_stages):
@@ -87,11 +103,20 @@ def plan_search(model: ModelSpec, cluster: Cluster, B: int, opts: SearchOptions,
         c, timed_out = improve(realise, s, cluster, max_stages, deadline)
         if c.time < best.time:
             best = c
+    if not timed_out:  # second pass: more micro-batch sizes per pipeline, shares re-split
+        wide = Realiser(model, cluster, B, opts, screen, tries=WIDE_TRIES, resplit=True)
+        first = wide(best.shape)
+        if first is not None:
+            c, timed_out = improve(wide, first, cluster, max_stages, deadline)
+            if c.time < best.time:
+                best = c
+        realise.evaluated += wide.evaluated
     exact = LayerSplitter(model, cluster, opts, buckets=None)
     if not timed_out:
-        polished = polish(best, Realiser(model, cluster, B, opts, exact))
-        if polished is not None and polished.time < best.time:
-            best = polished
+        exact_realise = Realiser(model, cluster, B, opts, exact, tries=2, resplit=True)
+        for polished in (polish(best, exact_realise), exact_realise(best.shape)):
+            if polished is not None and polished.time < best.time:
+                best = polished
     info = {"candidates": screen.candidates + exact.candidates, "pruned": screen.pruned + exact.pruned,
             "timed_out": timed_out, "shapes": realise.evaluated, "tables": screen.builds + exact.builds,
             "start_shapes": len(starts)}
@@ -111,24 +136,20 @@ def polish(cand: Candidate, realise: Realiser) -> Candidate | None:
 
 def nothing_fits(model: ModelSpec, cluster: Cluster, B: int, opts: SearchOptions,
                  splitter: LayerSplitter) -> AutoparError:
-    """One line naming what the deepest pipeline over every device would still need per device."""
-    shapes = initial_shapes(cluster, 1, model.num_layers)
-    need = float("inf")
-    for shape in shapes:
-        stages = list(shape[0])
-        for mbs in (1,):
-            need = min(need, splitter.least_memory(stages, mbs, B // mbs))
-    budget = opts.memory_budget_gib or min(g.memory_gib for g in cluster.gpu_types)
-    what = f"needs {need / GIB:.3g} GiB on some device" if need < float("inf") else "has no legal layout"
-    return AutoparError("memory", f"no plan fits {cluster.describe()} (smallest GPU {budget:.3g} GiB); the "
-                        f"deepest single pipeline over all devices, micro-batches of 1, {what}",
+    """One line saying how far the closest single pipeline over every device is from fitting."""
+    ratio = min(splitter.least_memory_ratio(list(shape[0]), 1, B)
+                for shape in initial_shapes(cluster, 1, model.num_layers))
+    cap = "--memory-budget" if opts.memory_budget_gib else "its GPU's memory"
+    what = (f"needs at least {ratio:.2f}x {cap} on its tightest device" if ratio < float("inf")
+            else "has a layer with no legal strategy")
+    return AutoparError("memory", f"no plan fits {cluster.describe()}: the closest, one pipeline over all devices "
+                        f"with micro-batches of 1, {what}",
                         "add devices, raise --memory-budget, or lower --global-batch-size / --seq-len")
 
 
-def _finish(plan, model: ModelSpec, opts: SearchOptions, info: dict, seconds: float):
-    est = estimate_plan(plan, model, opts.params)
-    plan.predicted = est.predicted()
-    plan.search = {
+def _search_block(opts: SearchOptions, info: dict, seconds: float) -> dict:
+    """The ``search`` block of the plan file."""
+    return {
         "autopar_version": autopar.__version__,
         "planner": "heterogeneous",
         "seconds": round(seconds, 4),
@@ -139,5 +160,5 @@ def _finish(plan, model: ModelSpec, opts: SearchOptions, info: dict, seconds: fl
         "timed_out": bool(info["timed_out"]),
         "returned": info.get("returned", "planner"),
         "cost_params": opts.params.to_dict(),
+        **({"note": info["note"]} if "note" in info else {}),
     }
-    return plan

@@ -4,7 +4,8 @@ Level 1, pipelines (data-parallel replicas): balanced in compute. Their gradient
 the cut between them, so the cut should run along *fast* links: METIS minimises the cut weight, and
 the weight of an edge is its slowness (fastest bandwidth / its bandwidth). The opposite cut (weight =
 bandwidth: pipelines keep whole fast islands, like one GPU type per pipeline) is offered too, and the
-cost model judges. Without pymetis the same two cuts are made greedily on the networkx device graph.
+cost model judges. Without pymetis (or when METIS refuses a tiny graph) a greedy balanced-compute
+assignment makes the same two cuts (``_greedy``): networkx's bisections balance vertex counts, not compute.
 
 Level 2, stages: a pipeline's devices on one node form a piece; a stage is a piece or an equal chunk
 of one, so every stage sits inside one machine and TP groups (level 3, chosen per layer by the
@@ -14,6 +15,7 @@ fast links, memory-rich first (1F1B's first stage holds the most micro-batches i
 
 from __future__ import annotations
 
+import itertools
 import math
 
 from autopar.cluster.cluster import Cluster
@@ -46,11 +48,13 @@ def chunk(piece: Devices, size: int) -> list[Devices]:
     return [piece[i:i + size] for i in range(0, len(piece), size)]
 
 
-def stage_split(cluster: Cluster, devices, parts_per_piece: int = 1) -> list[Devices]:
-    """Stages of one pipeline: each of its node pieces cut into ``parts_per_piece`` equal chunks."""
+def stage_split(cluster: Cluster, devices, parts_per_piece: int | dict[str, int] = 1) -> list[Devices]:
+    """Stages of one pipeline: each of its node pieces cut into equal chunks, ``parts_per_piece`` of
+    them (or per GPU type name, when a dict)."""
     out: list[Devices] = []
     for pc in pieces(cluster, devices):
-        n = parts_per_piece if len(pc) % parts_per_piece == 0 else 1
+        n = parts_per_piece if isinstance(parts_per_piece, int) else parts_per_piece.get(cluster.gpu_of(pc[0]).name, 1)
+        n = n if len(pc) % n == 0 else 1
         out.extend(chunk(pc, len(pc) // n))
     return out
 
@@ -120,7 +124,11 @@ def _metis(nparts: int, n: int, weights: dict[tuple[int, int], int], vweights: l
             ew.append(w)
         xadj.append(len(adjncy))
     try:
-        _, parts = pymetis.part_graph(nparts, xadj=xadj, adjncy=adjncy, vweights=vweights, eweights=ew)
+        if hasattr(pymetis, "CSRAdjacency"):  # pymetis >= 2025.2
+            graph = {"adjacency": pymetis.CSRAdjacency(xadj, adjncy)}
+        else:
+            graph = {"xadj": xadj, "adjncy": adjncy}
+        _, parts = pymetis.part_graph(nparts, vweights=vweights, eweights=ew, **graph)
     except Exception:  # METIS refuses some tiny or degenerate graphs; the greedy cut covers them
         return None
     return list(parts)
@@ -174,13 +182,24 @@ def pipeline_groups(cluster: Cluster, parts: int) -> list[list[list[int]]]:
     return found
 
 
+MAX_TYPE_VARIANTS = 16  # one-pipeline starts with 1 or 2 stages per piece chosen per GPU type
+
+
 def initial_shapes(cluster: Cluster, max_pipelines: int, max_stages: int) -> list[Shape]:
-    """Start points of the local search: each pipeline grouping with one or two stages per node piece."""
+    """Start points of the local search: each pipeline grouping with one or two stages per node piece.
+
+    A single pipeline also gets every per-GPU-type mix of one or two stages per piece (up to
+    MAX_TYPE_VARIANTS): slow and fast types often want different stage sizes.
+    """
     shapes: list[Shape] = []
     seen: set = set()
+    types = [g.name for g in cluster.gpu_types]
+    mixes: list = [1, 2]
+    if 2 ** len(types) <= MAX_TYPE_VARIANTS:
+        mixes += [dict(zip(types, f)) for f in itertools.product((1, 2), repeat=len(types)) if len(set(f)) > 1]
     for parts in range(1, max_pipelines + 1):
         for groups in pipeline_groups(cluster, parts):
-            for per_piece in (1, 2):
+            for per_piece in mixes if parts == 1 else (1, 2):
                 shape = canonical(tuple(order_stages(cluster, stage_split(cluster, g, per_piece)) for g in groups))
                 if any(len(p) > max_stages for p in shape) or shape in seen:
                     continue

@@ -21,15 +21,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from autopar.cluster.cluster import Cluster
-from autopar.estimate.layer_cost import StageContext, layout_switch_time, transient_bytes
+from autopar.estimate.layer_cost import StageContext, transient_bytes
 from autopar.estimate.plan_cost import device_budget_bytes, stage_link
 from autopar.model.spec import ModelSpec
 from autopar.plan.schema import Stage, StageLayer
 from autopar.search.frontier import Frontier, RangeTrie, pareto_by_group
+from autopar.search.hetero.candidates import candidates_at, score_kind
 from autopar.search.homogeneous import layer_signatures
 from autopar.search.options import SearchOptions
-from autopar.search.partition import best_partition
-from autopar.search.space import layer_candidates, tp_degrees
+from autopar.search.partition import best_partition, minmax_partition
 from cost_models import communication as comm
 from cost_models.memory import inflight_microbatches
 
@@ -72,7 +72,6 @@ class ThinTrie(RangeTrie):
 @dataclass
 class StageTable:
     C: np.ndarray  # (L+1, L+1): least cost per micro-batch of layers a..b-1; inf where nothing fits
-    Mmin: np.ndarray  # least peak bytes per rank of layers a..b-1 (any strategy; for "nothing fits")
     trie: RangeTrie
     node_of: dict
     cands: dict
@@ -90,6 +89,7 @@ class PipelineSplit:
     time: float  # the pipeline's step time, summed as ``pipeline_time`` sums it
     bounds: list[int]
     layers: list[list[StageLayer]] = field(default_factory=list)
+    key: tuple = ()  # equal for pipelines of equal kinds, links and batching (same split, same rate)
 
     @property
     def share(self) -> int:
@@ -117,8 +117,13 @@ class LayerSplitter:
         self.bb = np.array([0.0] + [ly.boundary_bytes for ly in model.layers])
         self.pruned: Counter = Counter()
         self._cands: dict = {}
+        self._kind_batches: dict = {}
         self._tables: dict = {}
         self._kinds: dict = {}
+        self._needs: dict = {}
+        self._least: dict = {}
+        self._splits: dict = {}
+        self._best: dict = {}
         self.builds = 0
         self.candidates = 0
 
@@ -142,31 +147,34 @@ class LayerSplitter:
         return key
 
     def _candidates(self, devices: Devices, mbs: int, m: int):
+        """(context, candidates per signature, switch costs) of a stage kind at (mbs, m)."""
         key = (self.kind(devices), mbs, m)
         hit = self._cands.get(key)
         if hit is None:
-            ctx = StageContext(self.cluster, tuple(devices), mbs, m, self.opts.params)
-            tps = tp_degrees(ctx, self.pruned)
-            layouts: dict = {}
-            cands = {s: layer_candidates(ly, ctx, tps, layouts, self.pruned, prune=self.opts.prune_dominated)
-                     for s, ly in self.sig_layer.items()}
-            order = sorted(layouts, key=layouts.get)
-            switch = {}
-            for s, ly in self.sig_layer.items():
-                switch[s] = np.array([[layout_switch_time(ly.boundary_bytes, a, b, ctx) for b in order]
-                                      for a in order]).reshape(len(order), len(order))
-            hit = (ctx, cands, switch)
+            kb_key = key[:2]
+            kb = self._kind_batches.get(kb_key)
+            if kb is None:
+                ctx = StageContext(self.cluster, tuple(devices), mbs, 1, self.opts.params)
+                kb = score_kind(self.sig_layer, ctx, self.pruned)
+                self._kind_batches[kb_key] = kb
+            cands = candidates_at(kb, m, self.opts.prune_dominated, self.pruned)
+            hit = (kb.ctx, cands, kb.switch)
             self._cands[key] = hit
         return hit
 
     def least_costs(self, devices: Devices, mbs: int, m: int) -> np.ndarray:
         """Per layer, its cheapest strategy's cost on this stage (memory ignored; inf if none is legal)."""
-        _, cands, _ = self._candidates(devices, mbs, m)
-        return np.array([float(cands[s].costs.cost.min()) if len(cands[s].strategies) else np.inf
-                         for s in self.sigs])
+        key = (self.kind(devices), mbs, m)
+        hit = self._least.get(key)
+        if hit is None:
+            _, cands, _ = self._candidates(devices, mbs, m)
+            per_sig = {s: float(c.costs.cost.min()) if len(c.strategies) else np.inf for s, c in cands.items()}
+            hit = np.array([per_sig[s] for s in self.sigs])
+            self._least[key] = hit
+        return hit
 
     def table(self, devices: Devices, mbs: int, m: int, k: int, role: str = "any") -> StageTable:
-        """C and Mmin of a stage of this kind; ``role`` limits the ranges to those its position can hold.
+        """The table of a stage of this kind; ``role`` limits the ranges to those its position can hold.
 
         first: ranges from layer 0; last: ranges to the last layer; middle: neither end; only: the
         whole model; any: every range. The trie then builds only the frontiers those ranges need.
@@ -184,32 +192,27 @@ class LayerSplitter:
             trie = RangeTrie(cands, switch, k, room)
         L = self.L
         transient = [transient_bytes(ly, ctx) for ly in self.model.layers]
-        least = np.array([float(cands[s].costs.mem(k).min()) if len(cands[s].strategies) else np.inf
-                          for s in self.sigs])
         C = np.full((L + 1, L + 1), np.inf)
-        Mmin = np.full((L + 1, L + 1), np.inf)
         node_of: dict = {}
         memo: dict = {}
         a_range = {"first": range(1), "only": range(1), "middle": range(1, L)}.get(role, range(L))
         b_top = L - 1 if role in ("first", "middle") else L
         for a in a_range:
-            node, tmax, mmin = -1, 0.0, 0.0
+            node, tmax = -1, 0.0
             for b in range(a + 1, L + 1):
                 if b > b_top:
                     break
                 node = trie.child(node, self.sigs[b - 1])
                 tmax = max(tmax, transient[b - 1])
-                mmin += least[b - 1]
                 if role in ("last", "only") and b < L:
                     continue
-                Mmin[a, b] = mmin + tmax + reserve
                 if node not in memo:
                     memo[node] = trie.best(node, room - tmax)
                 C[a, b] = memo[node][0]
                 node_of[(a, b)] = node
         self.builds += 1
         self.candidates += trie.points_examined
-        tab = StageTable(C, Mmin, trie, node_of, cands, room, transient)
+        tab = StageTable(C, trie, node_of, cands, room, transient)
         self._tables[key] = tab
         return tab
 
@@ -226,10 +229,68 @@ class LayerSplitter:
             out.append(Pi)
         return out
 
+    def _need(self, devices: Devices, mbs: int, m: int, k: int, role_: str) -> np.ndarray:
+        """need[a, b] / room: a lower bound on the memory share layers a..b-1 take on this stage.
+
+        Each layer's least-memory strategy plus the largest transient: no assignment needs less,
+        so a partition this bound rules out cannot fit (no trie needed: cheap).
+        """
+        key = (self.kind(devices), mbs, m, k, role_)
+        hit = self._needs.get(key)
+        if hit is not None:
+            return hit
+        ctx, cands, _ = self._candidates(devices, mbs, m)
+        L = self.L
+        least = np.array([float(cands[s].costs.mem(k).min()) if len(cands[s].strategies) else np.inf
+                          for s in self.sigs])
+        trans = np.array([transient_bytes(ly, ctx) for ly in self.model.layers])
+        room = min(device_budget_bytes(self.cluster, d, self.opts.memory_budget_gib) for d in devices) \
+            - self.opts.params.reserve_bytes
+        cs = np.r_[0.0, np.cumsum(least)]
+        need = np.full((L + 1, L + 1), np.inf)
+        for a in range(L):
+            tmax = np.maximum.accumulate(trans[a:])
+            need[a, a + 1:] = (cs[a + 1:] - cs[a] + tmax) / max(room, 1.0)
+        lo_a = {"first": (0, 1), "only": (0, 1), "middle": (1, L)}.get(role_, (0, L))
+        mask = np.zeros_like(need, dtype=bool)
+        mask[lo_a[0]:lo_a[1], :] = True
+        if role_ in ("first", "middle"):
+            mask[:, L] = False
+        if role_ in ("last", "only"):
+            mask[:, :L] = False
+        need[~mask] = np.inf
+        self._needs[key] = need
+        return need
+
+    def may_fit(self, stages: list[Devices], mbs: int, m: int) -> bool:
+        """False when no layer split can fit memory (a lower bound per stage rules every split out)."""
+        return self.least_memory_ratio(stages, mbs, m) <= 1.0
+
     def split(self, stages: list[Devices], mbs: int, m: int) -> PipelineSplit | None:
-        """The best layer split (and per-layer strategies) of one pipeline; None if nothing fits."""
+        """The best layer split (and per-layer strategies) of one pipeline; None if nothing fits.
+
+        Memoised by the stages' kinds and links: equal pipelines on other devices reuse the split.
+        """
+        key = (self.pipeline_kind(stages), mbs, m)
+        if key in self._splits:
+            hit = self._splits[key]
+            if hit is None:
+                return None
+            return PipelineSplit(list(stages), mbs, m, hit.time, hit.bounds, hit.layers, key)
+        res = self._split(stages, mbs, m)
+        if res is not None:
+            res.key = key
+        self._splits[key] = res
+        return res
+
+    def pipeline_kind(self, stages: list[Devices]) -> tuple:
+        """The stages' kinds and the links between them: pipelines of equal kind split alike."""
+        links = tuple(stage_link(self.cluster, list(a), list(b)) for a, b in zip(stages, stages[1:]))
+        return tuple(self.kind(st) for st in stages), links
+
+    def _split(self, stages: list[Devices], mbs: int, m: int) -> PipelineSplit | None:
         p = len(stages)
-        if p > self.L:
+        if p > self.L or not self.may_fit(stages, mbs, m):
             return None
         ks = [inflight_microbatches(self.opts.schedule, p, i, m) for i in range(p)]
         tabs = [self.table(st, mbs, m, k, role(i, p)) for i, (st, k) in enumerate(zip(stages, ks))]
@@ -246,27 +307,36 @@ class LayerSplitter:
                                for j in range(a, b)])
         return res
 
-    def least_memory(self, stages: list[Devices], mbs: int, m: int) -> float:
-        """Least per-device peak (bytes) any split of this pipeline needs, whatever fits (for errors)."""
-        from autopar.search.partition import minmax_partition
-
+    def least_memory_ratio(self, stages: list[Devices], mbs: int, m: int) -> float:
+        """Least, over layer splits, of the largest (lower bound on memory need) / (room) of any stage."""
         p = len(stages)
         if p > self.L:
             return np.inf
         ks = [inflight_microbatches(self.opts.schedule, p, i, m) for i in range(p)]
-        return minmax_partition([self.table(st, mbs, m, k, role(i, p)).Mmin
-                                 for i, (st, k) in enumerate(zip(stages, ks))])[0]
+        return minmax_partition([self._need(st, mbs, m, k, role(i, p)) for i, (st, k) in enumerate(zip(stages, ks))])[0]
 
     def guess(self, stages: list[Devices], mbs: int, m: int) -> float:
-        """A quick guess of the pipeline time (memory ignored): stages balanced by their speed."""
+        """A quick guess of the pipeline time (memory ignored): stages balanced by their speed, plus
+        each boundary's cheapest send. Orders the micro-batch sizes ``best`` solves."""
         W = [float(self.least_costs(st, mbs, m).sum()) for st in stages]
         if not all(np.isfinite(W)):
             return np.inf
         balanced = 1.0 / sum(1.0 / w for w in W if w > 0)
-        return (m - 1 + len(stages)) * balanced
+        sends = sum(float(P[1:].min()) for P in self.p2p_costs(stages, mbs)[:-1])
+        return (m - 1 + len(stages)) * balanced + sends
 
     def best(self, stages: list[Devices], share: int, tries: int = 2) -> PipelineSplit | None:
-        """Best split over micro-batch sizes dividing ``share``: the ``tries`` best guesses are solved."""
+        """Best split over micro-batch sizes dividing ``share``: the ``tries`` best guesses are solved
+        (and more while none fits). Memoised by pipeline kind."""
+        key = (self.pipeline_kind(stages), share, tries)
+        if key in self._best:
+            hit = self._best[key]
+            return None if hit is None else self.split(stages, hit.micro_batch_size, hit.num_microbatches)
+        res = self._best_uncached(stages, share, tries)
+        self._best[key] = res
+        return res
+
+    def _best_uncached(self, stages: list[Devices], share: int, tries: int) -> PipelineSplit | None:
         opts = []
         for mbs in range(1, share + 1):
             if share % mbs:
