@@ -59,13 +59,23 @@ class StageContext:
 
     @cached_property
     def shape_key(self) -> tuple:
-        """Equal for stages whose costs are equal: on a homogeneous cluster only the pattern of
-        node membership matters (every node and node pair is alike), elsewhere the devices."""
-        if self.cluster.is_homogeneous:
-            relabel: dict[int, int] = {}
-            pattern = tuple(relabel.setdefault(self.cluster.node_of(d), len(relabel)) for d in self.devices)
-            return (id(self.cluster), pattern, self.micro_batch_size, self.num_microbatches, self.params)
-        return (id(self.cluster), self.devices, self.micro_batch_size, self.num_microbatches, self.params)
+        """Equal for stages whose costs are equal.
+
+        A layer's cost depends on the devices only through which node each belongs to, those nodes'
+        GPU and fabric, and the links between those nodes. So the key is the pattern of node
+        membership (nodes relabelled in order of appearance), plus, on a cluster whose nodes or
+        links differ, each involved node's properties and the links between them.
+        """
+        c = self.cluster
+        relabel: dict[int, int] = {}
+        pattern = tuple(relabel.setdefault(c.node_of(d), len(relabel)) for d in self.devices)
+        key: tuple = (id(c), pattern, self.micro_batch_size, self.num_microbatches, self.params)
+        if not c.is_homogeneous:
+            nodes = list(relabel)
+            props = tuple((c.nodes[n].gpu, c.nodes[n].intra_bw, c.nodes[n].intra_lat_us) for n in nodes)
+            links = tuple(c.node_link(a, b) for a in nodes for b in nodes if a != b)
+            key += (props, links)
+        return key
 
     @cached_property
     def peak_flops(self) -> float:
@@ -120,14 +130,36 @@ class StageContext:
         return self._links([list(self.devices)])
 
 
-def _allreduce(nbytes, g: GroupLinks):
+def _measured(collective: str, nbytes, g: GroupLinks, p: CostParams | None):
+    """A profile's measured ``alpha + beta * bytes`` for this group (one node, size covered), else None."""
+    fit = p.measured_comm(collective, g.size) if p is not None and g.n_nodes == 1 and g.size > 1 else None
+    if fit is None:
+        return None
+    b = np.asarray(nbytes, dtype=float)
+    return np.where(b > 0, fit[0] + fit[1] * b, 0.0)
+
+
+def _allreduce(nbytes, g: GroupLinks, p: CostParams | None = None):
+    hit = _measured("allreduce", nbytes, g, p)
+    if hit is not None:
+        return hit
     return comm.hierarchical_allreduce_time(nbytes, g.n_local, g.n_nodes, g.intra_bw, g.intra_lat,
                                             g.inter_bw, g.inter_lat)
 
 
-def _allgather(nbytes, g: GroupLinks):
+def _allgather(nbytes, g: GroupLinks, p: CostParams | None = None, collective: str = "allgather"):
+    hit = _measured(collective, nbytes, g, p)
+    if hit is not None:
+        return hit
     return comm.hierarchical_allgather_time(nbytes, g.n_local, g.n_nodes, g.intra_bw, g.intra_lat,
                                             g.inter_bw, g.inter_lat)
+
+
+def _reduction(nbytes, g: GroupLinks, collective: str, ctx: StageContext):
+    """GenModel's gamma term, unless a measured fit of the collective already includes it."""
+    if _measured(collective, 1.0, g, ctx.params) is not None:
+        return 0.0
+    return comm.reduction_time(nbytes, g.size, ctx.hbm_bw)
 
 
 @dataclass
@@ -167,8 +199,12 @@ def layer_costs(layer: LayerSpec, strategies: list[Strategy], ctx: StageContext)
     f_flops = layer.flops * b_local / tp
     recompute = np.select([ckpt == 0, ckpt == 1, ckpt == 2],
                           [0.0, layer.attn_core_flops, layer.flops]) * b_local / tp
-    f_comp = compute_time(f_flops, ctx.peak_flops, p.eff_max, p.layer_overhead_s)
-    b_comp = 2.0 * f_comp + compute_time(recompute, ctx.peak_flops, p.eff_max, p.layer_overhead_s)
+    eff_max, overhead = p.eff_max, p.layer_overhead_s
+    if p.eff_by_kind:  # measured curves per (kind, tp degree, ZeRO-3 or not)
+        curves = [p.efficiency(layer.kind, int(t), int(z) if d > 1 else 0) for t, z, d in zip(tp, zero, dp)]
+        eff_max, overhead = np.array([c[0] for c in curves]), np.array([c[1] for c in curves])
+    f_comp = compute_time(f_flops, ctx.peak_flops, eff_max, overhead)
+    b_comp = 2.0 * f_comp + compute_time(recompute, ctx.peak_flops, eff_max, overhead)
 
     # TP collectives (Megatron: all-reduces; with SP all-gather + reduce-scatter, the same bytes).
     tp_fwd = np.zeros_like(tp)
@@ -178,7 +214,7 @@ def layer_costs(layer: LayerSpec, strategies: list[Strategy], ctx: StageContext)
         g = ctx.tp_links(int(t))
         sel = tp == t
         per_coll = layer.tp_comm_bytes * b_local[sel] / layer.tp_collectives
-        tp_fwd[sel] = layer.tp_collectives * _allreduce(per_coll, g)
+        tp_fwd[sel] = layer.tp_collectives * _allreduce(per_coll, g, p)
     tp_bwd = tp_fwd * np.where(ckpt == 2, 2.0, 1.0)  # full recompute repeats the forward collectives
 
     # Data-parallel traffic over each strategy's DP group.
@@ -191,11 +227,11 @@ def layer_costs(layer: LayerSpec, strategies: list[Strategy], ctx: StageContext)
     for t in np.unique(tp):
         sel = tp == t
         g = ctx.dp_links(int(t))
-        ar[sel] = _allreduce(grad_b[sel], g)
-        ag_param[sel] = _allgather(param_b[sel], g)
-        rs_grad[sel] = _allgather(grad_b[sel], g)  # reduce-scatter: same wire cost
-        ar[sel] += comm.reduction_time(grad_b[sel], g.size, ctx.hbm_bw)
-        rs_grad[sel] += comm.reduction_time(grad_b[sel], g.size, ctx.hbm_bw)
+        ar[sel] = _allreduce(grad_b[sel], g, p)
+        ag_param[sel] = _allgather(param_b[sel], g, p)
+        rs_grad[sel] = _allgather(grad_b[sel], g, p, "reduce_scatter")  # reduce-scatter: same wire cost
+        ar[sel] += _reduction(grad_b[sel], g, "allreduce", ctx)
+        rs_grad[sel] += _reduction(grad_b[sel], g, "reduce_scatter", ctx)
 
     # Prefetching hides gathers and reduce-scatters behind compute as far as ``overlap_zero3`` allows.
     ov3 = p.overlap_zero3
@@ -211,7 +247,7 @@ def layer_costs(layer: LayerSpec, strategies: list[Strategy], ctx: StageContext)
     owned = np.where(zero >= 1, shard_params / dp, shard_params)
     step = exposed + memory_bound_time(owned * p.opt_bytes_touched, ctx.hbm_bw)
 
-    mem_states = model_state_bytes(shard_params, zero, dp, p.state_bytes, p.param_bytes)
+    mem_states = model_state_bytes(shard_params, zero, dp, p.state_bytes, p.param_bytes, p.state_table)
     saved = np.array([layer.saved_bytes(s.ckpt, s.tp, s.sp) for s in strategies], dtype=float)
     mem_act = saved * b_local
     cost = fwd + bwd + step / ctx.num_microbatches
