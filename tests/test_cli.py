@@ -120,3 +120,24 @@ def test_plan_whose_tp_cannot_divide_the_heads_is_refused(searched, capsys, tmp_
     for cmd in ("validate", "estimate"):
         rc, out, err = run([cmd, str(bad)], capsys)
         assert rc == 2 and len(err.strip().splitlines()) == 1 and "tp" in err
+
+
+def test_search_a_factory_model_on_local_cpus(tmp_path, capsys, monkeypatch):
+    (tmp_path / "mymodels.py").write_text(
+        "import torch\n"
+        "from torch import nn\n"
+        "def mlp():\n"
+        "    return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8))\n"
+        "def example_input():\n"
+        "    return torch.zeros(4, 32)\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    rc, out, err = run(["search", "--model", "mymodels:mlp", "--cluster", "2xcpu", "--global-batch-size", "8",
+                        "-o", "p.yaml", "--json"], capsys)
+    assert rc == 0, err
+    doc = yaml.safe_load((tmp_path / "p.yaml").read_text())
+    names = [ly.get("name") or ly.get("names") for st in doc["pipelines"][0]["stages"] for ly in st["layers"]]
+    assert names and all(n for n in names)
+    assert doc["model"]["source"] == "mymodels:mlp"
+    rc, out, _ = run(["estimate", "p.yaml", "--json"], capsys)
+    assert rc == 0 and json.loads(out)["predicted"]["step_time_s"] == doc["predicted"]["step_time_s"]
