@@ -12,10 +12,19 @@ from autopar.errors import AutoparError
 EXIT_BAD_INPUT = 2
 
 
-def _load_model(source: str, seq_len: int | None):
+def _load_model(source: str, seq_len: int | None, dtype_bytes: int | None = None):
     from autopar.model.load import load_model
 
-    return load_model(source, seq_len)
+    return load_model(source, seq_len, dtype_bytes=dtype_bytes)
+
+
+def _load_profile(path: str | None):
+    """The checked profile file of ``--profile`` (None without the option)."""
+    if not path:
+        return None
+    from autopar.profile import load_profile
+
+    return load_profile(path)
 
 
 def _cost_params(plan):
@@ -56,11 +65,21 @@ def cmd_search(args) -> int:
     from autopar.report import baseline_table, figures_line, plan_shape, plan_table
     from autopar.search import SearchOptions, search
 
-    model = _load_model(args.model, args.seq_len)
+    profile = _load_profile(args.profile)
+    model = _load_model(args.model, args.seq_len, profile.dtype_bytes if profile else None)
     cluster = load_cluster(args.cluster)
     opts = SearchOptions(memory_budget_gib=args.memory_budget, time_budget_s=args.time_budget,
                          schedule=args.schedule, progress=not args.json and sys.stderr.isatty())
+    if profile is not None:  # measured numbers in place of catalogue figures (autopar/profile/apply.py)
+        from autopar.profile import apply_profile, apply_profile_model
+
+        model = apply_profile_model(model, profile)
+        cluster, opts.params = apply_profile(cluster, opts.params, profile)
     res = search(model, cluster, args.global_batch_size, opts, with_baselines=not args.no_baselines)
+    if profile is not None:
+        from autopar.profile import profile_record
+
+        res.plan.search["profile"] = profile_record(profile)
     est = res.estimate
     validate_plan(res.plan, model, est.memory_gib)
     out = Path(args.output)
@@ -119,11 +138,35 @@ _CONFIG_RULES = {
 
 # -- estimate / validate ------------------------------------------------------------------------
 def _plan_and_model(path: str):
+    """The plan and its model; a plan searched with a profile gets the profile's model numbers back."""
     from autopar.plan.io import load_plan
 
     plan = load_plan(path)
-    model = _load_model(plan.model.source or plan.model.name, plan.model.seq_len)
+    record = plan.search.get("profile")
+    dtype = record.get("model", {}).get("dtype_bytes") if isinstance(record, dict) else None
+    model = _load_model(plan.model.source or plan.model.name, plan.model.seq_len, dtype)
+    if record is not None:
+        from autopar.profile import model_from_record
+
+        model = model_from_record(model, record)
     return plan, model
+
+
+def _with_profile(plan, model, path: str | None):
+    """(plan, model, cost params), re-based on the profile at ``path`` when one is given."""
+    params = _cost_params(plan)
+    profile = _load_profile(path)
+    if profile is None:
+        return plan, model, params
+    from dataclasses import replace
+
+    from autopar.profile import apply_profile, apply_profile_model, profile_record
+
+    model = apply_profile_model(_load_model(plan.model.source or plan.model.name, plan.model.seq_len,
+                                            profile.dtype_bytes), profile)
+    cluster, params = apply_profile(plan.cluster, params, profile)
+    plan = replace(plan, cluster=cluster, search={**plan.search, "profile": profile_record(profile)})
+    return plan, model, params
 
 
 def cmd_estimate(args) -> int:
@@ -132,8 +175,9 @@ def cmd_estimate(args) -> int:
     from autopar.report import figures_line, plan_shape, plan_table
 
     plan, model = _plan_and_model(args.plan)
+    plan, model, params = _with_profile(plan, model, args.profile)
     validate_plan(plan, model)  # structure only: an over-budget plan is still estimated (and flagged)
-    est = estimate_plan(plan, model, _cost_params(plan))
+    est = estimate_plan(plan, model, params)
     if args.json:
         print(json.dumps({"plan": args.plan, "predicted": est.predicted(), "fits": est.fits}))
         return 0
@@ -158,12 +202,30 @@ def cmd_validate(args) -> int:
     return 0
 
 
+# -- profile ------------------------------------------------------------------------------------
+def cmd_profile(args) -> int:
+    from autopar.profile import save_profile
+    from autopar.profile.profiler import run_profile
+    from autopar.profile.reference import DEFAULT_MODEL
+    from autopar.profile.report import profile_summary, summary_dict
+
+    doc = run_profile(args.model or DEFAULT_MODEL, args.nproc, quick=args.quick, seq_len=args.seq_len,
+                      device=args.device, progress=not args.json and sys.stderr.isatty())
+    out = save_profile(doc, args.output)
+    if args.json:
+        print(json.dumps({"profile": str(out), **summary_dict(doc)}))
+        return 0
+    print(profile_summary(doc))
+    print(f"wrote {out}")
+    return 0
+
+
 # -- launch / list ------------------------------------------------------------------------------
 def cmd_launch(args) -> int:
     from autopar.launch import write_launch_scripts
 
-    extra = args.script_args[1:] if args.script_args[:1] == ["--"] else args.script_args
-    paths = write_launch_scripts(args.plan, args.script, args.output, scheduler=args.scheduler, script_args=extra)
+    paths = write_launch_scripts(args.plan, args.script, args.output, scheduler=args.scheduler,
+                                 script_args=args.script_args)
     for p in paths:
         print(p)
     return 0
@@ -207,23 +269,36 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="one JSON object on stdout")
     s.add_argument("--explain", action="store_true", help="show the pruning rules and the configurations")
     s.add_argument("--no-baselines", action="store_true")
+    s.add_argument("--profile", metavar="FILE", help="measured numbers from `autopar profile` instead of catalogue ones")
     s.set_defaults(func=cmd_search)
 
     e = sub.add_parser("estimate", help="predicted figures of a plan")
     e.add_argument("plan")
     e.add_argument("--json", action="store_true")
+    e.add_argument("--profile", metavar="FILE", help="estimate with this profile's measured numbers")
     e.set_defaults(func=cmd_estimate)
+
+    pr = sub.add_parser("profile", help="measure this machine (compute, communication, memory) for a model")
+    pr.add_argument("--model", default=None, help="zoo name or pkg.module:factory (default: the reference GPT, "
+                    "autopar.profile.reference:gpt_cpu)")
+    pr.add_argument("--nproc", type=_positive_int("--nproc"), default=2, help="local processes (group sizes 2..N)")
+    pr.add_argument("--seq-len", type=_positive_int("--seq-len"))
+    pr.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    pr.add_argument("--quick", action="store_true", help="fewer sizes and repeats (seconds, for tests)")
+    pr.add_argument("-o", "--output", default="profile.yaml")
+    pr.add_argument("--json", action="store_true", help="one JSON summary object on stdout")
+    pr.set_defaults(func=cmd_profile)
 
     v = sub.add_parser("validate", help="check a plan against its model and cluster")
     v.add_argument("plan")
     v.set_defaults(func=cmd_validate)
 
-    la = sub.add_parser("launch", help="write torchrun / SLURM scripts for a plan")
+    la = sub.add_parser("launch", help="write torchrun / SLURM scripts for a plan",
+                        epilog="arguments after a bare -- are passed on to the training script")
     la.add_argument("plan")
     la.add_argument("--script", required=True, help="the training script each rank runs")
     la.add_argument("--scheduler", choices=["torchrun", "slurm"], default="torchrun")
     la.add_argument("-o", "--output", default="launch")
-    la.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed on to the script")
     la.set_defaults(func=cmd_launch)
 
     li = sub.add_parser("list", help="list zoo models, GPUs or cluster presets")
@@ -233,7 +308,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Everything after a bare "--" goes to the training script (autopar launch PLAN ... -- --lr 3e-4).
+    extra: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, extra = argv[:cut], argv[cut + 1:]
     args = build_parser().parse_args(argv)
+    args.script_args = extra
     try:
         return args.func(args)
     except AutoparError as e:

@@ -25,6 +25,19 @@ class CostParams:
     overlap_sync: fraction of a layer's backward that can hide its step-level gradient sync.
     overlap_zero3: fraction of compute that can hide ZeRO-3 parameter gathers (prefetch).
     reserve_gib: framework reserve per device (CUDA context, NCCL buffers, allocator fragmentation).
+
+    Measured refinements (empty by default; ``autopar profile`` fills them, see autopar/profile):
+    eff_by_kind: ((layer kind, tp, zero, eff_max, layer_overhead_s), ...): the compute curve of one
+        kind of layer unit (embedding, block, head, ...) at one TP degree, run plainly (zero 0) or
+        sharded by ZeRO-3 (zero 3: the framework's per-call cost besides the gathers), where it was
+        measured; a missing (tp, zero) falls back to (tp, 0), then (1, 0); other kinds use the fields above.
+    comm_fit: ((collective, group size, alpha_s, beta_s_per_byte), ...): measured ``alpha + beta * bytes``
+        of a collective ("allreduce", "allgather", "reduce_scatter") over a group of that size inside
+        one node; it replaces the formula (and its gamma term) for such groups.
+    state_table: ((a, b) for ZeRO stages 0..3): model-state bytes per parameter ``a + b / d`` on a DP
+        group of d > 1 (d = 1 holds stage 0's a + b), as the runtime really holds them.
+    step_overhead_per_unit_s: what a runtime step costs per layer unit besides its compute and the
+        terms above (loss reduction, flattening gradients for the sync, zeroing them, the runner).
     """
 
     eff_max: float = 0.60
@@ -36,6 +49,30 @@ class CostParams:
     overlap_sync: float = 1.0
     overlap_zero3: float = 1.0
     reserve_gib: float = 1.0
+    eff_by_kind: tuple = ()
+    comm_fit: tuple = ()
+    state_table: tuple = ()
+    step_overhead_per_unit_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        # Plan and profile files give lists; tuples keep the params hashable (cache keys).
+        for name in ("eff_by_kind", "comm_fit", "state_table"):
+            value = getattr(self, name)
+            if not isinstance(value, tuple) or any(not isinstance(v, tuple) for v in value):
+                object.__setattr__(self, name, tuple(tuple(v) for v in value))
+
+    def efficiency(self, kind: str, tp: int = 1, zero: int = 0) -> tuple[float, float]:
+        """(eff_max, layer_overhead_s) for layer units of ``kind`` at TP degree ``tp`` and ZeRO stage ``zero``."""
+        found = {(t, z): (e, o) for k, t, z, e, o in self.eff_by_kind if k == kind}
+        z = 3 if zero == 3 else 0
+        return found.get((tp, z)) or found.get((tp, 0)) or found.get((1, 0)) or (self.eff_max, self.layer_overhead_s)
+
+    def measured_comm(self, collective: str, group_size: int) -> tuple[float, float] | None:
+        """(alpha s, beta s/byte) measured for ``collective`` over ``group_size`` ranks of one node, or None."""
+        for c, n, alpha, beta in self.comm_fit:
+            if c == collective and n == group_size:
+                return alpha, beta
+        return None
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -141,3 +141,17 @@ def test_search_a_factory_model_on_local_cpus(tmp_path, capsys, monkeypatch):
     assert doc["model"]["source"] == "mymodels:mlp"
     rc, out, _ = run(["estimate", "p.yaml", "--json"], capsys)
     assert rc == 0 and json.loads(out)["predicted"]["step_time_s"] == doc["predicted"]["step_time_s"]
+
+
+def test_launch_writes_torchrun_and_slurm_scripts(searched, capsys, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    rc, out, err = run(["launch", str(searched), "--script", str(script), "--scheduler", "slurm",
+                        "-o", str(tmp_path / "L"), "--", "--lr", "3e-4"], capsys)
+    assert rc == 0, err
+    files = {p.split("/")[-1] for p in out.split()}
+    assert {"plan.yaml", "node0.sh", "node1.sh", "autopar.sbatch"} <= files
+    node1 = (tmp_path / "L" / "node1.sh").read_text()
+    assert "--node-rank" in node1 and "3e-4" in node1
+    rc, _, err = run(["launch", str(searched), "--script", str(tmp_path / "missing.py")], capsys)
+    assert rc == 2 and "script" in err

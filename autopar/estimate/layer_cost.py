@@ -245,7 +245,7 @@ def layer_costs(layer: LayerSpec, strategies: list[Strategy], ctx: StageContext)
     sync = np.select([zero == 0, zero == 1, zero == 2], [ar, rs_grad + ag_param, ag_param], 0.0)
     exposed = np.maximum(0.0, sync - p.overlap_sync * b_comp)
     owned = np.where(zero >= 1, shard_params / dp, shard_params)
-    step = exposed + memory_bound_time(owned * p.opt_bytes_touched, ctx.hbm_bw)
+    step = exposed + memory_bound_time(owned * p.opt_bytes_touched, ctx.hbm_bw) + p.step_overhead_per_unit_s
 
     mem_states = model_state_bytes(shard_params, zero, dp, p.state_bytes, p.param_bytes, p.state_table)
     saved = np.array([layer.saved_bytes(s.ckpt, s.tp, s.sp) for s in strategies], dtype=float)

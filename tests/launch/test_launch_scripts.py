@@ -103,8 +103,11 @@ def _fake_bin(tmp_path: Path) -> Path:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     tools = {
-        "torchrun": 'echo "BEGIN node=$(printf %s "$AUTOPAR_TEST_NODE")"\nfor a in "$@"; do echo "ARG $a"; done\n'
-                    'echo "ENV OMP=$OMP_NUM_THREADS CDMC=$CUDA_DEVICE_MAX_CONNECTIONS MASTER=$MASTER_ADDR:$MASTER_PORT"\n',
+        # One write per call (cat of a small file is one write(2), atomic on a pipe): het-group sruns
+        # run concurrently, and whole blocks must not interleave.
+        "torchrun": 'tmp=$(mktemp)\n{ echo "BEGIN node=$(printf %s "$AUTOPAR_TEST_NODE")"\nfor a in "$@"; do echo "ARG $a"; done\n'
+                    'echo "ENV OMP=$OMP_NUM_THREADS CDMC=$CUDA_DEVICE_MAX_CONNECTIONS MASTER=$MASTER_ADDR:$MASTER_PORT"; } > "$tmp"\n'
+                    'cat "$tmp"; rm -f "$tmp"\n',
         # srun: run the command once per node of the chosen het group, with SLURM_NODEID set.
         "srun": 'group=0\nwhile [[ $1 == --* ]]; do case $1 in --het-group=*) group=${1#--het-group=};; esac; '
                 'shift; done\nIFS=, read -ra counts <<< "$FAKE_NODES"\n'

@@ -1,0 +1,123 @@
+"""Use a profile: measured numbers in place of catalogue figures, and the record a plan keeps of it.
+
+* ``apply_profile(cluster, params, profile)`` -> (cluster', params'): every node of the profiled
+  device type gets the measured matmul peak (TFLOPS), copy bandwidth (HBM GB/s) and point-to-point
+  link (intra-node GB/s and latency); the cost parameters get the measured compute curves, the
+  alpha-beta fits of the collectives for each measured group size, the ZeRO state table, the
+  optimizer's bytes per parameter and the training dtype.
+* ``apply_profile_model(model, profile)``: the model's units with their measured TP-sharded parameter
+  counts and saved-activation split (the profile was measured for this very model).
+* ``profile_record(profile)``: what a plan stores in ``plan.search["profile"]`` so that ``autopar
+  estimate`` reproduces the search's numbers without the file (the cluster' and cost parameters are
+  stored in the plan anyway); ``model_from_record`` applies it again.
+
+Anything that does not match (another model or sequence length, a device type the cluster lacks, a
+cluster of mixed types, groups larger than the profile measured) is an AutoparError, one line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields, replace
+
+from autopar.cluster.cluster import Cluster
+from autopar.errors import AutoparError
+from autopar.model.spec import ModelSpec
+from autopar.profile.io import Profile
+from cost_models import CostParams
+
+UNIT_FIELDS = ("tp_params", "act_tp_bytes", "act_seq_bytes", "act_attn_bytes", "boundary_bytes")
+PARAM_FIELDS = {f.name for f in fields(CostParams)} - {"reserve_gib"}
+
+
+def _reprofile(profile: Profile, what: str) -> str:
+    return f"run `autopar profile {what}` to profile it (this profile: {profile.path or 'in memory'})"
+
+
+def check_cluster(cluster: Cluster, profile: Profile) -> None:
+    """The cluster must consist of the profiled device type, in nodes no larger than the profiled groups."""
+    kind = profile.device_type
+    types = sorted({nd.gpu.name for nd in cluster.nodes})
+    if kind not in types:
+        raise AutoparError("profile.device", f"measured {kind!r} but cluster {cluster.describe()} has "
+                           f"{', '.join(types)}", f"search a cluster of {kind} (e.g. --cluster 2x{kind}) or "
+                           "profile on the machine the cluster has")
+    if len(types) > 1:
+        raise AutoparError("profile.device", f"cluster {cluster.describe()} mixes {', '.join(types)}; the profile "
+                           f"covers {kind} only", f"search a cluster of {kind} alone with this profile")
+    need = max(nd.count for nd in cluster.nodes)
+    have = set(profile.group_sizes)
+    missing = [n for n in range(2, need + 1) if n not in have]
+    if missing:
+        got = f"groups of {sorted(have)}" if have else "no groups (1 process)"
+        raise AutoparError("profile.communication", f"has no measurements for groups of {missing} devices "
+                           f"(it has {got}); nodes of {cluster.describe()} hold {need}",
+                           f"run `autopar profile --nproc {need}` on this machine")
+
+
+def apply_profile(cluster: Cluster, params: CostParams, profile: Profile) -> tuple[Cluster, CostParams]:
+    """(cluster', params') with the profile's measured figures; see the module docstring."""
+    check_cluster(cluster, profile)
+    comp = profile["compute"]
+    link = profile["communication"].get("link")
+    nodes = []
+    for nd in cluster.nodes:
+        gpu = replace(nd.gpu, tflops=float(comp["peak_tflops"]), hbm_gbps=float(comp["hbm_gbps"]))
+        extra = {"intra_bw_gbps": float(link["bw_gbps"]), "intra_lat_us": float(link["lat_us"])} if link else {}
+        nodes.append(replace(nd, gpu=gpu, **extra))
+    new_cluster = Cluster(nodes=nodes, inter_bw_gbps=cluster.inter_bw_gbps, inter_lat_us=cluster.inter_lat_us,
+                          bw_matrix_gbps=cluster.bw_matrix_gbps, lat_matrix_us=cluster.lat_matrix_us,
+                          name=cluster.name, meta=dict(cluster.meta))
+    measured = {k: v for k, v in profile["cost_params"].items() if k in PARAM_FIELDS}
+    return new_cluster, replace(params, **measured)
+
+
+def _check_model(model: ModelSpec, rec: dict, where: str, path: str) -> None:
+    m = rec["model"]
+    if model.name != m["name"] or model.seq_len != m["seq_len"]:
+        raise AutoparError(f"{where}.model", f"was measured for {m['name']} at seq_len {m['seq_len']}, not "
+                           f"{model.name} at seq_len {model.seq_len}",
+                           f"run `autopar profile --model {model.source or model.name} --seq-len {model.seq_len}`"
+                           f" (profile: {path})")
+    names = [ly.name for ly in model.layers]
+    if names != list(m["units"]):
+        raise AutoparError(f"{where}.model.units", f"lists {len(m['units'])} units, {model.name} has {len(names)}",
+                           f"run `autopar profile --model {model.source or model.name}` again")
+    if model.dtype_bytes != m["dtype_bytes"]:
+        raise AutoparError(f"{where}.model.dtype_bytes", f"is {m['dtype_bytes']} but the model spec has "
+                           f"{model.dtype_bytes}", f"load the model with dtype_bytes={m['dtype_bytes']}")
+
+
+def _patched(model: ModelSpec, units: dict) -> ModelSpec:
+    layers = []
+    for ly in model.layers:
+        row = units[ly.name]
+        vals = {k: (int(row[k]) if k == "tp_params" else float(row[k])) for k in UNIT_FIELDS}
+        vals["tp_params"] = min(vals["tp_params"], ly.params)
+        layers.append(replace(ly, **vals))
+    return replace(model, layers=layers)
+
+
+def apply_profile_model(model: ModelSpec, profile: Profile) -> ModelSpec:
+    """``model`` with the profile's measured per-unit parameters split and saved-activation bytes."""
+    _check_model(model, profile, "profile", profile.path)
+    return _patched(model, profile["memory"]["units"])
+
+
+def profile_record(profile: Profile) -> dict:
+    """What a plan keeps of the profile it was searched with (``plan.search["profile"]``)."""
+    return {
+        "path": profile.path,
+        "sha256": profile.sha256,
+        "created": profile.get("created", ""),
+        "device": {k: profile["device"][k] for k in ("type", "name", "nproc") if k in profile["device"]},
+        "model": {k: profile["model"][k] for k in ("name", "seq_len", "dtype_bytes", "units")},
+        "units": {n: {k: profile["memory"]["units"][n][k] for k in UNIT_FIELDS} for n in profile["model"]["units"]},
+    }
+
+
+def model_from_record(model: ModelSpec, record: dict) -> ModelSpec:
+    """Apply a plan's stored profile record to ``model`` (as the search did)."""
+    if not isinstance(record, dict) or not {"model", "units"} <= set(record):
+        raise AutoparError("plan.search.profile", "is incomplete", "search the plan again with --profile")
+    _check_model(model, record, "plan.search.profile", record.get("path", "?"))
+    return _patched(model, record["units"])

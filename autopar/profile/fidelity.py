@@ -1,0 +1,49 @@
+"""Predicted against measured: the pieces of the cost-model fidelity benchmark that tests reuse.
+
+``predicted_memory`` splits the cost model's per-rank memory into the two parts a run can measure
+exactly: model states (parameters, gradients, optimizer state) and saved activations at the stage's
+peak (in-flight micro-batches x saved bytes per micro-batch). ``compare`` turns predicted and measured
+step times into the summary figures (MAPE, Spearman, the model's first choice against the fastest).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from autopar.estimate.layer_cost import StageContext, layer_costs
+from autopar.model.spec import ModelSpec
+from autopar.plan.schema import Plan
+from cost_models import CostParams
+from cost_models.memory import inflight_microbatches
+
+
+def predicted_memory(plan: Plan, model: ModelSpec, params: CostParams) -> dict[int, dict[str, float]]:
+    """Per device: {"states": model-state bytes, "saved": saved-activation bytes at the peak}."""
+    index = model.index()
+    out: dict[int, dict[str, float]] = {}
+    for pipe in plan.pipelines:
+        p = len(pipe.stages)
+        for i, st in enumerate(pipe.stages):
+            ctx = StageContext(plan.cluster, tuple(st.devices), pipe.micro_batch_size, pipe.num_microbatches, params)
+            k = inflight_microbatches(plan.schedule, p, i, pipe.num_microbatches)
+            states = saved = 0.0
+            for ly in st.layers:
+                lc = layer_costs(model.layers[index[ly.name]], [ly.strategy], ctx)
+                states += float(lc.mem_states[0])
+                saved += k * float(lc.mem_act[0])
+            for d in st.devices:
+                out[d] = {"states": states, "saved": saved}
+    return out
+
+
+def compare(predicted: list[float], measured: list[float]) -> dict:
+    """MAPE, Spearman rank correlation, and how the model's first choice fares against the fastest."""
+    from scipy.stats import spearmanr
+
+    pred, meas = np.asarray(predicted, float), np.asarray(measured, float)
+    err = np.abs(pred - meas) / meas
+    first = int(np.argmin(pred))
+    fastest = int(np.argmin(meas))
+    rho = float(spearmanr(pred, meas).statistic) if len(pred) > 1 else float("nan")
+    return {"mape": float(err.mean()), "max_ape": float(err.max()), "spearman": rho, "first_choice": first,
+            "measured_fastest": fastest, "first_choice_gap": float(meas[first] / meas[fastest] - 1.0)}

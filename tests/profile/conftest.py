@@ -1,0 +1,16 @@
+"""One quick 2-process profile of gpt-tiny, written by the real CLI, shared by the profile tests."""
+
+from __future__ import annotations
+
+import pytest
+
+from autopar.cli import main
+
+
+@pytest.fixture(scope="session")
+def tiny_profile(tmp_path_factory):
+    """Path of a quick profile (gpt-tiny, 2 processes) written by ``autopar profile``."""
+    path = tmp_path_factory.mktemp("profile") / "profile.yaml"
+    rc = main(["profile", "--model", "gpt-tiny", "--nproc", "2", "--quick", "-o", str(path), "--json"])
+    assert rc == 0
+    return path
