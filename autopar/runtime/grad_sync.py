@@ -97,20 +97,13 @@ class UnitGradSync:
         return out
 
     # -- the sync ----------------------------------------------------------------------------
-    def sync(self, reduce_scatter=None) -> list[torch.Tensor] | None:
-        """Synchronised local gradients of every parameter (plain tensors, parameter order).
-
-        ``reduce_scatter``: a ZeRO-2 ``FlatShard`` whose group is exactly this unit's sync group;
-        then the gradients are reduce-scattered into it and None is returned.
-        """
+    def sync(self) -> list[torch.Tensor]:
+        """Synchronised local gradients of every parameter (plain tensors, parameter order)."""
         if not self.params:
             return []
         grads = self._grads()
         if self.mode == "general":
             return self._sync_general(grads)
-        if reduce_scatter is not None:
-            reduce_scatter.reduce_scatter_grad([self._local(g) for g in grads])
-            return None
         out: list[torch.Tensor | None] = [None] * len(grads)
         buckets: dict[str, list[int]] = {"sharded": [], "replicated": [], "partial": []}
         for i, g in enumerate(grads):

@@ -53,11 +53,16 @@ class FlatShard:
         self.master.grad = flat[self.index * self.size:(self.index + 1) * self.size].clone()
 
     def reduce_scatter_grad(self, grads: list[torch.Tensor]) -> None:
-        """ZeRO-2: sum the group's gradients and keep only this rank's slice (a reduce-scatter)."""
+        """ZeRO-2: sum the group's gradients into this rank's slice (a reduce-scatter), adding to
+        what earlier calls of this step left there."""
         flat = self._flatten(grads)
         out = torch.empty(self.size, dtype=flat.dtype, device=flat.device)
         dist.reduce_scatter_single(out, flat, group=self.group)
-        self.master.grad = out
+        if self.master.grad is None:
+            self.master.grad = out
+        else:
+            self.master.grad += out
+
 
     @torch.no_grad()
     def all_gather_params(self) -> None:
@@ -69,3 +74,38 @@ class FlatShard:
             t.copy_(full[offset:offset + t.numel()].view_as(t))
             offset += t.numel()
         self.master.grad = None
+
+
+class Zero2Reducer:
+    """ZeRO-2 proper: a unit's gradients are reduce-scattered into this rank's slice as soon as its
+    backward has produced them, in every micro-batch, and the full gradients are freed at once.
+
+    Only a slice of the gradient outlives one unit's backward, as in DeepSpeed's ZeRO-2 with
+    gradient accumulation (what the cost model's 2 + 14/d bytes per parameter assumes). The hooks
+    fire in autograd order, which is the same on every DP rank of a stage (same graph), so the
+    collectives line up. Reduce-scatter is linear: a parameter whose gradient lands after a flush is
+    simply reduced by a later one; ``flush`` at the end of the schedule takes any remainder.
+    """
+
+    def __init__(self, shard: FlatShard, params: list[torch.Tensor]) -> None:
+        self.shard, self.params = shard, params
+        self.pending = 0
+        for p in params:
+            p.register_post_accumulate_grad_hook(self._landed)
+
+    def _landed(self, _p: torch.Tensor) -> None:
+        self.pending += 1
+        if self.pending >= len(self.params):
+            self._reduce()
+
+    def _reduce(self) -> None:
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        self.shard.reduce_scatter_grad(grads)
+        for p in self.params:
+            p.grad = None
+        self.pending = 0
+
+    def flush(self) -> None:
+        """Reduce whatever gradients are still held (a parameter unused in the last backward)."""
+        if self.pending or any(p.grad is not None for p in self.params):
+            self._reduce()

@@ -23,7 +23,7 @@ from autopar.runtime.groups import Groups, unit_rank_sets
 from autopar.runtime.layout import Layout, Placement, placements
 from autopar.runtime.materialize import materialize_unit
 from autopar.runtime.p2p import Mailbox
-from autopar.runtime.sharding import FlatShard, apply_fsdp
+from autopar.runtime.sharding import FlatShard, Zero2Reducer, apply_fsdp
 from autopar.runtime.stage import LocalUnit, StageRunner, StageSpec, cross_entropy
 from autopar.runtime.tensor_parallel import apply_tp
 
@@ -42,7 +42,7 @@ class _UnitState:
     sync: UnitGradSync
     proxies: list[torch.Tensor]  # what the optimizer steps for this unit
     shard: FlatShard | None  # ZeRO-1/2
-    reduce_scatter: bool  # ZeRO-2 whose sync group is its shard group
+    zero2: Zero2Reducer | None  # ZeRO-2 whose sync group is its shard group: reduce-scatters in backward
 
 
 class ParallelModel:
@@ -76,14 +76,16 @@ class ParallelModel:
         loss_sum = self.runner.run(inputs, targets)
         self._mailbox.flush()
         for st in self._states:
-            synced = st.sync.sync(st.shard if st.reduce_scatter else None)
-            if synced is None:
+            if st.zero2 is not None:  # already reduce-scattered during backward
+                st.zero2.flush()
                 continue
+            synced = st.sync.sync()
             if st.shard is not None:
                 st.shard.set_grad_from_full(synced)
             else:
                 for proxy, g in zip(st.proxies, synced):
                     proxy.grad = g
+            self._free_accumulated_grads(st)
         self.optimizer.step()
         for st in self._states:
             if st.shard is not None:
@@ -94,6 +96,20 @@ class ParallelModel:
         total = loss_sum.detach().clone().float()
         dist.all_reduce(total)
         return float(total)
+
+    @staticmethod
+    def _free_accumulated_grads(st: _UnitState) -> None:
+        """Drop the unit's accumulated gradients once the optimizer's copies are set.
+
+        The optimizer reads the synced gradients from the proxies (or the ZeRO-1/2 shard); the
+        module's own ``.grad`` (a DTensor wrapper under TP, the full gradient under ZeRO-1/2) would
+        otherwise stay alive beside them through the optimizer step. A plain parameter that is its
+        own proxy keeps its gradient (the proxies share storage with what they were given).
+        """
+        proxies = {id(t) for t in st.proxies}
+        for p in st.unit.module.parameters():
+            if id(p) not in proxies:
+                p.grad = None
 
     @torch.no_grad()
     def full_state_dict(self) -> dict[str, torch.Tensor]:
@@ -230,11 +246,14 @@ def _build_unit(ly: StageLayer, module: nn.Module, info: UnitTPInfo, places: lis
         apply_fsdp(module, fsdp_mesh)
         params = list(module.parameters())
     sync = UnitGradSync(module, places, mine, rank, groups)
-    shard, proxies, reduce_scatter = None, [_local(p) for p in params], False
+    shard, proxies, zero2 = None, [_local(p) for p in params], None
     if mine.zero in (1, 2) and params:
         shard = FlatShard(proxies, groups.get(lay.dp_group(rank)))
-        # ZeRO-2 reduce-scatters straight into the shard when its sync group is exactly its DP group.
-        reduce_scatter = (mine.zero == 2 and sync.mode == "aligned" and lay.tp == 1
-                          and set(sync.rep_ranks) == set(lay.dp_group(rank)))
+        # ZeRO-2 reduce-scatters straight into the shard, micro-batch by micro-batch, when its sync
+        # group is exactly its DP group. Otherwise (TP, or the unit also lives in other pipelines,
+        # which run other micro-batch counts) the step-end sync all-reduces and the shard slices.
+        if (mine.zero == 2 and sync.mode == "aligned" and lay.tp == 1
+                and set(sync.rep_ranks) == set(lay.dp_group(rank))):
+            zero2 = Zero2Reducer(shard, params)
         proxies = [shard.master]
-    return _UnitState(LocalUnit(ly.name, module, lay, strat), mine, sync, proxies, shard, reduce_scatter)
+    return _UnitState(LocalUnit(ly.name, module, lay, strat), mine, sync, proxies, shard, zero2)
