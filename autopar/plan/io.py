@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +47,7 @@ import yaml
 
 from autopar.cluster.cluster import Cluster
 from autopar.errors import AutoparError
+from autopar.fileio import write_text_atomic
 from autopar.plan.reader import VERSION_KEY, _expand_range, _kind, plan_from_dict  # noqa: F401 (re-exported)
 from autopar.plan.schema import PLAN_VERSION, Plan, StageLayer
 
@@ -93,17 +93,7 @@ def dump_plan_yaml(plan: Plan) -> str:
 
 def save_plan(plan: Plan, path: str | os.PathLike) -> Path:
     """Write ``plan`` as YAML to ``path`` (parents created; written whole or not at all)."""
-    path = Path(path)
-    text = dump_plan_yaml(plan)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except OSError as e:
-        raise AutoparError("plan", f"cannot write {path}: {e.strerror or e}", "choose a writable path (-o)") from e
-    return path
+    return write_text_atomic(path, dump_plan_yaml(plan), "plan")
 
 
 class _Dumper(yaml.SafeDumper):

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 from pathlib import Path
 
 import yaml
 
 from autopar.errors import AutoparError
+from autopar.fileio import write_text_atomic
 
 VERSION_KEY = "autopar_profile"
 PROFILE_VERSION = 1
@@ -165,15 +165,6 @@ def save_profile(doc: dict, path: str | os.PathLike) -> Path:
     """Check ``doc`` and write it as YAML (whole or not at all)."""
     doc = plain(doc)
     check_profile(doc)
-    path = Path(path)
     text = "# autopar profile: what this machine measured (autopar profile --help)\n"
     text += yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=110)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except OSError as e:
-        raise AutoparError("profile", f"cannot write {path}: {e.strerror or e}", "choose a writable path (-o)") from e
-    return path
+    return write_text_atomic(path, text, "profile")
