@@ -215,6 +215,11 @@ def layer_costs(layer: LayerSpec, strategies: list[Strategy], ctx: StageContext)
         sel = tp == t
         per_coll = layer.tp_comm_bytes * b_local[sel] / layer.tp_collectives
         tp_fwd[sel] = layer.tp_collectives * _allreduce(per_coll, g, p)
+        # autopar's runtime keeps unit boundaries at full sequence length, so a sequence-parallel
+        # unit gathers its output sequence once more (and reduce-scatters its gradient in backward).
+        sp_sel = sel & sp
+        if sp_sel.any():
+            tp_fwd[sp_sel] += _allgather(layer.boundary_bytes * b_local[sp_sel], g, p)
     tp_bwd = tp_fwd * np.where(ckpt == 2, 2.0, 1.0)  # full recompute repeats the forward collectives
 
     # Data-parallel traffic over each strategy's DP group.
