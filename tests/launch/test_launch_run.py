@@ -34,12 +34,14 @@ rank, world = dist.get_rank(), dist.get_world_size()
 total = torch.tensor([float(rank + 1)])
 dist.all_reduce(total)
 plan = load_plan(args.plan)
-print(f"RESULT rank={rank} world={world} local={os.environ['LOCAL_RANK']} sum={int(total.item())} "
-      f"plan_world={plan.world_size} cdmc={os.environ['CUDA_DEVICE_MAX_CONNECTIONS']} tag={args.tag}", flush=True)
+# One write per line: the ranks share torchrun's stdout, and separate writes could interleave.
+os.write(1, (f"RESULT rank={rank} world={world} local={os.environ['LOCAL_RANK']} sum={int(total.item())} "
+             f"plan_world={plan.world_size} cdmc={os.environ['CUDA_DEVICE_MAX_CONNECTIONS']} tag={args.tag};\\n"
+             ).encode())
 dist.barrier()
 dist.destroy_process_group()
 '''
-RESULT = re.compile(r"RESULT rank=(\d+) world=(\d+) local=(\d+) sum=(\d+) plan_world=(\d+) cdmc=(\S+) tag=(\S*)")
+RESULT = re.compile(r"RESULT rank=(\d+) world=(\d+) local=(\d+) sum=(\d+) plan_world=(\d+) cdmc=(\S+) tag=([^;\s]*);")
 
 
 def _env() -> dict[str, str]:
