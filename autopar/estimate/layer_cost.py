@@ -130,9 +130,14 @@ class StageContext:
         return self._links([list(self.devices)])
 
 
+def _fit(collective: str, g: GroupLinks, p: CostParams | None) -> tuple[float, float] | None:
+    """A profile's measured (alpha, beta) for this group: one node and a size the profile covers."""
+    return p.measured_comm(collective, g.size) if p is not None and g.n_nodes == 1 and g.size > 1 else None
+
+
 def _measured(collective: str, nbytes, g: GroupLinks, p: CostParams | None):
-    """A profile's measured ``alpha + beta * bytes`` for this group (one node, size covered), else None."""
-    fit = p.measured_comm(collective, g.size) if p is not None and g.n_nodes == 1 and g.size > 1 else None
+    """A profile's measured ``alpha + beta * bytes`` for this group, else None."""
+    fit = _fit(collective, g, p)
     if fit is None:
         return None
     b = np.asarray(nbytes, dtype=float)
@@ -155,9 +160,14 @@ def _allgather(nbytes, g: GroupLinks, p: CostParams | None = None, collective: s
                                             g.inter_bw, g.inter_lat)
 
 
+def _reduce_scatter(nbytes, g: GroupLinks, p: CostParams | None = None):
+    """Reduce-scatter: the all-gather's wire cost, unless the profile measured it on its own."""
+    return _allgather(nbytes, g, p, "reduce_scatter")
+
+
 def _reduction(nbytes, g: GroupLinks, collective: str, ctx: StageContext):
     """GenModel's gamma term, unless a measured fit of the collective already includes it."""
-    if _measured(collective, 1.0, g, ctx.params) is not None:
+    if _fit(collective, g, ctx.params) is not None:
         return 0.0
     return comm.reduction_time(nbytes, g.size, ctx.hbm_bw)
 
@@ -234,7 +244,7 @@ def layer_costs(layer: LayerSpec, strategies: list[Strategy], ctx: StageContext)
         g = ctx.dp_links(int(t))
         ar[sel] = _allreduce(grad_b[sel], g, p)
         ag_param[sel] = _allgather(param_b[sel], g, p)
-        rs_grad[sel] = _allgather(grad_b[sel], g, p, "reduce_scatter")  # reduce-scatter: same wire cost
+        rs_grad[sel] = _reduce_scatter(grad_b[sel], g, p)
         ar[sel] += _reduction(grad_b[sel], g, "allreduce", ctx)
         rs_grad[sel] += _reduction(grad_b[sel], g, "reduce_scatter", ctx)
 

@@ -48,7 +48,7 @@ import yaml
 from autopar.cluster.cluster import Cluster
 from autopar.errors import AutoparError
 from autopar.fileio import write_text_atomic
-from autopar.plan.reader import VERSION_KEY, _expand_range, _kind, plan_from_dict  # noqa: F401 (re-exported)
+from autopar.plan.reader import VERSION_KEY, _expand_range, _kind, plan_from_dict
 from autopar.plan.schema import PLAN_VERSION, Plan, StageLayer
 
 _NUMBERED = re.compile(r"^(?P<prefix>.*?)(?P<num>0|[1-9]\d*)$")

@@ -114,10 +114,10 @@ class HomogeneousSearch:
             tot += float(c.min())
         return (m - 1) * tot / p + tot
 
-    def evaluate(self, p: int, m: int, ctx: StageContext, cands, layouts, incumbent: float = float("inf")
-                 ) -> ConfigResult:
+    def evaluate(self, p: int, m: int, ctx: StageContext, cands, layouts, lower_bound: float,
+                 incumbent: float = float("inf")) -> ConfigResult:
         L, mbs = self.model.num_layers, ctx.micro_batch_size
-        res = ConfigResult(p, m, mbs, self.lower_bound(p, m, cands))
+        res = ConfigResult(p, m, mbs, lower_bound)
         layout_list = sorted(layouts, key=layouts.get)
         switch = {}
         for s, ly in self.sig_layer.items():
@@ -214,7 +214,7 @@ class HomogeneousSearch:
                     and time.perf_counter() - start > self.opts.time_budget_s):
                 self.timed_out = True
                 break
-            r = self.evaluate(p, m, ctx, cands, layouts, best.step_time if best else float("inf"))
+            r = self.evaluate(p, m, ctx, cands, layouts, lb, best.step_time if best else float("inf"))
             results.append(r)
             if r.stages and (best is None or r.step_time < best.step_time):
                 best = r
