@@ -13,7 +13,7 @@ EXIT_BAD_INPUT = 2
 
 
 def _load_model(source: str, seq_len: int | None, dtype_bytes: int | None = None):
-    from autopar.model.load import load_model
+    from autopar.modelspec.load import load_model
 
     return load_model(source, seq_len, dtype_bytes=dtype_bytes)
 
@@ -233,7 +233,7 @@ def cmd_launch(args) -> int:
 
 def cmd_list(args) -> int:
     if args.what == "models":
-        from autopar.model.zoo import from_zoo, zoo_names
+        from autopar.modelspec.zoo import from_zoo, zoo_names
 
         for name in zoo_names():
             m = from_zoo(name)

@@ -32,7 +32,7 @@ import torch
 
 from autopar.cluster.parse import load_cluster
 from autopar.estimate import estimate_plan
-from autopar.model.load import load_model
+from autopar.modelspec.load import load_model
 from autopar.plan.schema import ModelRef, Pipeline, Plan, Stage, StageLayer, Strategy
 from autopar.plan.validate import validate_plan
 from autopar.profile import apply_profile, apply_profile_model, load_profile, run_profile, save_profile

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from autopar.cluster.parse import load_cluster
 from autopar.estimate import estimate_plan
-from autopar.model.load import load_model
+from autopar.modelspec.load import load_model
 from autopar.plan.io import plan_to_dict
 from autopar.plan.schema import ModelRef, Pipeline, Plan, Stage, StageLayer, Strategy
 from autopar.search import SearchOptions, search

@@ -29,7 +29,7 @@ CASES = [
 CHILD = r"""
 import json, os, resource, sys, time
 os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
-from autopar.model.zoo import from_zoo
+from autopar.modelspec.zoo import from_zoo
 from autopar.cluster.parse import load_cluster
 from autopar.search import SearchOptions, search
 model, cluster, B, seq = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])

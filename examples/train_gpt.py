@@ -57,7 +57,7 @@ def search_and_launch(nproc: int, steps: int, out: Path) -> int:
     """Search a plan, write it and its launch scripts, run them; return the launcher's exit code."""
     from autopar.cluster.parse import load_cluster
     from autopar.launch import write_launch_scripts
-    from autopar.model.trace import spec_from_module
+    from autopar.modelspec.trace import spec_from_module
     from autopar.report import figures_line, plan_shape, plan_table
     from autopar.search import SearchOptions, search
 

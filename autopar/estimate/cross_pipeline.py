@@ -49,7 +49,7 @@ from dataclasses import dataclass
 
 from autopar.cluster.cluster import Cluster
 from autopar.estimate.layer_cost import StageContext
-from autopar.model.spec import ModelSpec
+from autopar.modelspec.spec import ModelSpec
 from autopar.plan.schema import Plan
 from cost_models import CostParams
 from cost_models import communication as comm

@@ -20,7 +20,7 @@ from functools import cached_property
 import numpy as np
 
 from autopar.cluster.cluster import Cluster
-from autopar.model.spec import LayerSpec
+from autopar.modelspec.spec import LayerSpec
 from autopar.plan.schema import Strategy
 from cost_models import CostParams
 from cost_models import communication as comm

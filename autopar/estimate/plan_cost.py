@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from autopar.cluster.cluster import GIB, Cluster
 from autopar.errors import AutoparError
 from autopar.estimate.layer_cost import StageContext, layer_costs, layout_switch_time, transient_bytes
-from autopar.model.spec import LayerSpec, ModelSpec
+from autopar.modelspec.spec import LayerSpec, ModelSpec
 from autopar.plan.schema import Pipeline, Plan, Strategy
 from cost_models import CostParams
 from cost_models import communication as comm

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from autopar.models.common import AttentionCore
+from autopar.models.tp_plans import GPT_TP_DIVISORS, GPT_TP_PLAN
+from autopar.units import AttentionCore
 
 
 @dataclass
@@ -96,6 +97,13 @@ class GPT(nn.Module):
     """tokens ``[B, S]`` (int64) -> logits ``[B, S, vocab]``."""
 
     family = "gpt"
+    tp_plans = GPT_TP_PLAN
+
+    @property
+    def tp_divisors(self) -> dict[str, tuple[int, ...]]:
+        """Unit kind -> the config numbers a TP degree must divide."""
+        return {kind: tuple(int(getattr(self.config, f)) for f in fields)
+                for kind, fields in GPT_TP_DIVISORS.items()}
 
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()

@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from autopar.models.common import AttentionCore
+from autopar.models.tp_plans import LLAMA_TP_DIVISORS, LLAMA_TP_PLAN
+from autopar.units import AttentionCore
 
 
 @dataclass
@@ -111,6 +112,13 @@ class Llama(nn.Module):
     """tokens ``[B, S]`` (int64) -> logits ``[B, S, vocab]``."""
 
     family = "llama"
+    tp_plans = LLAMA_TP_PLAN
+
+    @property
+    def tp_divisors(self) -> dict[str, tuple[int, ...]]:
+        """Unit kind -> the config numbers a TP degree must divide."""
+        return {kind: tuple(int(getattr(self.config, f)) for f in fields)
+                for kind, fields in LLAMA_TP_DIVISORS.items()}
 
     def __init__(self, cfg: LlamaConfig) -> None:
         super().__init__()

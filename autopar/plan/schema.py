@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from autopar.cluster.cluster import Cluster
 from autopar.errors import AutoparError
-from autopar.model.spec import CKPT_MODES
+from autopar.modelspec.spec import CKPT_MODES
 
 PLAN_VERSION = 1
 SCHEDULES = ("1f1b", "gpipe")

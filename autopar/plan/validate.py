@@ -21,7 +21,7 @@ What is checked (``model`` and ``memory_peak_gib`` only when given):
 from __future__ import annotations
 
 from autopar.errors import AutoparError
-from autopar.model.spec import ModelSpec
+from autopar.modelspec.spec import ModelSpec
 from autopar.plan.schema import SCHEDULES, Plan
 
 _EPS_GIB = 1e-9  # float noise in a caller's sum must not turn "exactly fits" into a rejection

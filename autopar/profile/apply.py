@@ -21,7 +21,7 @@ from dataclasses import fields, replace
 
 from autopar.cluster.cluster import Cluster
 from autopar.errors import AutoparError
-from autopar.model.spec import ModelSpec
+from autopar.modelspec.spec import ModelSpec
 from autopar.profile.io import Profile
 from cost_models import CostParams
 

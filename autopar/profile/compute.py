@@ -22,9 +22,9 @@ import torch
 from torch import nn
 
 from autopar.errors import AutoparError
-from autopar.model.spec import ModelSpec
-from autopar.models import selective_targets, units
+from autopar.modelspec.spec import ModelSpec
 from autopar.profile.quiet import quietly
+from autopar.units import selective_targets, units
 
 
 @dataclass
@@ -191,8 +191,8 @@ def compute_configs(spec: ModelSpec, world: int, mbs_list: list[int], ckpts: lis
 
 def config_plan(spec: ModelSpec, cfg: dict, world: int):
     """The single-stage plan of a compute config: all ``world`` ranks, one micro-batch, ``rows`` per rank."""
+    from autopar.plan.compact import make_plan
     from autopar.plan.schema import Strategy
-    from autopar.runtime.testing import make_plan
 
     tp = cfg["tp"]
     layers = [(ly.name, Strategy(tp=tp if ly.tp_ok(tp) and ly.supports_tp else 1, zero=cfg["zero"], ckpt=cfg["ckpt"]))

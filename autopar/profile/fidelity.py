@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from autopar.estimate.layer_cost import StageContext, layer_costs
-from autopar.model.spec import ModelSpec
+from autopar.modelspec.spec import ModelSpec
 from autopar.plan.schema import Plan
 from cost_models import CostParams
 from cost_models.memory import inflight_microbatches

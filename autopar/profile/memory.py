@@ -29,10 +29,10 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from autopar.model.spec import ModelSpec
+from autopar.modelspec.spec import ModelSpec
+from autopar.plan.compact import make_plan
 from autopar.plan.schema import Strategy
 from autopar.profile.runs import RankMeasure, run_plan
-from autopar.runtime.testing import make_plan
 
 
 def _batch(build: Callable[[], nn.Module], spec: ModelSpec, gbs: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -25,7 +25,7 @@ import torch.distributed as dist
 import autopar
 from autopar.cluster.catalogue import lookup
 from autopar.errors import AutoparError
-from autopar.model.spec import ModelSpec
+from autopar.modelspec.spec import ModelSpec
 from autopar.profile import comm as comm_mod
 from autopar.profile import compute as comp
 from autopar.profile import fit
@@ -33,7 +33,7 @@ from autopar.profile.io import PROFILE_VERSION, VERSION_KEY
 from autopar.profile.memory import measure_memory, memory_runs, state_table, unit_calibration
 from autopar.profile.reference import DEFAULT_MODEL, build_module
 from autopar.profile.runs import fresh_store, rank_device
-from autopar.runtime.testing import run_distributed
+from autopar.runtime.local_ranks import run_distributed
 
 SIZES = [2**10, 2**12, 2**14, 2**16, 2**18, 2**20, 2**22, 2**24]
 QUICK_SIZES = [2**10, 2**16, 2**20]
@@ -290,7 +290,7 @@ def _step_overhead(per_rank: list[dict], spec: ModelSpec, doc: dict, world: int)
 def run_profile(model: str = DEFAULT_MODEL, nproc: int = 2, quick: bool = False, seq_len: int | None = None,
                 device: str | None = None, progress: bool = False) -> dict:
     """Measure this machine with ``nproc`` local processes for ``model``; return the profile document."""
-    from autopar.model.load import load_model
+    from autopar.modelspec.load import load_model
 
     if nproc < 1:
         raise AutoparError("nproc", f"must be at least 1, got {nproc}", "pass --nproc 2 (or more)")

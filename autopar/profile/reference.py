@@ -39,7 +39,7 @@ def example_input(seq_len: int | None = None) -> torch.Tensor:
 
 
 def _from_zoo(name: str, seq_len: int | None) -> nn.Module:
-    from autopar.model.zoo import zoo_entry
+    from autopar.modelspec.zoo import zoo_entry
 
     e = zoo_entry(name)
     fix = "profile a zoo model autopar.models implements (gpt-tiny, llama-tiny) or give pkg.module:factory"
@@ -76,7 +76,7 @@ def _from_factory(spec: str) -> nn.Module:
 
 def build_module(source: str, seq_len: int | None = None) -> nn.Module:
     """A runnable ``nn.Module`` (CPU, real weights from the current RNG) for the model named ``source``."""
-    from autopar.model.zoo import zoo_names
+    from autopar.modelspec.zoo import zoo_names
 
     if source in zoo_names():
         return _from_zoo(source, seq_len)

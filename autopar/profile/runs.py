@@ -31,7 +31,7 @@ from torch.autograd.graph import saved_tensors_hooks
 from torch.distributed.tensor import DTensor
 
 from autopar.plan.schema import Plan
-from autopar.runtime.testing import run_distributed
+from autopar.runtime.local_ranks import run_distributed
 
 OptimizerFactory = Callable[[list[torch.Tensor]], torch.optim.Optimizer]
 

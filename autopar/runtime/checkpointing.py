@@ -1,7 +1,7 @@
 """Activation checkpointing of a unit: none, selective (the attention core only) or full (the whole unit).
 
 Non-reentrant ``torch.utils.checkpoint`` only: the reentrant variant silently drops gradients of
-parameters it cannot see (DESIGN.md section 6). The checkpoint goes around the module's
+parameters it cannot see (checked on torch 2.13, CPU). The checkpoint goes around the module's
 ``forward``, inside the hooks TP and FSDP install on ``__call__`` (torchtitan's order: checkpoint,
 then shard), so a recomputation re-runs the unit's math, not its parameter all-gathers.
 """

@@ -9,9 +9,9 @@ from __future__ import annotations
 from torch import nn
 
 from autopar.errors import AutoparError
-from autopar.models import UnitTPInfo
 from autopar.plan.schema import Plan
 from autopar.runtime.layout import Layout
+from autopar.units import UnitTPInfo
 
 
 def check_plan(plan: Plan, unit_names: list[str], tp_info: dict[str, UnitTPInfo], world_size: int) -> None:

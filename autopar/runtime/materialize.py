@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from autopar.errors import AutoparError
-from autopar.models import units
+from autopar.units import units
 
 
 def unit_seed(seed: int, unit_name: str) -> int:

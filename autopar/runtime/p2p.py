@@ -3,7 +3,7 @@
 Hand-written point-to-point rather than ``torch.distributed.pipelining.PipelineStage``, which needs
 the same group layout on every stage and one sender per receiver: here a stage with TP 2 may feed a
 single-rank stage, stages of one pipeline may have different sizes, and a unit's rows may come from
-several senders (DESIGN.md section 6).
+several senders.
 
 Every exchange goes out as one ``batch_isend_irecv``: the sends of the action just finished and the
 receives of the next action travel together (Megatron's ``send_forward_recv_backward`` pattern), so

@@ -13,7 +13,6 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from autopar.errors import AutoparError
-from autopar.models import UnitTPInfo, unit_tp_info, units
 from autopar.plan.schema import Plan, StageLayer
 from autopar.runtime.checkpointing import apply_checkpointing
 from autopar.runtime.checks import check_plan, check_untied
@@ -26,6 +25,7 @@ from autopar.runtime.p2p import Mailbox
 from autopar.runtime.sharding import FlatShard, Zero2Reducer, apply_fsdp
 from autopar.runtime.stage import LocalUnit, StageRunner, StageSpec, cross_entropy
 from autopar.runtime.tensor_parallel import apply_tp
+from autopar.units import UnitTPInfo, unit_tp_info, units
 
 OptimizerFactory = Callable[[Iterable[torch.Tensor]], torch.optim.Optimizer]
 

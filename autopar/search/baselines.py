@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from autopar.cluster.cluster import Cluster
 from autopar.errors import AutoparError
 from autopar.estimate.plan_cost import PlanEstimate, estimate_plan
-from autopar.model.spec import CKPT_MODES, ModelSpec
+from autopar.modelspec.spec import CKPT_MODES, ModelSpec
 from autopar.plan.schema import ModelRef, Pipeline, Plan, Stage, StageLayer, Strategy
 from autopar.search.homogeneous import divisors
 from autopar.search.options import SearchOptions

@@ -19,7 +19,7 @@ from autopar.cluster.cluster import GIB, Cluster
 from autopar.errors import AutoparError
 from autopar.estimate.layer_cost import StageContext, layout_switch_time, transient_bytes
 from autopar.estimate.plan_cost import device_budget_bytes, stage_link
-from autopar.model.spec import ModelSpec
+from autopar.modelspec.spec import ModelSpec
 from autopar.plan.schema import Pipeline, Stage, StageLayer
 from autopar.search.frontier import RangeTrie
 from autopar.search.options import SearchOptions

@@ -9,7 +9,7 @@ import autopar
 from autopar.cluster.cluster import Cluster
 from autopar.errors import AutoparError
 from autopar.estimate.plan_cost import PlanEstimate, estimate_plan
-from autopar.model.spec import ModelSpec
+from autopar.modelspec.spec import ModelSpec
 from autopar.plan.schema import ModelRef, Plan
 from autopar.search.baselines import baselines
 from autopar.search.homogeneous import ConfigResult, HomogeneousSearch, nothing_fits_error

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from autopar.estimate.layer_cost import LayerCosts, StageContext, layer_costs
-from autopar.model.spec import CKPT_MODES, LayerSpec
+from autopar.modelspec.spec import CKPT_MODES, LayerSpec
 from autopar.plan.schema import Strategy
 
 RULES = {

@@ -15,11 +15,9 @@ from autopar.models import (
     GPTConfig,
     Llama,
     LlamaConfig,
-    unit_kind,
-    unit_tp_info,
-    units,
 )
 from autopar.runtime.materialize import init_weights, materialize_unit
+from autopar.units import unit_kind, unit_tp_info, units
 
 CONFIGS = {
     "gpt": lambda: GPT(GPTConfig(vocab_size=50, seq_len=12, dim=24, n_layers=3, n_heads=6, ffn_hidden=40)),

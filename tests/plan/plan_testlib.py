@@ -7,7 +7,7 @@ import math
 from hypothesis import strategies as st
 
 from autopar.cluster.cluster import Cluster, GPUType, Node
-from autopar.model.spec import CKPT_MODES, LayerSpec, ModelSpec
+from autopar.modelspec.spec import CKPT_MODES, LayerSpec, ModelSpec
 from autopar.plan.schema import ModelRef, Pipeline, Plan, Stage, StageLayer, Strategy
 
 A100 = GPUType("A100-80G", memory_gib=80.0, tflops=312.0, hbm_gbps=2039.0, nvlink_gbps=300.0)

@@ -6,7 +6,7 @@ import pytest
 
 from autopar.cluster.parse import load_cluster
 from autopar.estimate.layer_cost import StageContext, layer_costs
-from autopar.model.spec import LayerSpec
+from autopar.modelspec.spec import LayerSpec
 from autopar.plan.schema import Strategy
 from cost_models import CostParams
 from cost_models.memory import model_state_bytes

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from autopar.cluster.parse import load_cluster
-from autopar.model.load import load_model
+from autopar.modelspec.load import load_model
 from autopar.plan.schema import ModelRef, Pipeline, Plan, Stage, StageLayer, Strategy
 from autopar.profile import apply_profile, apply_profile_model, load_profile
 from autopar.profile.fidelity import predicted_memory

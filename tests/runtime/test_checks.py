@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from autopar.errors import AutoparError
-from autopar.models import unit_tp_info, units
+from autopar.plan.compact import make_plan
 from autopar.runtime.checks import check_plan
-from autopar.runtime.testing import make_plan
+from autopar.units import unit_tp_info, units
 from tests.runtime.cases import GPT_UNITS, MLP_UNITS, gpt, mlp, same
 
 

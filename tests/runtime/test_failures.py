@@ -10,8 +10,10 @@ import torch
 import torch.distributed as dist
 
 from autopar.errors import AutoparError
-from autopar.runtime.testing import RankError, assert_matches_reference, make_plan, run_distributed
+from autopar.plan.compact import make_plan
+from autopar.runtime.local_ranks import RankError, run_distributed
 from tests.runtime.cases import GPT_UNITS, MLP_UNITS, MODELS, gpt, same
+from tests.runtime.reference import assert_matches_reference
 
 pytestmark = pytest.mark.dist
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autopar.runtime.testing import assert_matches_reference, make_plan
+from autopar.plan.compact import make_plan
 from tests.runtime.cases import GPT_UNITS, same, token_data
+from tests.runtime.reference import assert_matches_reference
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.dist
@@ -44,8 +45,8 @@ def hf_gpt2():
 @pytest.mark.parametrize("build", [llama_model, gpt2_model])
 def test_units_view_equals_the_hf_model(build, attn):
     """Same logits as the HF forward (eager attention only masks what it is given: the units pass a causal mask)."""
-    from autopar.models import units
     from autopar.models.hf import from_transformers
+    from autopar.units import units
 
     torch.manual_seed(0)
     hf = build(attn).eval()

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from autopar.runtime.testing import assert_matches_reference, make_plan
+from autopar.plan.compact import make_plan
 from tests.runtime.cases import GPT_UNITS, MLP_UNITS, MODELS, same
+from tests.runtime.reference import assert_matches_reference
 
 pytestmark = pytest.mark.dist
 

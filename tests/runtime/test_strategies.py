@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autopar.runtime.testing import assert_matches_reference, make_plan, reference_train
+from autopar.plan.compact import make_plan
 from tests.runtime.cases import MODELS, same
+from tests.runtime.reference import assert_matches_reference, reference_train
 
 pytestmark = pytest.mark.dist
 

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 import autopar
-from autopar.runtime.testing import make_plan, run_distributed
+from autopar.plan.compact import make_plan
+from autopar.runtime.local_ranks import run_distributed
 from tests.runtime.cases import MLP_UNITS, float_data, mlp, mse, same
 
 

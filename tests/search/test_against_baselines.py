@@ -5,7 +5,7 @@ import pytest
 
 from autopar.cluster.parse import load_cluster
 from autopar.estimate import estimate_plan
-from autopar.model.zoo import from_zoo
+from autopar.modelspec.zoo import from_zoo
 from autopar.plan.validate import validate_plan
 from autopar.search import SearchOptions, search
 

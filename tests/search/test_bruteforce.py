@@ -10,7 +10,7 @@ import pytest
 from autopar.estimate import estimate_plan
 from autopar.estimate.layer_cost import StageContext, layer_costs, layout_switch_time, transient_bytes
 from autopar.estimate.plan_cost import device_budget_bytes, stage_link
-from autopar.model.spec import CKPT_MODES
+from autopar.modelspec.spec import CKPT_MODES
 from autopar.plan.schema import Strategy
 from autopar.search import SearchOptions, search
 from cost_models import CostParams

@@ -1,7 +1,7 @@
 """Small hand-built models and clusters for search tests (independent of the zoo)."""
 
 from autopar.cluster.cluster import Cluster, GPUType, Node
-from autopar.model.spec import LayerSpec, ModelSpec
+from autopar.modelspec.spec import LayerSpec, ModelSpec
 
 
 def gpt_like(blocks: int = 2, h: int = 512, s: int = 256, V: int = 4096, a: int = 8, ffn: int = 2048) -> ModelSpec:

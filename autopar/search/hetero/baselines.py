@@ -17,7 +17,7 @@ from dataclasses import replace
 from autopar.cluster.cluster import Cluster, Node
 from autopar.errors import AutoparError
 from autopar.estimate.plan_cost import PlanEstimate, estimate_plan
-from autopar.model.spec import ModelSpec
+from autopar.modelspec.spec import ModelSpec
 from autopar.plan.schema import Plan
 from autopar.search.options import SearchOptions
 

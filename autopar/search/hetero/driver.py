@@ -24,7 +24,7 @@ import autopar
 from autopar.cluster.cluster import Cluster
 from autopar.errors import AutoparError
 from autopar.estimate.plan_cost import estimate_plan
-from autopar.model.spec import ModelSpec
+from autopar.modelspec.spec import ModelSpec
 from autopar.plan.validate import validate_plan
 from autopar.search.hetero.baselines import AS_SLOWEST, SUBSET, as_slowest_gpu, best_homogeneous_subset
 from autopar.search.hetero.graph_partition import initial_shapes

@@ -23,7 +23,7 @@ import numpy as np
 from autopar.cluster.cluster import Cluster
 from autopar.estimate.layer_cost import StageContext, transient_bytes
 from autopar.estimate.plan_cost import device_budget_bytes, stage_link
-from autopar.model.spec import ModelSpec
+from autopar.modelspec.spec import ModelSpec
 from autopar.plan.schema import Stage, StageLayer
 from autopar.search.frontier import Frontier, RangeTrie, pareto_by_group
 from autopar.search.hetero.candidates import candidates_at, score_kind

@@ -14,7 +14,7 @@ from autopar.cluster.cluster import Cluster
 from autopar.errors import AutoparError
 from autopar.estimate.layer_cost import StageContext
 from autopar.estimate.plan_cost import PlanEstimate, boundary_p2p_time, estimate_plan, stage_cost
-from autopar.model.spec import ModelSpec
+from autopar.modelspec.spec import ModelSpec
 from autopar.plan.schema import ModelRef, Pipeline, Plan
 from autopar.search.hetero.batch_shares import PipelineRate, allocate, proportional
 from autopar.search.hetero.graph_partition import Shape, canonical

@@ -6,7 +6,7 @@ import pytest
 from autopar.cluster import load_cluster
 from autopar.errors import AutoparError
 from autopar.estimate import estimate_plan
-from autopar.model.zoo import from_zoo
+from autopar.modelspec.zoo import from_zoo
 from autopar.plan.io import load_plan, save_plan
 from autopar.plan.schema import ModelRef, Pipeline, Plan, Stage, StageLayer, Strategy
 from autopar.plan.validate import validate_plan

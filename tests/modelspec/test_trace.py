@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from autopar.errors import AutoparError
-from autopar.model import from_zoo, spec_from_module
+from autopar.modelspec import from_zoo, spec_from_module
 
 from .refmodels import gpt, llama
 
@@ -167,7 +167,7 @@ def test_trace_failure_is_an_autopar_error():
 
 
 def test_modelspec_from_module_spelling():
-    from autopar.model import ModelSpec
+    from autopar.modelspec import ModelSpec
 
     m = ModelSpec.from_module(nn.Sequential(nn.Linear(3, 5)), torch.randn(2, 3))
     assert m.num_params == 20 and m.flops_per_sample == 30

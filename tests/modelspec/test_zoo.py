@@ -3,8 +3,8 @@
 import pytest
 
 from autopar.errors import AutoparError
-from autopar.model import from_zoo, zoo_entry, zoo_names
-from autopar.model.zoo import normalize_entry, spec_from_entry
+from autopar.modelspec import from_zoo, zoo_entry, zoo_names
+from autopar.modelspec.zoo import normalize_entry, spec_from_entry
 
 # Exact parameter counts of the released checkpoints (HF safetensors / model cards).
 EXACT_PARAMS = {

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from autopar.errors import AutoparError
-from autopar.model.hf import from_hf_config
-from autopar.model.spec import ModelSpec
-from autopar.model.zoo import from_zoo, unknown_model, zoo_names
+from autopar.modelspec.hf import from_hf_config
+from autopar.modelspec.spec import ModelSpec
+from autopar.modelspec.zoo import from_zoo, unknown_model, zoo_names
 
 if TYPE_CHECKING:
     from torch import nn
@@ -77,7 +77,7 @@ def _example(spec: str, module, model: nn.Module, seq_len: int | None):
     import torch
     from torch import nn
 
-    from autopar.model.trace import infer_seq_len
+    from autopar.modelspec.trace import infer_seq_len
 
     example = getattr(module, "example_input", None)
     if callable(example):
@@ -105,10 +105,10 @@ def _example(spec: str, module, model: nn.Module, seq_len: int | None):
 
 
 def from_factory(spec: str, seq_len: int | None = None, dtype_bytes: int | None = None) -> ModelSpec:
-    """Import ``pkg.module``, build ``factory()`` and trace it (see autopar.model.trace)."""
+    """Import ``pkg.module``, build ``factory()`` and trace it (see autopar.modelspec.trace)."""
     from torch import nn
 
-    from autopar.model.trace import spec_from_module
+    from autopar.modelspec.trace import spec_from_module
 
     mod_name, attr = spec.split(":", 1)
     module = _import(mod_name)

@@ -7,7 +7,7 @@ import textwrap
 import pytest
 
 from autopar.errors import AutoparError
-from autopar.model import from_zoo, load_model
+from autopar.modelspec import from_zoo, load_model
 
 from . import refmodels
 

@@ -12,8 +12,8 @@ import json
 from pathlib import Path
 
 from autopar.errors import AutoparError
-from autopar.model.spec import ModelSpec
-from autopar.model.zoo import normalize_entry, spec_from_entry
+from autopar.modelspec.spec import ModelSpec
+from autopar.modelspec.zoo import normalize_entry, spec_from_entry
 
 DEFAULT_SEQ_CAP = 8192
 _LLAMA = {

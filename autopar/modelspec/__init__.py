@@ -3,15 +3,15 @@
 torch is imported lazily (tracing only), so the planner and ``autopar list models`` start fast.
 """
 
-from autopar.model.hf import from_hf_config
-from autopar.model.load import from_factory, load_model
-from autopar.model.spec import CKPT_MODES, LayerSpec, ModelSpec
-from autopar.model.zoo import from_zoo, zoo_entry, zoo_names
+from autopar.modelspec.hf import from_hf_config
+from autopar.modelspec.load import from_factory, load_model
+from autopar.modelspec.spec import CKPT_MODES, LayerSpec, ModelSpec
+from autopar.modelspec.zoo import from_zoo, zoo_entry, zoo_names
 
 
 def _from_module(module, example_input, **kwargs) -> ModelSpec:
-    """Trace ``module`` on the meta device into a ModelSpec (autopar.model.trace.spec_from_module)."""
-    from autopar.model.trace import spec_from_module
+    """Trace ``module`` on the meta device into a ModelSpec (autopar.modelspec.trace.spec_from_module)."""
+    from autopar.modelspec.trace import spec_from_module
 
     return spec_from_module(module, example_input, **kwargs)
 
@@ -22,10 +22,10 @@ ModelSpec.from_module = staticmethod(_from_module)
 
 def __getattr__(name: str):
     if name == "spec_from_module":
-        from autopar.model.trace import spec_from_module
+        from autopar.modelspec.trace import spec_from_module
 
         return spec_from_module
-    raise AttributeError(f"module 'autopar.model' has no attribute {name!r}")
+    raise AttributeError(f"module 'autopar.modelspec' has no attribute {name!r}")
 
 
 __all__ = ["CKPT_MODES", "LayerSpec", "ModelSpec", "from_factory", "from_hf_config", "from_zoo", "load_model",

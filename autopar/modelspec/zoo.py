@@ -41,7 +41,7 @@ from pathlib import Path
 import yaml
 
 from autopar.errors import AutoparError
-from autopar.model.spec import LayerSpec, ModelSpec
+from autopar.modelspec.spec import LayerSpec, ModelSpec
 
 ZOO_FILE = Path(__file__).with_name("zoo.yaml")
 INDEX_BYTES = 8  # int64 token / position / type ids saved by embedding lookups

@@ -1,11 +1,16 @@
-"""Pieces shared by the reference models: the attention core, unit listing and unit kinds.
+"""The unit contract shared by the planner's tracer, the runtime and the models they run.
 
 A *unit* is what a plan places: for models with ``embed`` / ``layers`` / ``head`` children the units
 are ``embed``, ``layers.0`` ... ``layers.N-1``, ``head``; for an ``nn.Sequential`` they are its
 children by name. Units run one after the other, each taking the previous unit's output.
+``unit_tp_info`` is what the runtime and the tracer ask of a unit: its TP table (or None: tp = 1
+only), the numbers a TP degree must divide, and the submodules selective checkpointing recomputes.
+``AttentionCore`` marks the part selective checkpointing recomputes.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -46,3 +51,31 @@ def unit_kind(name: str) -> str:
     if name in ("embed", "head"):
         return name
     return "block"
+
+
+@dataclass(frozen=True)
+class UnitTPInfo:
+    plan: dict[str, str] | None  # submodule FQN -> style name; None: the unit runs with tp = 1 only
+    divisors: tuple[int, ...]  # a TP degree must divide each of these
+    selective: tuple[str, ...]  # FQNs (inside the unit) of attention cores: what selective ckpt recomputes
+
+
+def selective_targets(unit: nn.Module) -> tuple[str, ...]:
+    """FQNs of the attention cores inside ``unit`` (empty when it has none)."""
+    return tuple(name for name, m in unit.named_modules() if isinstance(m, AttentionCore))
+
+
+def unit_tp_info(model: nn.Module, unit_name: str, unit: nn.Module) -> UnitTPInfo:
+    """TP plan, TP divisors and selective-checkpoint targets of one unit of ``model``.
+
+    A model with embed / layers / head children states its TP tables itself: ``tp_plans`` (unit kind
+    -> {submodule FQN: style name}), ``tp_divisors`` (unit kind -> numbers a TP degree must divide)
+    and optionally ``selective_ckpt`` (unit kind -> FQNs to recompute). Anything else runs with tp 1.
+    """
+    if has_unit_layout(model) and hasattr(model, "tp_plans"):
+        kind = unit_kind(unit_name)
+        plan = model.tp_plans.get(kind)
+        selective = getattr(model, "selective_ckpt", {}).get(kind, ())
+        return UnitTPInfo(plan, tuple(model.tp_divisors.get(kind, ())) if plan else (),
+                          tuple(selective) or selective_targets(unit))
+    return UnitTPInfo(None, (), selective_targets(unit))

@@ -25,7 +25,7 @@ children is one unit named ``model``. Per unit, per sample (divided by the examp
 * ``boundary_bytes``: bytes of the unit's output (of the last unit: its input, since its output goes
   to the loss on the same stage).
 
-TP plans come from ``autopar.models.unit_tp_info`` (the reference GPT / Llama): a unit it gives a
+TP plans come from ``autopar.units.unit_tp_info`` (the model's own tables): a unit it gives a
 plan is named ``<family>.<embed|block|head>`` (a key of ``autopar.models.TP_PLANS``), gets its TP
 divisors, ``tp_params`` (a block's >= 2-D weights, biases and norms counted as replicated; the
 vocab-sized tensors of embed / head) and the Megatron collectives of its kind (``TP_KINDS``). Any
@@ -41,7 +41,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.flop_counter import FlopCounterMode
 
 from autopar.errors import AutoparError
-from autopar.model.spec import LayerSpec, ModelSpec
+from autopar.modelspec.spec import LayerSpec, ModelSpec
 
 CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 NORMS = (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm, nn.modules.batchnorm._BatchNorm)
@@ -285,8 +285,8 @@ def _unit_params(module: nn.Module, units, order: list[str]) -> dict[str, list[n
 
 
 def _tp_facts(model: nn.Module, name: str, unit: nn.Module) -> tuple[str | None, str, tuple[int, ...]]:
-    """(plan name, unit kind, TP divisors) from autopar.models; (None, "", ()) when it has no plan."""
-    from autopar.models import unit_kind, unit_tp_info
+    """(plan name, unit kind, TP divisors) from the unit contract (autopar/units.py); (None, "", ()) without a plan."""
+    from autopar.units import unit_kind, unit_tp_info
 
     info = unit_tp_info(model, name, unit)
     if info.plan is None or not info.divisors:

@@ -1,0 +1,104 @@
+"""Run a function on N fork-started torch.distributed ranks (gloo, CPU) and collect the results.
+
+Used by ``autopar profile`` (timed runs on this machine) and by the runtime tests. Why fork and a
+file store: ranks forked from a parent that has already imported
+``torch.distributed`` start in milliseconds, where torchrun / spawn pay seconds of imports per rank;
+``file://`` rendezvous needs no free port. Each rank gets a short collective timeout so a rank that
+raises makes its peers fail fast instead of hanging, and the parent kills the rest as soon as one
+rank reports an error, re-raising that rank's traceback.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from datetime import timedelta
+from multiprocessing.connection import wait
+from typing import Any
+
+import torch
+import torch._dynamo  # noqa: F401  (lazily imported by the first optimizer: ~1 s per rank if not done here)
+import torch.distributed as dist
+import torch.distributed.fsdp  # noqa: F401  (imported in the parent so forked ranks start fast)
+import torch.distributed.tensor  # noqa: F401
+import torch.distributed.tensor.parallel  # noqa: F401
+import torch.utils.checkpoint  # noqa: F401
+
+
+class RankError(RuntimeError):
+    """A rank raised: the message holds its rank and traceback (the first rank to fail)."""
+
+
+def _child(rank: int, world_size: int, store_path: str, timeout_s: float, conn, fn: Callable,
+           args: tuple, kwargs: dict) -> None:
+    status, payload = "ok", None
+    try:
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world_size,
+                                timeout=timedelta(seconds=timeout_s))
+        payload = fn(rank, world_size, *args, **kwargs)
+        dist.barrier()
+        dist.destroy_process_group()
+    except BaseException:  # noqa: BLE001  (every failure must reach the parent as text)
+        status, payload = "error", traceback.format_exc()
+    try:
+        conn.send_bytes(pickle.dumps((status, payload)))
+    except Exception:  # noqa: BLE001  (an unpicklable result is reported as an error)
+        conn.send_bytes(pickle.dumps(("error", traceback.format_exc())))
+    conn.close()
+    os._exit(0)  # skip the parent's atexit handlers (pytest) inherited through fork
+
+
+def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 30.0,
+                    **kwargs: Any) -> list[Any]:
+    """Run ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` gloo ranks; return the results by rank.
+
+    The process group is initialised before ``fn`` and barrier + destroyed after it. ``timeout_s``
+    is both the collective timeout inside the ranks and (plus a margin) the wall-clock limit of the
+    whole job. Results must be picklable (tensors are fine). Raises ``RankError`` with the first
+    failing rank's traceback, after killing the other ranks.
+    """
+    torch.set_num_threads(1)
+    ctx = mp.get_context("fork")
+    tmpdir = tempfile.mkdtemp(prefix="autopar-dist-")
+    store_path = os.path.join(tmpdir, "store")
+    procs, readers = [], {}
+    try:
+        for rank in range(world_size):
+            r, w = ctx.Pipe(duplex=False)
+            p = ctx.Process(target=_child, args=(rank, world_size, store_path, timeout_s, w, fn, args, kwargs),
+                            daemon=True)
+            p.start()
+            w.close()
+            procs.append(p)
+            readers[r] = rank
+        results: dict[int, Any] = {}
+        deadline = time.monotonic() + timeout_s + 10.0
+        while readers:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RankError(f"ranks {sorted(readers.values())} did not finish within {timeout_s + 10:.0f} s")
+            for r in wait(list(readers), timeout=left):
+                rank = readers.pop(r)
+                try:
+                    status, payload = pickle.loads(r.recv_bytes())
+                except EOFError:
+                    procs[rank].join(1.0)
+                    raise RankError(f"rank {rank} died without a result (exit code {procs[rank].exitcode})") from None
+                if status == "error":
+                    raise RankError(f"rank {rank} of {world_size} failed:\n{payload}")
+                results[rank] = payload
+        return [results[i] for i in range(world_size)]
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+            p.join(5.0)
+        for f in os.listdir(tmpdir):
+            os.unlink(os.path.join(tmpdir, f))
+        os.rmdir(tmpdir)
