@@ -1,8 +1,7 @@
 """autopar: search the fastest hybrid-parallel training plan for a model on a GPU cluster, then run it."""
 
-__version__ = "0.1.0"
-
-from autopar.errors import AutoparError  # noqa: E402
+from autopar.errors import AutoparError
+from autopar.version import __version__
 
 
 def wrap(model, plan, **kwargs):

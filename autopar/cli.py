@@ -27,12 +27,6 @@ def _load_profile(path: str | None):
     return load_profile(path)
 
 
-def _cost_params(plan):
-    from cost_models import CostParams
-
-    return CostParams.from_dict(plan.search.get("cost_params", {}))
-
-
 def _positive_int(field: str):
     def parse(s: str) -> int:
         try:
@@ -137,45 +131,13 @@ _CONFIG_RULES = {
 
 
 # -- estimate / validate ------------------------------------------------------------------------
-def _plan_and_model(path: str):
-    """The plan and its model; a plan searched with a profile gets the profile's model numbers back."""
-    from autopar.plan.io import load_plan
-
-    plan = load_plan(path)
-    record = plan.search.get("profile")
-    dtype = record.get("model", {}).get("dtype_bytes") if isinstance(record, dict) else None
-    model = _load_model(plan.model.source or plan.model.name, plan.model.seq_len, dtype)
-    if record is not None:
-        from autopar.profile import model_from_record
-
-        model = model_from_record(model, record)
-    return plan, model
-
-
-def _with_profile(plan, model, path: str | None):
-    """(plan, model, cost params), re-based on the profile at ``path`` when one is given."""
-    params = _cost_params(plan)
-    profile = _load_profile(path)
-    if profile is None:
-        return plan, model, params
-    from dataclasses import replace
-
-    from autopar.profile import apply_profile, apply_profile_model, profile_record
-
-    model = apply_profile_model(_load_model(plan.model.source or plan.model.name, plan.model.seq_len,
-                                            profile.dtype_bytes), profile)
-    cluster, params = apply_profile(plan.cluster, params, profile)
-    plan = replace(plan, cluster=cluster, search={**plan.search, "profile": profile_record(profile)})
-    return plan, model, params
-
-
 def cmd_estimate(args) -> int:
     from autopar.estimate import estimate_plan
     from autopar.plan.validate import validate_plan
+    from autopar.planned import load_planned
     from autopar.report import figures_line, plan_shape, plan_table
 
-    plan, model = _plan_and_model(args.plan)
-    plan, model, params = _with_profile(plan, model, args.profile)
+    plan, model, params = load_planned(args.plan, args.profile)
     validate_plan(plan, model)  # structure only: an over-budget plan is still estimated (and flagged)
     est = estimate_plan(plan, model, params)
     if args.json:
@@ -193,9 +155,10 @@ def cmd_estimate(args) -> int:
 def cmd_validate(args) -> int:
     from autopar.estimate import estimate_plan
     from autopar.plan.validate import validate_plan
+    from autopar.planned import load_planned
 
-    plan, model = _plan_and_model(args.plan)
-    est = estimate_plan(plan, model, _cost_params(plan))
+    plan, model, params = load_planned(args.plan)
+    est = estimate_plan(plan, model, params)
     validate_plan(plan, model, est.memory_gib)
     print(f"{args.plan}: valid ({plan.world_size} devices, {len(plan.pipelines)} pipeline(s), "
           f"{len(plan.stages)} stage(s), peak {est.max_memory_gib:.1f} GiB)")

@@ -9,25 +9,20 @@ from autopar.cluster.parse import (
     preset_description,
     preset_names,
 )
-from autopar.cluster.topology import bandwidth_matrix, device_graph, latency_matrix, node_groups_by_type
 
 __all__ = [
     "GIB",
     "Cluster",
     "GPUType",
     "Node",
-    "bandwidth_matrix",
     "cluster_from_dict",
     "cluster_from_doc",
     "describe_cluster",
     "describe_gpu",
-    "device_graph",
     "gpu",
     "gpu_names",
-    "latency_matrix",
     "load_cluster",
     "node_defaults",
-    "node_groups_by_type",
     "preset_description",
     "preset_names",
 ]

@@ -199,21 +199,6 @@ class Cluster:
         links = [self.node_link(a, b) for a in nodes for b in nodes if a != b]
         return intra_bw, intra_lat, min(b for b, _ in links), max(lt for _, lt in links)
 
-    # -- views ------------------------------------------------------------------------------
-    def graph(self):
-        """networkx Graph: a node per device (gpu, tflops, memory_gib, node), edges weighted by GB/s."""
-        import networkx as nx
-
-        g = nx.Graph()
-        for d in range(self.num_devices):
-            gpu = self.gpu_of(d)
-            g.add_node(d, gpu=gpu.name, tflops=gpu.tflops, memory_gib=gpu.memory_gib, node=self.node_of(d))
-        for a in range(self.num_devices):
-            for b in range(a + 1, self.num_devices):
-                bw, lat = self.link(a, b)
-                g.add_edge(a, b, bandwidth_gbps=bw / 1e9, latency_us=lat * 1e6)
-        return g
-
     def describe(self) -> str:
         """Short text like ``2x8xA100-80G`` or ``8x3090+8x4090``."""
         if self.name:

@@ -1,4 +1,4 @@
-"""One quick 2-process profile of gpt-tiny, written by the real CLI, shared by the profile tests."""
+"""Session fixtures: one quick 2-process profile of gpt-tiny, written by the real CLI (profile and plan-loading tests)."""
 
 from __future__ import annotations
 

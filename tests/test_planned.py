@@ -1,0 +1,47 @@
+"""load_planned: the library's estimate of a loaded plan is the number the search wrote and the CLI prints."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from autopar.cli import main
+from autopar.estimate import estimate_plan
+from autopar.planned import load_planned
+
+
+def _search(tmp_path, capsys, *extra) -> tuple[str, dict]:
+    out = tmp_path / "plan.yaml"
+    rc = main(["search", "--model", "gpt-tiny", "--cluster", "2xcpu", "--global-batch-size", "8", "--no-baselines",
+               "-o", str(out), "--json", *extra])
+    assert rc == 0
+    return str(out), json.loads(capsys.readouterr().out)["predicted"]
+
+
+def _cli_estimate(path: str, capsys, *extra) -> dict:
+    assert main(["estimate", path, "--json", *extra]) == 0
+    return json.loads(capsys.readouterr().out)["predicted"]
+
+
+@pytest.mark.parametrize("profiled", [False, True], ids=["catalogue", "profiled"])
+def test_library_estimate_equals_the_plan_and_the_cli(tiny_profile, tmp_path, capsys, profiled):
+    path, searched = _search(tmp_path, capsys, *(["--profile", str(tiny_profile)] if profiled else []))
+    planned = load_planned(path)
+    lib = estimate_plan(planned.plan, planned.model, planned.params).predicted()
+    cli = _cli_estimate(path, capsys)
+    for key in ("step_time_s", "tokens_per_s", "mfu", "max_memory_gib"):
+        assert math.isclose(lib[key], searched[key], rel_tol=1e-12), key
+        assert math.isclose(cli[key], searched[key], rel_tol=1e-12), key
+        assert math.isclose(planned.plan.predicted[key], searched[key], rel_tol=1e-12), key
+
+
+def test_profile_rebases_a_catalogue_plan_as_the_cli_does(tiny_profile, tmp_path, capsys):
+    path, searched = _search(tmp_path, capsys)
+    plan, model, params = load_planned(path, profile=tiny_profile)
+    lib = estimate_plan(plan, model, params).predicted()
+    cli = _cli_estimate(path, capsys, "--profile", str(tiny_profile))
+    assert math.isclose(lib["step_time_s"], cli["step_time_s"], rel_tol=1e-12)
+    assert not math.isclose(lib["step_time_s"], searched["step_time_s"], rel_tol=1e-3)  # measured numbers differ
+    assert plan.search["profile"]["sha256"]
