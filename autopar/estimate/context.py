@@ -58,10 +58,6 @@ class StageContext:
         return min(self.cluster.gpu_of(d).hbm_gbps for d in self.devices) * 1e9
 
     @cached_property
-    def memory_bytes(self) -> float:
-        return min(self.cluster.gpu_of(d).memory_bytes for d in self.devices)
-
-    @cached_property
     def collectives(self) -> Collectives:
         """How this stage's groups run collectives (measured fit or formula; gamma at its slowest HBM)."""
         return Collectives(self.params, self.hbm_bw)
