@@ -5,8 +5,11 @@ alpha = latency per message step (s), beta = 1/bandwidth (s/byte), gamma = reduc
 all-reduce; trees pay 2*log2(n) steps but move every byte twice. NCCL picks the faster, so
 ``allreduce_time`` takes the minimum. Groups that span nodes run hierarchically: an intra-node phase
 on the node fabric and an inter-node phase on the network, each as slow as its slowest link.
-GenModel (arXiv 2409.04202) adds an incast term for many senders meeting one receiver and a
-memory-access term; ``genmodel_allreduce_time`` has both.
+GenModel (arXiv 2409.04202) adds a reduction (gamma) term, ``reduction_time``, and an incast term for
+many senders meeting one receiver, ``incast_time``.
+
+These are the raw formulas; ``cost_models.collectives.Collectives`` decides per group whether a
+measured fit replaces them.
 
 All functions accept numpy arrays; a group of one (n <= 1) or zero bytes costs nothing.
 """
@@ -14,56 +17,60 @@ All functions accept numpy arrays; a group of one (n <= 1) or zero bytes costs n
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import ArrayLike
+
+Seconds = np.ndarray  # float64 array (0-d for scalar inputs)
 
 
-def _arr(x):
+def _arr(x: ArrayLike) -> np.ndarray:
     return np.asarray(x, dtype=float)
 
 
-def p2p_time(nbytes, bw, lat):
+def p2p_time(nbytes: ArrayLike, bw: ArrayLike, lat: ArrayLike) -> Seconds:
     """One send of ``nbytes`` over a link of ``bw`` bytes/s and ``lat`` s."""
     b = _arr(nbytes)
     return np.where(b > 0, lat + b / bw, 0.0)
 
 
-def ring_allreduce_time(nbytes, n, bw, lat):
+def ring_allreduce_time(nbytes: ArrayLike, n: ArrayLike, bw: ArrayLike, lat: ArrayLike) -> Seconds:
     """Ring all-reduce: reduce-scatter then all-gather, 2(n-1) steps of nbytes/n."""
     b, n = _arr(nbytes), _arr(n)
     t = 2.0 * (n - 1) / np.maximum(n, 1) * b / bw + 2.0 * (n - 1) * lat
     return np.where((n > 1) & (b > 0), t, 0.0)
 
 
-def tree_allreduce_time(nbytes, n, bw, lat):
+def tree_allreduce_time(nbytes: ArrayLike, n: ArrayLike, bw: ArrayLike, lat: ArrayLike) -> Seconds:
     """Pipelined (double binary) tree all-reduce: 2 log2(n) latency steps, every byte sent up and down."""
     b, n = _arr(nbytes), _arr(n)
     t = 2.0 * np.ceil(np.log2(np.maximum(n, 1))) * lat + 2.0 * b / bw
     return np.where((n > 1) & (b > 0), t, 0.0)
 
 
-def allreduce_time(nbytes, n, bw, lat):
+def allreduce_time(nbytes: ArrayLike, n: ArrayLike, bw: ArrayLike, lat: ArrayLike) -> Seconds:
     """Flat all-reduce over n ranks: the faster of ring and tree (as NCCL's tuner picks)."""
     return np.minimum(ring_allreduce_time(nbytes, n, bw, lat), tree_allreduce_time(nbytes, n, bw, lat))
 
 
-def allgather_time(nbytes, n, bw, lat):
+def allgather_time(nbytes: ArrayLike, n: ArrayLike, bw: ArrayLike, lat: ArrayLike) -> Seconds:
     """Ring all-gather producing ``nbytes`` in total on every rank (each contributes nbytes/n)."""
     b, n = _arr(nbytes), _arr(n)
     t = (n - 1) / np.maximum(n, 1) * b / bw + (n - 1) * lat
     return np.where((n > 1) & (b > 0), t, 0.0)
 
 
-def reduce_scatter_time(nbytes, n, bw, lat):
+def reduce_scatter_time(nbytes: ArrayLike, n: ArrayLike, bw: ArrayLike, lat: ArrayLike) -> Seconds:
     """Ring reduce-scatter of ``nbytes`` per rank into n shards: same wire cost as all-gather."""
     return allgather_time(nbytes, n, bw, lat)
 
 
-def reduction_time(nbytes, n, hbm_bw):
+def reduction_time(nbytes: ArrayLike, n: ArrayLike, hbm_bw: ArrayLike) -> Seconds:
     """GenModel's gamma term: summing (n-1)/n of the buffer, 3 bytes of memory traffic per byte."""
     b, n = _arr(nbytes), _arr(n)
     return np.where(n > 1, 3.0 * (n - 1) / np.maximum(n, 1) * b / hbm_bw, 0.0)
 
 
-def hierarchical_allgather_time(nbytes, n_local, n_nodes, intra_bw, intra_lat, inter_bw, inter_lat):
+def hierarchical_allgather_time(nbytes: ArrayLike, n_local: ArrayLike, n_nodes: ArrayLike, intra_bw: ArrayLike,
+                                intra_lat: ArrayLike, inter_bw: ArrayLike, inter_lat: ArrayLike) -> Seconds:
     """All-gather over n_local ranks on each of n_nodes nodes.
 
     Phase 1: peers with the same local rank gather across nodes (each gathers nbytes/n_local over the
@@ -76,12 +83,15 @@ def hierarchical_allgather_time(nbytes, n_local, n_nodes, intra_bw, intra_lat, i
     return inter + intra
 
 
-def hierarchical_reduce_scatter_time(nbytes, n_local, n_nodes, intra_bw, intra_lat, inter_bw, inter_lat):
-    """Reduce-scatter mirrored from the all-gather: intra-node first, then across nodes."""
+def hierarchical_reduce_scatter_time(nbytes: ArrayLike, n_local: ArrayLike, n_nodes: ArrayLike, intra_bw: ArrayLike,
+                                     intra_lat: ArrayLike, inter_bw: ArrayLike, inter_lat: ArrayLike) -> Seconds:
+    """Reduce-scatter of ``nbytes`` per rank, mirrored from the all-gather (intra-node first, then
+    across nodes): the same wire cost, phase for phase. Its reduction is ``reduction_time``."""
     return hierarchical_allgather_time(nbytes, n_local, n_nodes, intra_bw, intra_lat, inter_bw, inter_lat)
 
 
-def hierarchical_allreduce_time(nbytes, n_local, n_nodes, intra_bw, intra_lat, inter_bw, inter_lat):
+def hierarchical_allreduce_time(nbytes: ArrayLike, n_local: ArrayLike, n_nodes: ArrayLike, intra_bw: ArrayLike,
+                                intra_lat: ArrayLike, inter_bw: ArrayLike, inter_lat: ArrayLike) -> Seconds:
     """All-reduce = intra reduce-scatter, inter all-reduce of one shard, intra all-gather.
 
     With one node it is a flat intra-node all-reduce; with one rank per node a flat network one.
@@ -95,15 +105,7 @@ def hierarchical_allreduce_time(nbytes, n_local, n_nodes, intra_bw, intra_lat, i
     return np.where(nn <= 1, flat_intra, np.where(nl <= 1, flat_inter, hier))
 
 
-def genmodel_allreduce_time(nbytes, n, alpha, beta, gamma=0.0, delta=0.0, epsilon=0.0, fan_in=1):
-    """GenModel all-reduce: alpha-beta-gamma plus incast (delta) and memory access (epsilon) terms.
-
-    T = 2(n-1) alpha + 2(n-1)/n S beta + (n-1)/n S gamma + delta (fan_in - 1) S/n beta + epsilon S
-    ``fan_in`` is how many senders meet one receiver in one step (1 for rings, up to n-1 for a
-    parameter server or an in-node reduce to a leader); delta scales the congestion it causes.
-    """
-    S, n, k = _arr(nbytes), _arr(n), _arr(fan_in)
-    frac = (n - 1) / np.maximum(n, 1)
-    t = (2.0 * (n - 1) * alpha + 2.0 * frac * S * beta + frac * S * gamma
-         + delta * np.maximum(k - 1, 0) * S / np.maximum(n, 1) * beta + epsilon * S)
-    return np.where((n > 1) & (S > 0), t, 0.0)
+def incast_time(nbytes: ArrayLike, n: ArrayLike, fan_in: ArrayLike, bw: ArrayLike) -> ArrayLike:
+    """GenModel's incast term with delta = 1: ``fan_in - 1`` extra senders, each with ``nbytes / n``,
+    share one receiving link of ``bw`` bytes/s (no congestion penalty beyond the sharing)."""
+    return (fan_in - 1) * (nbytes / n) / bw

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 
-def compute_time(flops, peak_flops, eff_max: float = 0.6, overhead_s: float = 5e-5):
+def compute_time(flops: ArrayLike, peak_flops: ArrayLike, eff_max: ArrayLike = 0.6,
+                 overhead_s: ArrayLike = 5e-5) -> np.ndarray:
     """Seconds to run ``flops`` FLOPs of one layer call on a device of ``peak_flops`` FLOP/s.
 
     t = flops / (peak * eff_max) + overhead_s: large work runs at ``eff_max`` of peak; every call
@@ -16,12 +18,6 @@ def compute_time(flops, peak_flops, eff_max: float = 0.6, overhead_s: float = 5e
     return np.where(f > 0, f / (np.asarray(peak_flops, dtype=float) * eff_max) + overhead_s, 0.0)
 
 
-def achieved_efficiency(flops, peak_flops, eff_max: float = 0.6, overhead_s: float = 5e-5):
-    """Fraction of peak one call of ``flops`` FLOPs reaches: eff_max * x / (x + overhead * peak * eff_max)."""
-    f = np.asarray(flops, dtype=float)
-    return np.where(f > 0, f / (compute_time(f, peak_flops, eff_max, overhead_s) * peak_flops), 0.0)
-
-
-def memory_bound_time(nbytes, hbm_bytes_per_s):
+def memory_bound_time(nbytes: ArrayLike, hbm_bytes_per_s: float) -> np.ndarray:
     """Seconds for a bandwidth-bound kernel moving ``nbytes`` (optimizer step, reductions)."""
     return np.asarray(nbytes, dtype=float) / hbm_bytes_per_s

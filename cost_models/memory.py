@@ -1,11 +1,13 @@
-"""Per-device memory: model states by ZeRO stage, saved activations, in-flight micro-batches."""
+"""Per-device memory: model states by ZeRO stage, and how many micro-batches' activations a stage holds."""
 
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 
-def model_state_bytes(params, zero, dp, state_bytes: int = 16, param_bytes: int = 2, table=()):
+def model_state_bytes(params: ArrayLike, zero: ArrayLike, dp: ArrayLike, state_bytes: float = 16,
+                      param_bytes: float = 2, table: tuple = ()) -> np.ndarray:
     """Bytes of parameters, gradients and Adam states one rank holds for ``params`` parameters.
 
     Mixed-precision Adam keeps ``state_bytes`` = 16 bytes/param unsharded: 2 (bf16 param) + 2 (grad)
@@ -41,7 +43,3 @@ def inflight_microbatches(schedule: str, num_stages: int, stage: int, num_microb
         return num_microbatches
     return min(num_stages - stage, num_microbatches)
 
-
-def activation_bytes(saved_bytes_per_sample, local_batch, inflight):
-    """Saved activations of one unit on one rank: per-sample bytes x local samples x in-flight."""
-    return np.asarray(saved_bytes_per_sample, float) * local_batch * inflight

@@ -2,23 +2,32 @@
 
 from __future__ import annotations
 
-import numpy as np
+from collections.abc import Sequence
+
+from numpy.typing import ArrayLike
+
+from cost_models import communication as comm
 
 
-def pipeline_step_time(stage_costs, num_microbatches: int, p2p_per_microbatch: float = 0.0) -> float:
-    """Step time of a synchronous pipeline with per-micro-batch stage costs ``c_i`` (fwd + bwd).
+def boundary_p2p_time(boundary_bytes: ArrayLike, micro_batch_size: int, bw: float, lat: float) -> ArrayLike:
+    """One micro-batch's activations (``boundary_bytes`` per sample) sent to the next stage, one way."""
+    return comm.p2p_time(boundary_bytes * micro_batch_size, bw, lat)
 
-    T = (m - 1) * max_i c_i + sum_i c_i + 2 (p - 1) * t_p2p
 
-    The slowest stage runs m micro-batches back to back; the others add their fill and drain once;
-    each boundary is crossed once forward and once backward on the critical path. Exact for equal
-    stages, the standard bound (Narayanan et al., Galvatron, Metis) for uneven ones.
+def pipeline_time(stage_costs: Sequence[float], round_trips: Sequence[float], num_microbatches: int) -> float:
+    """Step time of a synchronous pipeline with per-micro-batch stage costs ``c_i`` (fwd + bwd + step / m).
+
+    T = (m - 1) * max_i c_i + sum_i (c_i + P_i)
+
+    ``P_i``: stage i's boundary send, both directions (0 for the last stage). The slowest stage runs
+    m micro-batches back to back; the others add their fill and drain once; each boundary is
+    crossed once forward and once backward on the critical path. Exact for equal stages, the
+    standard bound (Narayanan et al., Galvatron, Metis) for uneven ones. Summed in stage order:
+    the search's partition DP and the plan estimate both call this, so they agree to the last bit.
     """
-    c = np.asarray(stage_costs, dtype=float)
-    p = c.shape[-1]
-    return float((num_microbatches - 1) * c.max(axis=-1) + c.sum(axis=-1) + 2 * (p - 1) * p2p_per_microbatch)
-
-
-def bubble_fraction(num_stages: int, num_microbatches: int) -> float:
-    """Idle fraction of equal stages: (p - 1) / (m + p - 1)."""
-    return (num_stages - 1) / (num_microbatches + num_stages - 1)
+    total = 0.0
+    worst = 0.0
+    for c, p in zip(stage_costs, round_trips):
+        total = total + (c + p)
+        worst = max(worst, c)
+    return (num_microbatches - 1) * worst + total

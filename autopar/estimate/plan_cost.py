@@ -6,33 +6,16 @@ the same order, so ``estimate_plan(search_result.plan)`` returns the very number
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
-from autopar.cluster.cluster import GIB, Cluster
-from autopar.errors import AutoparError
-from autopar.estimate.layer_cost import StageContext, layer_costs, layout_switch_time, transient_bytes
-from autopar.modelspec.spec import LayerSpec, ModelSpec
-from autopar.plan.schema import Pipeline, Plan, Strategy
+from autopar.cluster.cluster import GIB
+from autopar.estimate.cache import CostCache
+from autopar.estimate.context import device_budget_bytes
+from autopar.estimate.cross_pipeline import cross_pipeline_sync_time
+from autopar.estimate.pipeline import StageEstimate, estimate_pipeline
+from autopar.modelspec.spec import ModelSpec
+from autopar.plan.schema import Plan
 from cost_models import CostParams
-from cost_models import communication as comm
-from cost_models.memory import inflight_microbatches
-
-
-@dataclass
-class StageEstimate:
-    devices: list[int]
-    layers: list[str]
-    cost_per_microbatch_s: float  # fwd + bwd + step/m of every layer, plus layout switches
-    fwd_s: float
-    bwd_s: float
-    step_s: float
-    inflight: int
-    memory_bytes: float  # peak per rank (states + in-flight activations + transient + reserve)
-    p2p_s: float = 0.0  # send to the next stage, one micro-batch, one direction
-
-    @property
-    def memory_gib(self) -> float:
-        return self.memory_bytes / GIB
 
 
 @dataclass
@@ -68,132 +51,23 @@ class PlanEstimate:
         }
 
 
-_COST_CACHE: dict = {}
-_NAMELESS: dict[int, tuple[LayerSpec, LayerSpec]] = {}
+def estimate_plan(plan: Plan, model: ModelSpec, params: CostParams | None = None,
+                  cache: CostCache | None = None) -> PlanEstimate:
+    """Predicted figures of ``plan`` for ``model`` on the plan's own cluster.
 
-
-def _nameless(ly: LayerSpec) -> LayerSpec:
-    """The layer without its name (repeated blocks share cache entries); memoised per object."""
-    hit = _NAMELESS.get(id(ly))
-    if hit is None or hit[0] is not ly:
-        if len(_NAMELESS) > 100_000:
-            _NAMELESS.clear()
-        hit = (ly, replace(ly, name=""))
-        _NAMELESS[id(ly)] = hit
-    return hit[1]
-
-
-def _one_layer_cost(ly: LayerSpec, s: Strategy, ctx: StageContext):
-    """layer_costs for one strategy, memoised: baselines and estimates re-score the same layers often."""
-    key = (_nameless(ly), s, ctx.shape_key)
-    hit = _COST_CACHE.get(key)
-    if hit is None:
-        if len(_COST_CACHE) > 200_000:
-            _COST_CACHE.clear()
-        lc = layer_costs(ly, [s], ctx)
-        hit = (float(lc.cost[0]), float(lc.fwd[0]), float(lc.bwd[0]), float(lc.step[0]),
-               float(lc.mem_states[0]), float(lc.mem_act[0]), ctx.cluster)
-        _COST_CACHE[key] = hit
-    return hit
-
-
-def stage_cost(layers: list[LayerSpec], strategies: list[Strategy], ctx: StageContext,
-               inflight: int) -> tuple[float, float, float, float, float]:
-    """(cost per micro-batch, fwd, bwd, step, peak bytes per rank) of one stage.
-
-    Summed in layer order exactly as the search's dynamic programme sums them.
+    ``cache``: the caller's memo when it runs many estimates (a search, baselines); none makes a fresh one.
     """
-    cost = fwd = bwd = step = 0.0
-    mem = 0.0
-    transient = 0.0
-    prev_layout = None
-    for layer_idx, (ly, s) in enumerate(zip(layers, strategies)):
-        c, f, b, st, ms, ma, _ = _one_layer_cost(ly, s, ctx)
-        layout = (s.tp, s.sp)
-        sw = 0.0
-        if prev_layout is not None:
-            sw = layout_switch_time(layers[layer_idx - 1].boundary_bytes, prev_layout, layout, ctx)
-        cost = cost + (c + sw)
-        mem = mem + (ms + inflight * ma)
-        fwd += f + sw / 2
-        bwd += b + sw / 2
-        step += st
-        transient = max(transient, transient_bytes(ly, ctx))
-        prev_layout = layout
-    peak = mem + transient + ctx.params.reserve_bytes
-    return cost, fwd, bwd, step, peak
-
-
-def stage_link(cluster: Cluster, src_devices: list[int], dst_devices: list[int]) -> tuple[float, float]:
-    """(bandwidth bytes/s, latency s) of the slowest link between two stages."""
-    src_nodes = {cluster.node_of(d) for d in src_devices}
-    dst_nodes = {cluster.node_of(d) for d in dst_devices}
-    links = [cluster.node_link(a, b) for a in src_nodes for b in dst_nodes if a != b]
-    for nd in src_nodes & dst_nodes:
-        links.append((cluster.nodes[nd].intra_bw, cluster.nodes[nd].intra_lat_us * 1e-6))
-    return min(links, key=lambda x: (x[0], -x[1]))
-
-
-def boundary_p2p_time(cluster: Cluster, src_devices: list[int], dst_devices: list[int],
-                      boundary_bytes: float, micro_batch_size: int) -> float:
-    """One micro-batch's activations from one stage to the next, over the slowest link between them."""
-    bw, lat = stage_link(cluster, src_devices, dst_devices)
-    return float(comm.p2p_time(boundary_bytes * micro_batch_size, bw, lat))
-
-
-def device_budget_bytes(cluster: Cluster, device: int, memory_budget_gib: float | None) -> float:
-    """What a device may hold: its memory, or the user's cap when that is smaller."""
-    cap = cluster.gpu_of(device).memory_bytes
-    if memory_budget_gib is not None:
-        cap = min(cap, memory_budget_gib * GIB)
-    return cap
-
-
-def pipeline_time(stages: list[StageEstimate], num_microbatches: int) -> float:
-    """(m - 1) max_i c_i + sum_i (c_i + 2 p2p_i): summed in stage order like the search's partition DP."""
-    total = 0.0
-    for st in stages:
-        total = total + (st.cost_per_microbatch_s + 2.0 * st.p2p_s)
-    worst = max(st.cost_per_microbatch_s for st in stages)
-    return (num_microbatches - 1) * worst + total
-
-
-def estimate_pipeline(pipe: Pipeline, model: ModelSpec, cluster: Cluster, schedule: str,
-                      params: CostParams) -> tuple[list[StageEstimate], float]:
-    index = model.index()
-    p = len(pipe.stages)
-    out: list[StageEstimate] = []
-    for i, st in enumerate(pipe.stages):
-        try:
-            layers = [model.layers[index[ly.name]] for ly in st.layers]
-        except KeyError as e:
-            raise AutoparError("plan.pipelines.stages.layers", f"unit {e.args[0]!r} is not in model {model.name}",
-                               "search the plan again for this model") from None
-        ctx = StageContext(cluster, tuple(st.devices), pipe.micro_batch_size, pipe.num_microbatches, params)
-        k = inflight_microbatches(schedule, p, i, pipe.num_microbatches)
-        cost, fwd, bwd, step, peak = stage_cost(layers, [ly.strategy for ly in st.layers], ctx, k)
-        p2p = 0.0
-        if i + 1 < p:
-            p2p = boundary_p2p_time(cluster, st.devices, pipe.stages[i + 1].devices, layers[-1].boundary_bytes,
-                                    pipe.micro_batch_size)
-        out.append(StageEstimate(list(st.devices), [ly.name for ly in st.layers], cost, fwd, bwd, step, k, peak, p2p))
-    return out, pipeline_time(out, pipe.num_microbatches)
-
-
-def estimate_plan(plan: Plan, model: ModelSpec, params: CostParams | None = None) -> PlanEstimate:
-    """Predicted figures of ``plan`` for ``model`` on the plan's own cluster."""
     params = params or CostParams()
+    cache = cache if cache is not None else CostCache()
     cluster = plan.cluster
     pipes, times = [], []
     for pipe in plan.pipelines:
-        stages, t = estimate_pipeline(pipe, model, cluster, plan.schedule, params)
+        stages, t = estimate_pipeline(pipe, model, cluster, plan.schedule, params, cache)
         pipes.append(stages)
         times.append(t)
     step = max(times)
     if len(plan.pipelines) > 1:
-        from autopar.estimate.cross_pipeline import cross_pipeline_sync_time
-
-        step = step + cross_pipeline_sync_time(plan, model, params, pipes, times)
+        step = step + cross_pipeline_sync_time(plan, model, params, pipes, times, cache)
     return finish_estimate(plan, model, pipes, times, step)
 
 

@@ -2,7 +2,8 @@
 
 compute.py (layer units, matmul peak, copy bandwidth, optimizer), comm.py (collectives over message
 and group sizes), runs.py (a plan under ``autopar.wrap``: step time, model-state and saved-activation
-bytes), memory.py (calibration runs for the memory model), fit.py, profiler.py (``run_profile``),
+bytes), memory.py (calibration runs for the memory model), charged.py (the communication the cost
+model adds to a measured unit call, which the compute fit takes off), fit.py, profiler.py (``run_profile``),
 io.py (the versioned file), apply.py (measured numbers into Cluster / CostParams / ModelSpec).
 """
 

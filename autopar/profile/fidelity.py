@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from autopar.estimate.layer_cost import StageContext, layer_costs
+from autopar.estimate import StageContext, layer_costs
 from autopar.modelspec.spec import ModelSpec
 from autopar.plan.schema import Plan
 from cost_models import CostParams

@@ -108,8 +108,9 @@ def fit_efficiency(samples: list[dict], peak_flops: float) -> dict | None:
     backward of each sample is linear in u = 1 / (peak eff_max) and the overhead v:
         t = u (3 F + R) + v (3 + [R > 0])
     Samples with zero FLOPs are left out (the model charges them nothing). A sample's F is
-    ``flops_per_rank`` when given (TP splits the work), and its ``tp_comm_s`` (the TP collectives the
-    model charges apart) is taken off its time. None if nothing to fit.
+    ``flops_per_rank`` when given (TP splits the work), and its ``tp_comm_s`` (the communication the
+    model charges apart from compute: TP collectives, exposed ZeRO traffic; see charged.py) is taken
+    off its time. None if nothing to fit.
     """
     rows, ys = [], []
     for s in samples:

@@ -29,6 +29,7 @@ from autopar.modelspec.spec import ModelSpec
 from autopar.profile import comm as comm_mod
 from autopar.profile import compute as comp
 from autopar.profile import fit
+from autopar.profile.charged import MachineComm, comm_fields
 from autopar.profile.io import PROFILE_VERSION, VERSION_KEY
 from autopar.profile.memory import measure_memory, memory_runs, state_table, unit_calibration
 from autopar.profile.reference import DEFAULT_MODEL, build_module
@@ -40,7 +41,6 @@ QUICK_SIZES = [2**10, 2**16, 2**20]
 MBS = [1, 2, 4, 8]
 QUICK_MBS = [1, 2]
 CKPTS = ["none", "selective", "full"]
-COMM_FIT_COLLECTIVES = ("allreduce", "allgather", "reduce_scatter")
 
 
 def pick_device(device: str | None, nproc: int) -> str:
@@ -136,31 +136,12 @@ def _median_over_ranks(values: list[float]) -> float:
     return s[len(s) // 2] if len(s) % 2 else 0.5 * (s[len(s) // 2 - 1] + s[len(s) // 2])
 
 
-def _tp_comm_s(ly, mbs: int, tp: int, comm_fits: dict) -> float:
-    """The cost model's TP collectives of one forward + backward of ``mbs`` rows (measured all-reduce fit)."""
-    if tp <= 1 or ly.tp_collectives == 0:
-        return 0.0
-    f = comm_fits.get(tp, {}).get("allreduce")
-    if f is None:
-        return 0.0
-    per = ly.tp_comm_bytes * mbs / ly.tp_collectives
-    return 2.0 * ly.tp_collectives * (f["alpha_s"] + f["beta_s_per_byte"] * per)
-
-
-def _zero3_comm_s(ly, group: int, comm_fits: dict, param_bytes: int) -> float:
-    """The cost model's ZeRO-3 traffic of one forward + backward (nothing hidden): gather the unit's
-    parameters twice, reduce-scatter its gradients once (measured fits)."""
-    f = comm_fits.get(group, {})
-    if "allgather" not in f or ly.params == 0:
-        return 0.0
-    S = ly.params * param_bytes
-    ag = f["allgather"]["alpha_s"] + f["allgather"]["beta_s_per_byte"] * S
-    rs = f["reduce_scatter"]["alpha_s"] + f["reduce_scatter"]["beta_s_per_byte"] * S
-    return 2.0 * ag + rs
-
-
-def _compute_part(per_rank: list[dict], spec: ModelSpec, comm_fits: dict) -> dict:
+def _compute_part(per_rank: list[dict], spec: ModelSpec, comm: dict, dtype_bytes: int, device: str) -> dict:
     layers = {ly.name: ly for ly in spec.layers}
+    peak = _median_over_ranks([r["peak_flops"] for r in per_rank])
+    hbm = _median_over_ranks([r["copy_bw"] for r in per_rank])
+    machine = MachineComm.of(comm, dtype_bytes, device, hbm, len(per_rank))
+
     def key(s: dict) -> tuple:
         return s["unit"], s["mbs"], s["ckpt"], s["tp"], s["zero"]
 
@@ -175,14 +156,11 @@ def _compute_part(per_rank: list[dict], spec: ModelSpec, comm_fits: dict) -> dic
         ly = layers[row["unit"]]
         tp = row["tp"]
         row["recompute_flops"] = ly.recompute_flops(row["ckpt"]) * row["mbs"] / tp
-        # what one rank computes, and the TP collectives the model charges apart from compute
+        # what one rank computes, and the communication the model charges apart from compute, which the
+        # fit takes off (TP collectives and exposed ZeRO traffic, under the file format's key)
         row["flops_per_rank"] = row["flops"] / tp
-        row["tp_comm_s"] = _tp_comm_s(ly, row["mbs"], tp, comm_fits)
-        if row.get("zero") == 3:
-            row["tp_comm_s"] = _zero3_comm_s(ly, row["group"], comm_fits, spec.dtype_bytes)
+        row["tp_comm_s"] = machine.charged_s(ly, row)
         merged.append(row)
-    peak = _median_over_ranks([r["peak_flops"] for r in per_rank])
-    hbm = _median_over_ranks([r["copy_bw"] for r in per_rank])
     tp1 = [s for s in merged if s["tp"] == 1 and s.get("zero", 0) == 0]
     fits = {"all": fit.fit_efficiency(tp1, peak), "by_kind": {}}
     for kind, tp, zero in sorted({(s["kind"], s["tp"], s.get("zero", 0)) for s in merged}):
@@ -228,18 +206,18 @@ def _cost_params(compute: dict, comm: dict, memory: dict, dtype_bytes: int, devi
     """The CostParams fields the profile sets, and the assumptions (stated, not measured) among them."""
     fa = compute["fit"]["all"]
     table = memory["state_table"]
+    comm_set = comm_fields(comm["fits"], dtype_bytes, device)  # as the compute fit's subtraction priced it
     params = {
         "eff_max": fa["eff_max"], "layer_overhead_s": fa["layer_overhead_s"],
         "eff_by_kind": [[f["kind"], f["tp"], f["zero"], f["eff_max"], f["layer_overhead_s"]]
                         for f in compute["fit"]["by_kind"].values()],
-        "comm_fit": [[c, int(n), f[c]["alpha_s"], f[c]["beta_s_per_byte"]]
-                     for n, f in sorted(comm["fits"].items()) for c in COMM_FIT_COLLECTIVES],
+        "comm_fit": comm_set["comm_fit"],
         "state_table": [[table[f"zero{z}"]["a"], table[f"zero{z}"]["b"]] for z in range(4)],
-        "param_bytes": dtype_bytes, "grad_comm_bytes": dtype_bytes,
+        "param_bytes": comm_set["param_bytes"], "grad_comm_bytes": comm_set["grad_comm_bytes"],
         "state_bytes": table["zero0"]["a"] + table["zero0"]["b"],
         "opt_bytes_touched": compute["optimizer"]["opt_bytes_touched"],
         "overlap_sync": 0.0,
-        "overlap_zero3": 0.0 if device == "cpu" else 1.0,
+        "overlap_zero3": comm_set["overlap_zero3"],
     }
     assumptions = {
         "overlap_sync": "0: autopar.runtime sums each unit's gradients once, after the step's last backward "
@@ -262,7 +240,7 @@ def _step_overhead(per_rank: list[dict], spec: ModelSpec, doc: dict, world: int)
     from dataclasses import replace
 
     from autopar.cluster.parse import load_cluster
-    from autopar.estimate import estimate_plan
+    from autopar.estimate import CostCache, estimate_plan
     from autopar.profile.apply import apply_profile, apply_profile_model
     from autopar.profile.io import Profile
     from cost_models import CostParams
@@ -274,10 +252,11 @@ def _step_overhead(per_rank: list[dict], spec: ModelSpec, doc: dict, world: int)
     except AutoparError as err:  # a device the catalogue does not know: no cluster to estimate on
         return {"configs": [], "per_unit_s": 0.0, "note": f"not calibrated: {err}"}
     rows = []
+    costs = CostCache()
     for i, cfg in enumerate(per_rank[0]["steps"]):
         worst = max((r["steps"][i] for r in per_rank), key=lambda c: c["step_s"])
         plan = replace(comp.config_plan(spec, cfg, world), cluster=cluster)
-        est = estimate_plan(plan, model, params)
+        est = estimate_plan(plan, model, params, costs)
         modelled = est.pipelines[0][0].step_s
         rows.append({**{k: cfg[k] for k in ("rows", "ckpt", "tp", "zero")}, "step_s": worst["step_s"],
                      "units_s": worst["units_s"], "model_step_terms_s": modelled,
@@ -305,7 +284,7 @@ def run_profile(model: str = DEFAULT_MODEL, nproc: int = 2, quick: bool = False,
     sizes = QUICK_SIZES if quick else SIZES
     per_rank = run_distributed(_job, nproc, module_fn, spec, dev, quick, progress, fresh_store(), timeout_s=1800.0)
     comm = _comm_part(per_rank, sizes)
-    compute = _compute_part(per_rank, spec, comm["fits"])
+    compute = _compute_part(per_rank, spec, comm, dtype_bytes, dev)
 
     bar = None
     if progress:

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 from autopar.cluster.cluster import Cluster
 from autopar.errors import AutoparError
-from autopar.estimate.plan_cost import PlanEstimate, estimate_plan
+from autopar.estimate import CostCache, PlanEstimate, estimate_plan
 from autopar.modelspec.spec import CKPT_MODES, ModelSpec
 from autopar.plan.schema import ModelRef, Pipeline, Plan, Stage, StageLayer, Strategy
 from autopar.search.homogeneous import divisors
@@ -81,9 +81,13 @@ def _families(model: ModelSpec, cluster: Cluster) -> Iterator[tuple[str, int, ob
                         yield "megatron", p, strat
 
 
-def baselines(model: ModelSpec, cluster: Cluster, B: int, opts: SearchOptions
+def baselines(model: ModelSpec, cluster: Cluster, B: int, opts: SearchOptions, cache: CostCache | None = None
               ) -> dict[str, tuple[Plan, PlanEstimate] | None]:
-    """name -> (plan, estimate) of the fastest fitting member of each family, or None."""
+    """name -> (plan, estimate) of the fastest fitting member of each family, or None.
+
+    ``cache``: the cost model's memo to score them with (a fresh one by default).
+    """
+    cache = cache if cache is not None else CostCache()
     best: dict[str, tuple[Plan, PlanEstimate] | None] = {"ddp": None, "zero3": None, "megatron": None}
     for name, p, strat in _families(model, cluster):
         for m in divisors(B):
@@ -91,7 +95,7 @@ def baselines(model: ModelSpec, cluster: Cluster, B: int, opts: SearchOptions
                 plan = _uniform_plan(model, cluster, B, opts, p, m, strat, name)
                 if plan is None or not _divides(plan):
                     continue
-                est = estimate_plan(plan, model, opts.params)
+                est = estimate_plan(plan, model, opts.params, cache)
             except AutoparError:
                 continue
             if est.fits and (best[name] is None or est.step_time_s < best[name][1].step_time_s):

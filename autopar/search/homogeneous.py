@@ -17,16 +17,21 @@ import numpy as np
 
 from autopar.cluster.cluster import GIB, Cluster
 from autopar.errors import AutoparError
-from autopar.estimate.layer_cost import StageContext, layout_switch_time, transient_bytes
-from autopar.estimate.plan_cost import device_budget_bytes, stage_link
+from autopar.estimate import (
+    StageContext,
+    device_budget_bytes,
+    layout_switch_time,
+    stage_link,
+    transient_bytes,
+)
 from autopar.modelspec.spec import ModelSpec
 from autopar.plan.schema import Pipeline, Stage, StageLayer
 from autopar.search.frontier import RangeTrie
 from autopar.search.options import SearchOptions
 from autopar.search.partition import best_partition, minmax_partition
 from autopar.search.space import layer_candidates, tp_degrees
-from cost_models import communication as comm
 from cost_models.memory import inflight_microbatches
+from cost_models.pipeline import boundary_p2p_time
 
 
 def divisors(n: int) -> list[int]:
@@ -166,7 +171,7 @@ class HomogeneousSearch:
             if i + 1 < p:
                 bw, lat = stage_link(self.cluster, self.stage_devices(p, i), self.stage_devices(p, i + 1))
                 bb = np.array([0.0] + [ly.boundary_bytes for ly in self.model.layers])
-                Pi = 2.0 * comm.p2p_time(bb * mbs, bw, lat)
+                Pi = 2.0 * boundary_p2p_time(bb, mbs, bw, lat)
                 Pi[0] = 0.0
             P.append(Pi)
         part = best_partition([C_by_k[k] for k in ks], P, m)

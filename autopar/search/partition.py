@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cost_models.pipeline import pipeline_time
+
 INF = float("inf")
 
 
@@ -57,14 +59,10 @@ def _backtrack(back: list[np.ndarray], L: int) -> list[int]:
 
 
 def _step_time(C: list[np.ndarray], P: list[np.ndarray], bounds: list[int], m: int) -> tuple[float, float]:
-    """(T, bottleneck) of one partition, summed in stage order like ``estimate_plan``."""
-    total = 0.0
-    worst = 0.0
-    for i, (Ci, Pi) in enumerate(zip(C, P)):
-        c = float(Ci[bounds[i], bounds[i + 1]])
-        total = total + (c + float(Pi[bounds[i + 1]]))
-        worst = max(worst, c)
-    return (m - 1) * worst + total, worst
+    """(T, bottleneck) of one partition: ``pipeline_time``, the very formula ``estimate_plan`` uses."""
+    costs = [float(Ci[bounds[i], bounds[i + 1]]) for i, Ci in enumerate(C)]
+    sends = [float(Pi[bounds[i + 1]]) for i, Pi in enumerate(P)]
+    return pipeline_time(costs, sends, m), max(costs)
 
 
 def best_partition(C: list[np.ndarray], P: list[np.ndarray], m: int) -> PartitionResult | None:

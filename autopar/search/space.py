@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autopar.estimate.layer_cost import LayerCosts, StageContext, layer_costs
+from autopar.estimate import LayerCosts, StageContext, layer_costs
 from autopar.modelspec.spec import CKPT_MODES, LayerSpec
 from autopar.plan.schema import Strategy
 

@@ -62,13 +62,18 @@ def test_crossing_nodes_is_slower_than_staying_inside():
     assert across > inside
 
 
-def test_genmodel_reduces_to_ring_without_extra_terms_and_grows_with_incast():
-    S, n, a, b = 1e9, 8, 1e-5, 1 / (100 * GB)
-    assert comm.genmodel_allreduce_time(S, n, a, b) == pytest.approx(comm.ring_allreduce_time(S, n, 100 * GB, a))
-    base = comm.genmodel_allreduce_time(S, n, a, b, gamma=1e-11)
-    assert base == pytest.approx(2 * 7 * a + 2 * 7 / 8 * S * b + 7 / 8 * S * 1e-11)
-    assert comm.genmodel_allreduce_time(S, n, a, b, delta=0.5, fan_in=7) == pytest.approx(
-        comm.genmodel_allreduce_time(S, n, a, b) + 0.5 * 6 * S / 8 * b)
+def test_hierarchical_allgather_and_reduce_scatter_hand_value():
+    # 2 nodes x 4: inter all-gather of S/4 between 2 nodes (1/2 * S/4 / inter + lat), then intra of S (3/4 S / intra + 3 lat)
+    S, intra, inter = 1e9, 300 * GB, 12.5 * GB
+    expected = (1 / 2 * (S / 4) / inter + 5e-6) + (3 / 4 * S / intra + 3 * 3e-6)
+    assert comm.hierarchical_allgather_time(S, 4, 2, intra, 3e-6, inter, 5e-6) == pytest.approx(expected)
+    assert comm.hierarchical_reduce_scatter_time(S, 4, 2, intra, 3e-6, inter, 5e-6) == pytest.approx(expected)
+
+
+def test_incast_hand_value():
+    # 3 senders (2 extra) of 1 GB / 4 each into one 10 GB/s link
+    assert comm.incast_time(1e9, 4, 3, 10 * GB) == pytest.approx(2 * 0.25e9 / 10e9)
+    assert comm.incast_time(1e9, 4, 1, 10 * GB) == 0.0
 
 
 def test_vectorised_over_arrays():

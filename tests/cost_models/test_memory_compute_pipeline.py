@@ -1,10 +1,11 @@
 """Memory, compute and pipeline formulas against the published closed forms."""
 
+import numpy as np
 import pytest
 
-from cost_models.compute import achieved_efficiency, compute_time
-from cost_models.memory import activation_bytes, inflight_microbatches, model_state_bytes
-from cost_models.pipeline import bubble_fraction, pipeline_step_time
+from cost_models.compute import compute_time, memory_bound_time
+from cost_models.memory import inflight_microbatches, model_state_bytes
+from cost_models.pipeline import boundary_p2p_time, pipeline_time
 
 
 @pytest.mark.parametrize("zero,d,per_param", [
@@ -25,26 +26,32 @@ def test_inflight_microbatches_1f1b_and_gpipe():
     assert [inflight_microbatches("gpipe", 4, i, 16) for i in range(4)] == [16] * 4
 
 
-def test_activation_bytes_scale_linearly():
-    assert activation_bytes(1e6, 4, 3) == pytest.approx(12e6)
-
-
 def test_compute_time_is_flops_at_eff_max_plus_overhead():
     assert compute_time(2e10, 1e14, 0.6, 1e-4) == pytest.approx(2e10 / (1e14 * 0.6) + 1e-4)
     assert compute_time(0.0, 1e14, 0.6, 1e-4) == 0.0
-    # efficiency saturates at eff_max for large work and collapses for small work
-    assert achieved_efficiency(1e18, 1e14, 0.6, 1e-4) == pytest.approx(0.6, rel=1e-4)
+    # the overhead makes small work inefficient: at F = overhead * peak * eff_max half the time is overhead
     x_half = 1e-4 * 1e14 * 0.6
-    assert achieved_efficiency(x_half, 1e14, 0.6, 1e-4) == pytest.approx(0.3)
+    assert x_half / (compute_time(x_half, 1e14, 0.6, 1e-4) * 1e14) == pytest.approx(0.3)
 
 
-def test_pipeline_equal_stages_matches_bubble_formula():
+def test_memory_bound_time_hand_value():
+    assert memory_bound_time(36e9, 2e12) == pytest.approx(0.018)
+
+
+def test_pipeline_equal_stages_pay_the_bubble():
     c, m, p = 1.0, 8, 4
-    T = pipeline_step_time([c] * p, m)
+    T = pipeline_time([c] * p, [0.0] * p, m)
     assert T == pytest.approx((m + p - 1) * c)
-    assert 1 - m * c / T == pytest.approx(bubble_fraction(p, m))
+    assert 1 - m * c / T == pytest.approx((p - 1) / (m + p - 1))  # the bubble fraction
 
 
 def test_pipeline_uneven_stages_bottleneck_dominates():
-    assert pipeline_step_time([1.0, 3.0, 1.0], 10) == pytest.approx(9 * 3.0 + 5.0)
-    assert pipeline_step_time([1.0, 1.0], 4, p2p_per_microbatch=0.5) == pytest.approx(3 + 2 + 1.0)
+    assert pipeline_time([1.0, 3.0, 1.0], [0.0, 0.0, 0.0], 10) == pytest.approx(9 * 3.0 + 5.0)
+    # each boundary's send both ways, once per step: (m - 1) max + sum c + sum P
+    assert pipeline_time([1.0, 1.0], [1.0, 0.0], 4) == pytest.approx(3 + 2 + 1.0)
+
+
+def test_boundary_p2p_hand_value_and_vectorised():
+    assert boundary_p2p_time(1e6, 4, 10e9, 5e-6) == pytest.approx(5e-6 + 4e6 / 10e9)
+    out = boundary_p2p_time(np.array([0.0, 1e6]), 4, 10e9, 5e-6)
+    assert out[0] == 0.0 and out[1] == pytest.approx(5e-6 + 4e6 / 10e9)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from autopar.cluster.parse import load_cluster
-from autopar.estimate.layer_cost import StageContext, layer_costs
+from autopar.estimate import StageContext, layer_costs
 from autopar.modelspec.spec import LayerSpec
 from autopar.plan.schema import Strategy
 from cost_models import CostParams

@@ -7,9 +7,15 @@ import itertools
 import numpy as np
 import pytest
 
-from autopar.estimate import estimate_plan
-from autopar.estimate.layer_cost import StageContext, layer_costs, layout_switch_time, transient_bytes
-from autopar.estimate.plan_cost import device_budget_bytes, stage_link
+from autopar.estimate import (
+    StageContext,
+    device_budget_bytes,
+    estimate_plan,
+    layer_costs,
+    layout_switch_time,
+    stage_link,
+    transient_bytes,
+)
 from autopar.modelspec.spec import CKPT_MODES
 from autopar.plan.schema import Strategy
 from autopar.search import SearchOptions, search

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autopar.estimate.layer_cost import LayerCosts, StageContext, layer_costs, layout_switch_time
+from autopar.estimate import LayerCosts, StageContext, layer_costs, layout_switch_time
 from autopar.modelspec.spec import LayerSpec
 from autopar.plan.schema import Strategy
 from autopar.search.space import LayerCandidates, enumerate_strategies, tp_degrees

@@ -23,7 +23,7 @@ from dataclasses import replace
 import autopar
 from autopar.cluster.cluster import Cluster
 from autopar.errors import AutoparError
-from autopar.estimate.plan_cost import estimate_plan
+from autopar.estimate import CostCache, estimate_plan
 from autopar.modelspec.spec import ModelSpec
 from autopar.plan.validate import validate_plan
 from autopar.search.hetero.baselines import AS_SLOWEST, SUBSET, as_slowest_gpu, best_homogeneous_subset
@@ -83,7 +83,8 @@ def plan_search(model: ModelSpec, cluster: Cluster, B: int, opts: SearchOptions,
     """The planner proper (no baselines): best candidate plus search statistics."""
     max_stages = model.num_layers
     screen = LayerSplitter(model, cluster, opts, buckets=SCREEN_BUCKETS)
-    realise = Realiser(model, cluster, B, opts, screen, tries=SCREEN_TRIES)
+    costs = CostCache()  # one memo of layer costs for every realiser of this search
+    realise = Realiser(model, cluster, B, opts, screen, tries=SCREEN_TRIES, cache=costs)
     timed_out = False
     starts: list[Candidate] = []
     for shape in initial_shapes(cluster, min(MAX_PIPELINES, cluster.num_devices, B), max_stages):
@@ -104,7 +105,7 @@ def plan_search(model: ModelSpec, cluster: Cluster, B: int, opts: SearchOptions,
         if c.time < best.time:
             best = c
     if not timed_out:  # second pass: more micro-batch sizes per pipeline, shares re-split
-        wide = Realiser(model, cluster, B, opts, screen, tries=WIDE_TRIES, resplit=True)
+        wide = Realiser(model, cluster, B, opts, screen, tries=WIDE_TRIES, resplit=True, cache=costs)
         first = wide(best.shape)
         if first is not None:
             c, timed_out = improve(wide, first, cluster, max_stages, deadline)
@@ -113,7 +114,7 @@ def plan_search(model: ModelSpec, cluster: Cluster, B: int, opts: SearchOptions,
         realise.evaluated += wide.evaluated
     exact = LayerSplitter(model, cluster, opts, buckets=None)
     if not timed_out:
-        exact_realise = Realiser(model, cluster, B, opts, exact, tries=2, resplit=True)
+        exact_realise = Realiser(model, cluster, B, opts, exact, tries=2, resplit=True, cache=costs)
         for polished in (polish(best, exact_realise), exact_realise(best.shape)):
             if polished is not None and polished.time < best.time:
                 best = polished

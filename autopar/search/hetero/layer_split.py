@@ -21,8 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from autopar.cluster.cluster import Cluster
-from autopar.estimate.layer_cost import StageContext, transient_bytes
-from autopar.estimate.plan_cost import device_budget_bytes, stage_link
+from autopar.estimate import StageContext, device_budget_bytes, stage_link, transient_bytes
 from autopar.modelspec.spec import ModelSpec
 from autopar.plan.schema import Stage, StageLayer
 from autopar.search.frontier import Frontier, RangeTrie, pareto_by_group
@@ -30,8 +29,8 @@ from autopar.search.hetero.candidates import candidates_at, score_kind
 from autopar.search.homogeneous import layer_signatures
 from autopar.search.options import SearchOptions
 from autopar.search.partition import best_partition, minmax_partition
-from cost_models import communication as comm
 from cost_models.memory import inflight_microbatches
+from cost_models.pipeline import boundary_p2p_time
 
 Devices = tuple[int, ...]
 
@@ -224,7 +223,7 @@ class LayerSplitter:
             Pi = np.zeros(self.L + 1)
             if i + 1 < len(stages):
                 bw, lat = stage_link(self.cluster, list(stages[i]), list(stages[i + 1]))
-                Pi = 2.0 * comm.p2p_time(self.bb * mbs, bw, lat)
+                Pi = 2.0 * boundary_p2p_time(self.bb, mbs, bw, lat)
                 Pi[0] = 0.0
             out.append(Pi)
         return out

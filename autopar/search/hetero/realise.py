@@ -12,8 +12,14 @@ from dataclasses import dataclass
 
 from autopar.cluster.cluster import Cluster
 from autopar.errors import AutoparError
-from autopar.estimate.layer_cost import StageContext
-from autopar.estimate.plan_cost import PlanEstimate, boundary_p2p_time, estimate_plan, stage_cost
+from autopar.estimate import (
+    CostCache,
+    PlanEstimate,
+    StageContext,
+    boundary_p2p_time,
+    estimate_plan,
+    stage_cost,
+)
 from autopar.modelspec.spec import ModelSpec
 from autopar.plan.schema import ModelRef, Pipeline, Plan
 from autopar.search.hetero.batch_shares import PipelineRate, allocate, proportional
@@ -60,8 +66,9 @@ class Realiser:
     """Shapes to scored plans, memoised (local search revisits shapes)."""
 
     def __init__(self, model: ModelSpec, cluster: Cluster, global_batch_size: int, opts: SearchOptions,
-                 splitter: LayerSplitter, tries: int = 1, resplit: bool = False):
+                 splitter: LayerSplitter, tries: int = 1, resplit: bool = False, cache: CostCache | None = None):
         self.model, self.cluster, self.B, self.opts, self.splitter = model, cluster, global_batch_size, opts, splitter
+        self.costs = cache if cache is not None else CostCache()  # the cost model's memo (shared by the caller)
         self.tries = tries  # micro-batch sizes solved per pipeline (best guesses first)
         self.resplit = resplit  # split pipelines again after the shares moved (else keep their strategies)
         self.cache: dict[Shape, Candidate | None] = {}
@@ -149,7 +156,7 @@ class Realiser:
             ctx = StageContext(self.cluster, tuple(devs), sp.micro_batch_size, sp.num_microbatches, self.opts.params)
             k = inflight_microbatches(self.opts.schedule, p, i, sp.num_microbatches)
             specs = [self.model.layers[index[ly.name]] for ly in layers]
-            _, f, b, s, _ = stage_cost(specs, [ly.strategy for ly in layers], ctx, k)
+            _, f, b, s, _ = stage_cost(specs, [ly.strategy for ly in layers], ctx, k, self.costs)
             fb.append(f + b)
             st.append(s)
             if i + 1 < p:
@@ -166,7 +173,7 @@ class Realiser:
                     schedule=self.opts.schedule, memory_budget_gib=self.opts.memory_budget_gib)
         if sum(p.batch_share for p in plan.pipelines) != self.B:
             return None
-        est = estimate_plan(plan, self.model, self.opts.params)
+        est = estimate_plan(plan, self.model, self.opts.params, self.costs)
         if not est.fits:
             return None
         return Candidate(shape, plan, est)

@@ -11,7 +11,7 @@ import itertools
 
 import numpy as np
 
-from autopar.estimate import estimate_plan
+from autopar.estimate import CostCache, estimate_plan
 from autopar.plan.schema import ModelRef, Pipeline, Plan, Stage, StageLayer
 from autopar.search.hetero.layer_split import LayerSplitter, role
 from cost_models.memory import inflight_microbatches
@@ -83,6 +83,7 @@ def exhaustive_best(model, cluster, B, opts):
     best_t, best_plan = np.inf, None
     devices = list(range(cluster.num_devices))
     memo = {}
+    costs = CostCache()  # the cost model's memo, shared by every estimate below
     for groups in set_partitions(devices):
         P = len(groups)
         if P > B:
@@ -100,7 +101,7 @@ def exhaustive_best(model, cluster, B, opts):
                 choices.append(opts_j)
             for combo in itertools.product(*choices):
                 plan = Plan(ref, cluster, B, list(combo), memory_budget_gib=opts.memory_budget_gib)
-                est = estimate_plan(plan, model, opts.params)
+                est = estimate_plan(plan, model, opts.params, costs)
                 if est.fits and est.step_time_s < best_t:
                     best_t, best_plan = est.step_time_s, plan
     return best_t, best_plan

@@ -1,0 +1,122 @@
+"""A stage on a cluster as the cost model reads it: devices -> slowest links of its groups, peak, HBM.
+
+``StageContext`` satisfies ``cost_models.layer.Stage``: the adapter between autopar's Cluster and
+the cost model's plain numbers. Also here: the link between two stages and a device's memory budget.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from autopar.cluster.cluster import GIB, Cluster
+from cost_models import CostParams
+from cost_models.collectives import Collectives, GroupLinks
+
+
+@dataclass
+class StageContext:
+    """What a layer's cost depends on besides its own strategy: the stage it runs in."""
+
+    cluster: Cluster
+    devices: tuple[int, ...]
+    micro_batch_size: int
+    num_microbatches: int
+    params: CostParams = field(default_factory=CostParams)
+
+    @property
+    def n(self) -> int:
+        return len(self.devices)
+
+    @cached_property
+    def shape_key(self) -> tuple:
+        """Equal for stages whose costs are equal.
+
+        A layer's cost depends on the devices only through which node each belongs to, those nodes'
+        GPU and fabric, and the links between those nodes. So the key is the pattern of node
+        membership (nodes relabelled in order of appearance), plus, on a cluster whose nodes or
+        links differ, each involved node's properties and the links between them.
+        """
+        c = self.cluster
+        relabel: dict[int, int] = {}
+        pattern = tuple(relabel.setdefault(c.node_of(d), len(relabel)) for d in self.devices)
+        key: tuple = (id(c), pattern, self.micro_batch_size, self.num_microbatches, self.params)
+        if not c.is_homogeneous:
+            nodes = list(relabel)
+            props = tuple((c.nodes[n].gpu, c.nodes[n].intra_bw, c.nodes[n].intra_lat_us) for n in nodes)
+            links = tuple(c.node_link(a, b) for a in nodes for b in nodes if a != b)
+            key += (props, links)
+        return key
+
+    @cached_property
+    def peak_flops(self) -> float:
+        """The stage runs in lock step, so its slowest device sets the pace."""
+        return min(self.cluster.gpu_of(d).flops for d in self.devices)
+
+    @cached_property
+    def hbm_bw(self) -> float:
+        return min(self.cluster.gpu_of(d).hbm_gbps for d in self.devices) * 1e9
+
+    @cached_property
+    def collectives(self) -> Collectives:
+        """How this stage's groups run collectives (measured fit or formula; gamma at its slowest HBM)."""
+        return Collectives(self.params, self.hbm_bw)
+
+    @cached_property
+    def ranks_per_node(self) -> int:
+        """Most stage devices sharing one node's network interface."""
+        return self.cluster.group_layout(list(self.devices))[0]
+
+    def _links(self, groups: list[list[int]]) -> GroupLinks:
+        worst = None
+        for g in groups:
+            n_local, n_nodes = self.cluster.group_layout(g)
+            ibw, ilat, xbw, xlat = self.cluster.group_links(g)
+            cand = GroupLinks(len(g), n_local, n_nodes, ibw, ilat, xbw / self.ranks_per_node, xlat)
+            if worst is None or (cand.n_nodes, -cand.inter_bw, -cand.intra_bw) > (
+                    worst.n_nodes, -worst.inter_bw, -worst.intra_bw):
+                worst = cand
+        return worst
+
+    def tp_links(self, tp: int) -> GroupLinks:
+        """The worst TP group of degree ``tp`` (consecutive devices)."""
+        return self._links_cached("tp", tp)
+
+    def dp_links(self, tp: int) -> GroupLinks:
+        """The worst data-parallel group beside TP groups of degree ``tp`` (strided devices)."""
+        return self._links_cached("dp", tp)
+
+    def _links_cached(self, kind: str, tp: int) -> GroupLinks:
+        cache = self.__dict__.setdefault("_link_cache", {})
+        key = (kind, tp)
+        if key not in cache:
+            devs = list(self.devices)
+            if kind == "tp":
+                groups = [devs[i:i + tp] for i in range(0, len(devs), tp)]
+            else:
+                groups = [devs[j::tp] for j in range(tp)]
+            cache[key] = self._links(groups)
+        return cache[key]
+
+    @cached_property
+    def stage_links(self) -> GroupLinks:
+        """The whole stage as one group (activation redistribution between layouts)."""
+        return self._links([list(self.devices)])
+
+
+def stage_link(cluster: Cluster, src_devices: list[int], dst_devices: list[int]) -> tuple[float, float]:
+    """(bandwidth bytes/s, latency s) of the slowest link between two stages."""
+    src_nodes = {cluster.node_of(d) for d in src_devices}
+    dst_nodes = {cluster.node_of(d) for d in dst_devices}
+    links = [cluster.node_link(a, b) for a in src_nodes for b in dst_nodes if a != b]
+    for nd in src_nodes & dst_nodes:
+        links.append((cluster.nodes[nd].intra_bw, cluster.nodes[nd].intra_lat_us * 1e-6))
+    return min(links, key=lambda x: (x[0], -x[1]))
+
+
+def device_budget_bytes(cluster: Cluster, device: int, memory_budget_gib: float | None) -> float:
+    """What a device may hold: its memory, or the user's cap when that is smaller."""
+    cap = cluster.gpu_of(device).memory_bytes
+    if memory_budget_gib is not None:
+        cap = min(cap, memory_budget_gib * GIB)
+    return cap

@@ -1,0 +1,86 @@
+"""One pipeline of a Plan priced by the cost model: per-stage figures and the pipeline's step time."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autopar.cluster.cluster import GIB, Cluster
+from autopar.errors import AutoparError
+from autopar.estimate.cache import CostCache
+from autopar.estimate.context import StageContext, stage_link
+from autopar.modelspec.spec import LayerSpec, ModelSpec
+from autopar.plan.schema import Pipeline, Strategy
+from cost_models import CostParams
+from cost_models import pipeline as pipe_model
+from cost_models import stage as stage_model
+from cost_models.memory import inflight_microbatches
+
+
+@dataclass
+class StageEstimate:
+    devices: list[int]
+    layers: list[str]
+    cost_per_microbatch_s: float  # fwd + bwd + step/m of every layer, plus layout switches
+    fwd_s: float
+    bwd_s: float
+    step_s: float
+    inflight: int
+    memory_bytes: float  # peak per rank (states + in-flight activations + transient + reserve)
+    p2p_s: float = 0.0  # send to the next stage, one micro-batch, one direction
+
+    @property
+    def memory_gib(self) -> float:
+        return self.memory_bytes / GIB
+
+
+def stage_cost(layers: list[LayerSpec], strategies: list[Strategy], ctx: StageContext, inflight: int,
+               cache: CostCache | None = None) -> stage_model.StageCost:
+    """(cost per micro-batch, fwd, bwd, step, peak bytes per rank) of one stage (``cost_models.stage``).
+
+    ``cache``: the caller's memo of per-layer costs (none: each layer is priced afresh).
+    """
+    if cache is None:
+        return stage_model.stage_cost(layers, strategies, ctx, inflight)
+    return stage_model.stage_cost(layers, strategies, ctx, inflight, cache.layer_cost)
+
+
+def boundary_p2p_time(cluster: Cluster, src_devices: list[int], dst_devices: list[int],
+                      boundary_bytes: float, micro_batch_size: int) -> float:
+    """One micro-batch's activations from one stage to the next, over the slowest link between them."""
+    bw, lat = stage_link(cluster, src_devices, dst_devices)
+    return float(pipe_model.boundary_p2p_time(boundary_bytes, micro_batch_size, bw, lat))
+
+
+def pipeline_time(stages: list[StageEstimate], num_microbatches: int) -> float:
+    """``cost_models.pipeline.pipeline_time`` of the stages: (m - 1) max_i c_i + sum_i (c_i + 2 p2p_i)."""
+    return pipe_model.pipeline_time([st.cost_per_microbatch_s for st in stages],
+                                    [2.0 * st.p2p_s for st in stages], num_microbatches)
+
+
+def spec_layers(model: ModelSpec, index: dict[str, int], names: list[str]) -> list[LayerSpec]:
+    """The model's units of these names (``index``: ``model.index()``); one line naming a unit it lacks."""
+    try:
+        return [model.layers[index[n]] for n in names]
+    except KeyError as e:
+        raise AutoparError("plan.pipelines.stages.layers", f"unit {e.args[0]!r} is not in model {model.name}",
+                           "search the plan again for this model") from None
+
+
+def estimate_pipeline(pipe: Pipeline, model: ModelSpec, cluster: Cluster, schedule: str, params: CostParams,
+                      cache: CostCache | None = None) -> tuple[list[StageEstimate], float]:
+    """Per-stage estimates of one pipeline and its step time (before any cross-pipeline sync)."""
+    cache = cache if cache is not None else CostCache()
+    index = model.index()
+    p = len(pipe.stages)
+    out: list[StageEstimate] = []
+    for i, st in enumerate(pipe.stages):
+        layers = spec_layers(model, index, [ly.name for ly in st.layers])
+        ctx = StageContext(cluster, tuple(st.devices), pipe.micro_batch_size, pipe.num_microbatches, params)
+        k = inflight_microbatches(schedule, p, i, pipe.num_microbatches)
+        cost, fwd, bwd, step, peak = stage_cost(layers, [ly.strategy for ly in st.layers], ctx, k, cache)
+        p2p = 0.0
+        if i + 1 < p:
+            p2p = boundary_p2p_time(cluster, st.devices, pipe.stages[i + 1].devices, layers[-1].boundary_bytes,
+                                    pipe.micro_batch_size)
+        out.append(StageEstimate(list(st.devices), [ly.name for ly in st.layers], cost, fwd, bwd, step, k, peak, p2p))
+    return out, pipeline_time(out, pipe.num_microbatches)

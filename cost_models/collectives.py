@@ -1,0 +1,85 @@
+"""The links of a group of ranks, and ``Collectives``: the one place that prices a collective over one.
+
+A profile (``CostParams.comm_fit``) measures ``alpha + beta * bytes`` per collective and group size
+inside one node. Where such a fit covers a group it replaces the formula, and since the measured
+time already includes summing the buffers, GenModel's gamma term is then not added on top. Every
+other group is priced by the hierarchical alpha-beta formulas of ``cost_models.communication`` plus
+the gamma term for the collectives that reduce.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from cost_models import communication as comm
+from cost_models.params import CostParams
+
+# Formula per collective, all with the signature of ``hierarchical_allgather_time``.
+_FORMULA = {
+    "allreduce": comm.hierarchical_allreduce_time,
+    "allgather": comm.hierarchical_allgather_time,
+    "reduce_scatter": comm.hierarchical_reduce_scatter_time,
+}
+
+
+@dataclass(frozen=True)
+class GroupLinks:
+    """Slowest links of a group of ranks (or of the worst of several equal groups), in SI units."""
+
+    size: int
+    n_local: int  # most ranks of the group on one node
+    n_nodes: int
+    intra_bw: float
+    intra_lat: float
+    inter_bw: float  # per-rank share of the network bandwidth
+    inter_lat: float
+
+    @property
+    def slowest(self) -> tuple[float, float]:
+        """(bandwidth, latency) of the slowest link any two ranks of the group use."""
+        if self.n_nodes == 1:
+            return self.intra_bw, self.intra_lat
+        return min(self.intra_bw, self.inter_bw), max(self.intra_lat, self.inter_lat)
+
+
+@dataclass(frozen=True)
+class Collectives:
+    """Collective times over groups of one stage: measured fit or formula, with or without gamma.
+
+    ``hbm_bw``: bytes/s of the slowest participant's memory, which bounds the reduction (gamma) term.
+    """
+
+    params: CostParams
+    hbm_bw: float
+
+    def fit(self, collective: str, g: GroupLinks) -> tuple[float, float] | None:
+        """The profile's (alpha s, beta s/byte) for this group: one node and a size it measured; else None."""
+        if g.n_nodes == 1 and g.size > 1:
+            return self.params.measured_comm(collective, g.size)
+        return None
+
+    def time(self, collective: str, nbytes: ArrayLike, g: GroupLinks) -> np.ndarray:
+        """Wire time of ``collective`` ("allreduce", "allgather", "reduce_scatter") of ``nbytes`` over ``g``.
+
+        ``nbytes`` counts as ``cost_models.communication`` does (all-reduce / reduce-scatter: the
+        buffer each rank holds; all-gather: the gathered output). A measured fit where it covers the
+        group, else the hierarchical formula; zero bytes cost nothing either way.
+        """
+        fit = self.fit(collective, g)
+        if fit is not None:
+            b = np.asarray(nbytes, dtype=float)
+            return np.where(b > 0, fit[0] + fit[1] * b, 0.0)
+        return _FORMULA[collective](nbytes, g.n_local, g.n_nodes, g.intra_bw, g.intra_lat, g.inter_bw, g.inter_lat)
+
+    def reduction(self, collective: str, nbytes: ArrayLike, g: GroupLinks) -> ArrayLike:
+        """GenModel's gamma term of a reducing collective, or 0 where a measured fit already includes it."""
+        if self.fit(collective, g) is not None:
+            return 0.0
+        return comm.reduction_time(nbytes, g.size, self.hbm_bw)
+
+    def reduced(self, collective: str, nbytes: ArrayLike, g: GroupLinks) -> np.ndarray:
+        """A reducing collective whole: its wire time plus its reduction (``time`` + ``reduction``)."""
+        return self.time(collective, nbytes, g) + self.reduction(collective, nbytes, g)

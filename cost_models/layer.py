@@ -1,0 +1,282 @@
+"""Per-layer time and memory for a table of strategies inside one stage: the cost model's core.
+
+Both the search (which scores every candidate strategy of a layer at once) and the plan estimate
+(which scores the chosen one) call ``layer_costs``, so the number the search optimises is the
+number printed for the plan.
+
+Per micro-batch a layer costs ``fwd + bwd`` (compute, TP collectives, ZeRO-3 gathers and per-micro-
+batch gradient reduce-scatters, hidden behind compute as far as prefetch allows); once per step it
+pays ``step`` (gradient sync not hidden by its own backward, plus the optimizer update). The
+pipeline sees ``cost = fwd + bwd + step / m``: every micro-batch carries 1/m of the step-level tail,
+which is exact for one stage and keeps the stage cost additive over layers (so dynamic programming
+over layers is exact under this model).
+
+The terms are separate functions (``compute_times``, ``tp_comm_times``, ``dp_comm_times``,
+``zero_exposed``) so that the profiler can take off a measured layer time exactly what this adds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol
+
+import numpy as np
+
+from cost_models import communication as comm
+from cost_models.collectives import Collectives, GroupLinks
+from cost_models.compute import compute_time, memory_bound_time
+from cost_models.memory import model_state_bytes
+from cost_models.params import CostParams
+
+CKPT_CODE = {"none": 0, "selective": 1, "full": 2}
+
+
+class Layer(Protocol):
+    """A layer unit as the cost model reads it (autopar's ``LayerSpec`` is one): per-sample figures."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def params(self) -> int: ...
+    @property
+    def tp_params(self) -> int: ...  # the part of params TP shards
+    @property
+    def flops(self) -> float: ...  # forward FLOPs per sample
+    @property
+    def attn_core_flops(self) -> float: ...  # what selective checkpointing recomputes
+    @property
+    def boundary_bytes(self) -> float: ...  # the unit's output per sample
+    @property
+    def tp_comm_bytes(self) -> float: ...  # all-reduced over the TP group per sample per forward
+    @property
+    def tp_collectives(self) -> int: ...  # TP collectives per forward
+
+    def saved_bytes(self, ckpt: str, tp: int = 1, sp: bool = False) -> float:
+        """Activation bytes per sample kept for backward under (ckpt, tp, sp)."""
+
+
+class Strategy(Protocol):
+    """One layer's parallel strategy (autopar's ``plan.schema.Strategy`` is one)."""
+
+    @property
+    def tp(self) -> int: ...
+    @property
+    def zero(self) -> int: ...
+    @property
+    def ckpt(self) -> str: ...  # none | selective | full
+    @property
+    def sp(self) -> bool: ...
+
+
+class Stage(Protocol):
+    """What a layer's cost depends on besides its own strategy (autopar's ``StageContext`` is one)."""
+
+    @property
+    def n(self) -> int: ...  # devices
+    @property
+    def micro_batch_size(self) -> int: ...
+    @property
+    def num_microbatches(self) -> int: ...
+    @property
+    def params(self) -> CostParams: ...
+    @property
+    def peak_flops(self) -> float: ...  # of the slowest device (the stage runs in lock step)
+    @property
+    def hbm_bw(self) -> float: ...
+    @property
+    def collectives(self) -> Collectives: ...
+    @property
+    def stage_links(self) -> GroupLinks: ...  # the whole stage as one group
+
+    def tp_links(self, tp: int) -> GroupLinks:
+        """The worst TP group of degree ``tp`` (consecutive devices)."""
+
+    def dp_links(self, tp: int) -> GroupLinks:
+        """The worst data-parallel group beside TP groups of degree ``tp`` (strided devices)."""
+
+
+@dataclass
+class LayerCosts:
+    """Arrays over the strategies, all per rank. Times in seconds, memory in bytes."""
+
+    fwd: np.ndarray
+    bwd: np.ndarray
+    step: np.ndarray
+    cost: np.ndarray  # fwd + bwd + step / m: what one micro-batch costs the pipeline
+    mem_states: np.ndarray
+    mem_act: np.ndarray  # per in-flight micro-batch
+
+    def mem(self, inflight: int) -> np.ndarray:
+        """Bytes per rank with ``inflight`` micro-batches' activations held."""
+        return self.mem_states + inflight * self.mem_act
+
+
+class LayerCost(NamedTuple):
+    """``LayerCosts`` of a single strategy, as floats."""
+
+    cost: float
+    fwd: float
+    bwd: float
+    step: float
+    mem_states: float
+    mem_act: float
+
+
+def strategy_arrays(strategies: list[Strategy]) -> tuple[np.ndarray, ...]:
+    """(tp as float, zero, ckpt code, sp) arrays over ``strategies``."""
+    tp = np.array([s.tp for s in strategies], dtype=float)
+    zero = np.array([s.zero for s in strategies])
+    ckpt = np.array([CKPT_CODE[s.ckpt] for s in strategies])
+    sp = np.array([s.sp for s in strategies], dtype=bool)
+    return tp, zero, ckpt, sp
+
+
+def compute_times(layer: Layer, tp: np.ndarray, zero: np.ndarray, ckpt: np.ndarray, dp: np.ndarray,
+                  b_local: np.ndarray, peak_flops: float, p: CostParams) -> tuple[np.ndarray, np.ndarray]:
+    """(forward, backward) compute seconds of one micro-batch of ``b_local`` samples per rank.
+
+    Forward FLOPs split over TP; backward is twice forward plus the recomputation its checkpoint
+    mode asks for; measured curves per (kind, tp degree, ZeRO-3 or not) where the profile has them.
+    """
+    f_flops = layer.flops * b_local / tp
+    recompute = np.select([ckpt == 0, ckpt == 1, ckpt == 2],
+                          [0.0, layer.attn_core_flops, layer.flops]) * b_local / tp
+    eff_max, overhead = p.eff_max, p.layer_overhead_s
+    if p.eff_by_kind:
+        curves = [p.efficiency(layer.kind, int(t), int(z) if d > 1 else 0) for t, z, d in zip(tp, zero, dp)]
+        eff_max, overhead = np.array([c[0] for c in curves]), np.array([c[1] for c in curves])
+    f_comp = compute_time(f_flops, peak_flops, eff_max, overhead)
+    b_comp = 2.0 * f_comp + compute_time(recompute, peak_flops, eff_max, overhead)
+    return f_comp, b_comp
+
+
+def tp_comm_times(layer: Layer, tp: np.ndarray, sp: np.ndarray, ckpt: np.ndarray, b_local: np.ndarray,
+                  tp_links: Callable[[int], GroupLinks], coll: Collectives) -> tuple[np.ndarray, np.ndarray]:
+    """(forward, backward) seconds of TP collectives of one micro-batch, per strategy.
+
+    Megatron: ``tp_collectives`` all-reduces of the activations per forward (with SP an all-gather
+    and a reduce-scatter of the same bytes, priced alike); backward repeats them, twice under full
+    recomputation (which reruns the forward's).
+    """
+    tp_fwd = np.zeros_like(tp)
+    for t in np.unique(tp):
+        if t <= 1 or layer.tp_collectives == 0:
+            continue
+        g = tp_links(int(t))
+        sel = tp == t
+        per_coll = layer.tp_comm_bytes * b_local[sel] / layer.tp_collectives
+        tp_fwd[sel] = layer.tp_collectives * coll.time("allreduce", per_coll, g)
+        # autopar's runtime keeps unit boundaries at full sequence length, so a sequence-parallel
+        # unit gathers its output sequence once more (and reduce-scatters its gradient in backward).
+        sp_sel = sel & sp
+        if sp_sel.any():
+            tp_fwd[sp_sel] += coll.time("allgather", layer.boundary_bytes * b_local[sp_sel], g)
+    tp_bwd = tp_fwd * np.where(ckpt == 2, 2.0, 1.0)
+    return tp_fwd, tp_bwd
+
+
+def shard_params(layer: Layer, tp: np.ndarray) -> np.ndarray:
+    """Parameters one rank of a TP group holds: its share of the TP-sharded ones plus the replicated rest."""
+    return layer.tp_params / tp + (layer.params - layer.tp_params)
+
+
+def dp_comm_times(layer: Layer, tp: np.ndarray, dp_links: Callable[[int], GroupLinks], coll: Collectives,
+                  p: CostParams) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(gradient all-reduce, parameter all-gather, gradient reduce-scatter) over each strategy's DP group.
+
+    Gradients travel at ``grad_comm_bytes`` per element and are reduced (gamma term unless measured);
+    parameters are gathered at ``param_bytes``.
+    """
+    shard = shard_params(layer, tp)
+    param_b = shard * p.param_bytes
+    grad_b = shard * p.grad_comm_bytes
+    ar = np.zeros_like(tp)
+    ag_param = np.zeros_like(tp)
+    rs_grad = np.zeros_like(tp)
+    for t in np.unique(tp):
+        sel = tp == t
+        g = dp_links(int(t))
+        ar[sel] = coll.reduced("allreduce", grad_b[sel], g)
+        ag_param[sel] = coll.time("allgather", param_b[sel], g)
+        rs_grad[sel] = coll.reduced("reduce_scatter", grad_b[sel], g)
+    return ar, ag_param, rs_grad
+
+
+def zero_exposed(f_comp: np.ndarray, b_comp: np.ndarray, ag_param: np.ndarray, rs_grad: np.ndarray,
+                 zero: np.ndarray, overlap: float) -> tuple[np.ndarray, np.ndarray]:
+    """(forward, backward) seconds of per-micro-batch ZeRO traffic not hidden behind compute.
+
+    ZeRO-3 gathers the parameters in forward and again in backward, and reduce-scatters the
+    gradients in backward; ZeRO-2 reduce-scatters them. Prefetching hides them behind the same
+    pass's compute as far as ``overlap`` (``CostParams.overlap_zero3``) allows.
+    """
+    fwd = np.where(zero == 3, np.maximum(0.0, ag_param - overlap * f_comp), 0.0)
+    bwd = np.select([zero == 3, zero == 2], [np.maximum(0.0, ag_param + rs_grad - overlap * b_comp),
+                                             np.maximum(0.0, rs_grad - overlap * b_comp)], 0.0)
+    return fwd, bwd
+
+
+def layer_costs(layer: Layer, strategies: list[Strategy], stage: Stage) -> LayerCosts:
+    """Time and memory of ``layer`` under each strategy (tp must divide the stage and the micro-batch split).
+
+    Assumes every dp = n / tp divides ``stage.micro_batch_size`` (the search and validator ensure it).
+    """
+    p = stage.params
+    coll = stage.collectives
+    tp, zero, ckpt, sp = strategy_arrays(strategies)
+    dp = stage.n / tp
+    b_local = stage.micro_batch_size / dp  # samples per rank per micro-batch
+
+    f_comp, b_comp = compute_times(layer, tp, zero, ckpt, dp, b_local, stage.peak_flops, p)
+    tp_fwd, tp_bwd = tp_comm_times(layer, tp, sp, ckpt, b_local, stage.tp_links, coll)
+    ar, ag_param, rs_grad = dp_comm_times(layer, tp, stage.dp_links, coll, p)
+    z_fwd, z_bwd = zero_exposed(f_comp, b_comp, ag_param, rs_grad, zero, p.overlap_zero3)
+    fwd = (f_comp + z_fwd) + tp_fwd
+    bwd = (b_comp + z_bwd) + tp_bwd
+
+    # Step-level: gradient sync left after this layer's last backward, then the optimizer update.
+    shard = shard_params(layer, tp)
+    sync = np.select([zero == 0, zero == 1, zero == 2], [ar, rs_grad + ag_param, ag_param], 0.0)
+    exposed = np.maximum(0.0, sync - p.overlap_sync * b_comp)
+    owned = np.where(zero >= 1, shard / dp, shard)
+    step = exposed + memory_bound_time(owned * p.opt_bytes_touched, stage.hbm_bw) + p.step_overhead_per_unit_s
+
+    mem_states = model_state_bytes(shard, zero, dp, p.state_bytes, p.param_bytes, p.state_table)
+    saved = np.array([layer.saved_bytes(s.ckpt, s.tp, s.sp) for s in strategies], dtype=float)
+    mem_act = saved * b_local
+    cost = fwd + bwd + step / stage.num_microbatches
+    return LayerCosts(fwd, bwd, step, cost, mem_states, mem_act)
+
+
+def one_layer_cost(layer: Layer, strategy: Strategy, stage: Stage) -> LayerCost:
+    """``layer_costs`` of one strategy, as floats."""
+    lc = layer_costs(layer, [strategy], stage)
+    return LayerCost(float(lc.cost[0]), float(lc.fwd[0]), float(lc.bwd[0]), float(lc.step[0]),
+                     float(lc.mem_states[0]), float(lc.mem_act[0]))
+
+
+def layout_switch_time(boundary_bytes: float, prev: tuple[int, bool], new: tuple[int, bool], stage: Stage) -> float:
+    """Per micro-batch cost of re-laying out activations between adjacent layers of one stage.
+
+    A change of (tp, sp) regroups the micro-batch: each rank receives its new share of the
+    activation (forward) and sends back the gradient (backward), over the stage's slowest link.
+    """
+    if prev == new:
+        return 0.0
+    dp_new = stage.n / new[0]
+    nbytes = boundary_bytes * stage.micro_batch_size / dp_new
+    bw, lat = stage.stage_links.slowest
+    return 2.0 * float(comm.p2p_time(nbytes, bw, lat))
+
+
+def transient_bytes(layer: Layer, stage: Stage) -> float:
+    """Working set beyond saved activations while the layer runs, whatever its strategy.
+
+    Room for two unsharded copies of its parameters (ZeRO-3 gather + prefetch, or gradient
+    buckets) and for its full activations of one micro-batch share (recompute under checkpointing,
+    and the activation gradients of backward). Strategy-independent, so the stage's memory stays
+    additive plus a max over its layers.
+    """
+    p = stage.params
+    return 2.0 * layer.params * p.param_bytes + layer.saved_bytes("none") * stage.micro_batch_size / stage.n

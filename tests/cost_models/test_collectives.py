@@ -1,0 +1,44 @@
+"""Collectives: the one place deciding measured fit against formula, and the gamma term."""
+
+import pytest
+
+from cost_models import CostParams
+from cost_models import communication as comm
+from cost_models.collectives import Collectives, GroupLinks
+from tests.cost_models.fakes import BW, HBM, LAT, links
+
+FIT = CostParams(comm_fit=(("allreduce", 2, 3e-5, 2e-10), ("reduce_scatter", 2, 1e-5, 1e-10)))
+
+
+def test_formula_for_groups_the_profile_does_not_cover():
+    c = Collectives(FIT, HBM)
+    g4 = links(4)
+    assert c.fit("allreduce", g4) is None
+    assert c.time("allreduce", 1e6, g4) == pytest.approx(comm.allreduce_time(1e6, 4, BW, LAT), rel=1e-12)
+    assert c.time("allgather", 1e6, g4) == pytest.approx(3 / 4 * 1e6 / BW + 3 * LAT, rel=1e-12)
+    assert c.reduction("allreduce", 1e6, g4) == pytest.approx(3 * 3 / 4 * 1e6 / HBM, rel=1e-12)
+    assert c.reduced("allreduce", 1e6, g4) == pytest.approx(
+        comm.allreduce_time(1e6, 4, BW, LAT) + 3 * 3 / 4 * 1e6 / HBM, rel=1e-12)
+
+
+def test_measured_fit_replaces_formula_and_gamma():
+    c = Collectives(FIT, HBM)
+    g2 = links(2)
+    assert c.time("allreduce", 1e6, g2) == pytest.approx(3e-5 + 2e-10 * 1e6, rel=1e-12)
+    assert c.reduction("allreduce", 1e6, g2) == 0.0  # the measured time already summed the buffers
+    assert c.reduced("reduce_scatter", 1e6, g2) == pytest.approx(1e-5 + 1e-10 * 1e6, rel=1e-12)
+    assert c.time("allreduce", 0, g2) == 0.0
+    # no fit for the all-gather of this size: the formula
+    assert c.time("allgather", 1e6, g2) == pytest.approx(1 / 2 * 1e6 / BW + LAT, rel=1e-12)
+
+
+def test_fits_cover_one_node_only():
+    across = GroupLinks(2, 1, 2, BW, LAT, 10e9, 20e-6)
+    c = Collectives(FIT, HBM)
+    assert c.fit("allreduce", across) is None
+    assert c.reduction("allreduce", 1e6, across) == pytest.approx(1.5 * 1e6 / HBM, rel=1e-12)
+
+
+def test_slowest_link_of_a_group():
+    assert links(4).slowest == (BW, LAT)
+    assert GroupLinks(4, 2, 2, BW, LAT, 10e9, 20e-6).slowest == (10e9, 20e-6)

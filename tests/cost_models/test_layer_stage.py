@@ -1,0 +1,90 @@
+"""layer_costs and stage_cost against hand-computed values on a plain stage (no autopar)."""
+
+import pytest
+
+from cost_models import CostParams
+from cost_models import communication as comm
+from cost_models.layer import LayerCost, layer_costs, layout_switch_time, one_layer_cost, transient_bytes
+from cost_models.stage import stage_cost
+from tests.cost_models.fakes import BW, HBM, LAT, OneNodeStage, Strat, Unit
+
+P = CostParams(eff_max=0.5, layer_overhead_s=1e-4, overlap_sync=0.0, overlap_zero3=0.0, reserve_gib=1.0)
+U = Unit()
+EXACT = {"rel": 1e-12}
+
+
+def test_ddp_layer_hand_value():
+    st = OneNodeStage(n=2, micro_batch_size=4, num_microbatches=4, params=P)  # dp 2, 2 samples per rank
+    lc = layer_costs(U, [Strat()], st)
+    f = 2 * 1e9 / (1e14 * 0.5) + 1e-4
+    assert lc.fwd[0] == pytest.approx(f, **EXACT) and lc.bwd[0] == pytest.approx(2 * f, **EXACT)
+    grad = 1e6 * 4
+    ar = comm.allreduce_time(grad, 2, BW, LAT) + 3 * 0.5 * grad / HBM  # wire + gamma
+    step = ar + 1e6 * 36 / HBM  # nothing hidden, then the optimizer over every parameter
+    assert lc.step[0] == pytest.approx(step, **EXACT)
+    assert lc.cost[0] == pytest.approx(3 * f + step / 4, **EXACT)
+    assert lc.mem_states[0] == 16e6 and lc.mem_act[0] == 3e6 * 2
+
+
+def test_tp_sp_full_recompute_hand_value():
+    st = OneNodeStage(n=2, micro_batch_size=4, params=P)  # tp 2: dp 1, 4 samples per rank
+    lc = layer_costs(U, [Strat(tp=2, ckpt="full", sp=True)], st)
+    f = 4 * 1e9 / 2 / (1e14 * 0.5) + 1e-4
+    # 2 all-reduces of 2e5 * 4 / 2 bytes each, plus SP's gather of the 1e5 * 4-byte boundary
+    tp = 2 * comm.allreduce_time(4e5, 2, BW, LAT) + comm.allgather_time(4e5, 2, BW, LAT)
+    assert lc.fwd[0] == pytest.approx(f + tp, **EXACT)
+    assert lc.bwd[0] == pytest.approx(3 * f + 2 * tp, **EXACT)  # full recompute reruns forward and its collectives
+    shard = 800_000 / 2 + 200_000
+    assert lc.step[0] == pytest.approx(shard * 36 / HBM, **EXACT)  # dp 1: no gradient sync
+    assert lc.mem_act[0] == pytest.approx(1e5 / 2 * 4, **EXACT)
+
+
+def test_zero3_overlap_hand_value():
+    p = CostParams(eff_max=0.5, layer_overhead_s=1e-4, overlap_zero3=0.5)
+    st = OneNodeStage(n=4, micro_batch_size=4, params=p)  # dp 4, 1 sample per rank
+    lc = layer_costs(U, [Strat(zero=3)], st)
+    f = 1e9 / (1e14 * 0.5) + 1e-4
+    ag = comm.allgather_time(1e6 * 2, 4, BW, LAT)  # bf16 parameters
+    rs = comm.allgather_time(1e6 * 4, 4, BW, LAT) + 3 * 0.75 * 4e6 / HBM  # fp32 gradients, reduced
+    assert lc.fwd[0] == pytest.approx(f + max(0.0, ag - 0.5 * f), **EXACT)
+    assert lc.bwd[0] == pytest.approx(2 * f + max(0.0, ag + rs - 0.5 * 2 * f), **EXACT)
+    assert lc.step[0] == pytest.approx(1e6 / 4 * 36 / HBM, **EXACT)
+    assert lc.mem_states[0] == pytest.approx(16e6 / 4, **EXACT)
+
+
+def test_vectorised_equals_one_at_a_time():
+    st = OneNodeStage(n=4, micro_batch_size=8, num_microbatches=2, params=P)
+    strats = [Strat(), Strat(tp=2, zero=1, ckpt="selective"), Strat(tp=4, sp=True), Strat(zero=2, ckpt="full")]
+    lc = layer_costs(U, strats, st)
+    for i, s in enumerate(strats):
+        one = one_layer_cost(U, s, st)
+        assert one == LayerCost(lc.cost[i], lc.fwd[i], lc.bwd[i], lc.step[i], lc.mem_states[i], lc.mem_act[i])
+
+
+def test_layout_switch_and_transient_hand_values():
+    st = OneNodeStage(n=4, micro_batch_size=8, params=P)
+    assert layout_switch_time(1e5, (2, False), (2, False), st) == 0.0
+    # to tp 4: dp 1, each rank gets the 1e5 * 8-byte boundary, forward and backward
+    assert layout_switch_time(1e5, (1, False), (4, True), st) == pytest.approx(2 * (LAT + 8e5 / BW), **EXACT)
+    assert transient_bytes(U, st) == pytest.approx(2 * 1e6 * 2 + 3e6 * 8 / 4, **EXACT)
+
+
+def test_stage_sums_layers_switches_and_memory():
+    st = OneNodeStage(n=2, micro_batch_size=4, num_microbatches=4, params=P)
+    a, b = Strat(), Strat(tp=2)
+    calls = []
+
+    def counted(ly, s, stage):
+        calls.append(s)
+        return one_layer_cost(ly, s, stage)
+
+    got = stage_cost([U, U], [a, b], st, 3, counted)
+    ca, cb = one_layer_cost(U, a, st), one_layer_cost(U, b, st)
+    sw = layout_switch_time(U.boundary_bytes, (1, False), (2, False), st)
+    assert calls == [a, b]  # the caller's memo is what prices the layers
+    assert got.cost == pytest.approx(ca.cost + cb.cost + sw, **EXACT)
+    assert got.fwd == pytest.approx(ca.fwd + cb.fwd + sw / 2, **EXACT)
+    assert got.bwd == pytest.approx(ca.bwd + cb.bwd + sw / 2, **EXACT)
+    assert got.step == pytest.approx(ca.step + cb.step, **EXACT)
+    mem = ca.mem_states + 3 * ca.mem_act + cb.mem_states + 3 * cb.mem_act
+    assert got.peak_bytes == pytest.approx(mem + transient_bytes(U, st) + P.reserve_bytes, **EXACT)

@@ -1,0 +1,65 @@
+"""The adapter: a stage on a Cluster as the cost model's numbers, and the caller-owned CostCache."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from autopar.estimate import CostCache, StageContext, estimate_plan, stage_cost, stage_link
+from autopar.plan.schema import ModelRef, Pipeline, Plan, Stage, StageLayer, Strategy
+from cost_models import CostParams
+from cost_models.layer import one_layer_cost
+from tests.search.tiny import SMALL_GPU, gpt_like, small_cluster
+
+GB = 1e9
+
+
+def test_stage_links_from_the_cluster():
+    c = small_cluster(nodes=2, per_node=2, inter_gbps=5.0)  # 100 GB/s inside a node, 5 GB/s between
+    ctx = StageContext(c, (0, 1, 2, 3), 4, 1)
+    tp2 = ctx.tp_links(2)  # (0, 1) and (2, 3): inside nodes
+    assert (tp2.size, tp2.n_local, tp2.n_nodes) == (2, 2, 1)
+    dp = ctx.dp_links(2)  # (0, 2) and (1, 3): across nodes, 2 ranks of the stage share each node's network
+    assert (dp.size, dp.n_local, dp.n_nodes) == (2, 1, 2)
+    assert dp.inter_bw == pytest.approx(5.0 * GB / 2) and dp.inter_lat == pytest.approx(20e-6)
+    assert ctx.stage_links.size == 4 and ctx.stage_links.n_nodes == 2
+    assert ctx.peak_flops == SMALL_GPU.flops and ctx.hbm_bw == pytest.approx(500 * GB)
+    assert ctx.collectives.hbm_bw == ctx.hbm_bw and ctx.collectives.params == ctx.params
+    assert stage_link(c, [0, 1], [2, 3]) == pytest.approx((5.0 * GB, 20e-6))
+
+
+def test_equal_stages_share_a_shape_key():
+    c = small_cluster(nodes=2, per_node=2)
+    assert StageContext(c, (0, 1), 4, 2).shape_key == StageContext(c, (2, 3), 4, 2).shape_key
+    assert StageContext(c, (0, 1), 4, 2).shape_key != StageContext(c, (1, 2), 4, 2).shape_key
+
+
+def test_cache_is_exact_and_keeps_clusters_apart():
+    m = gpt_like()
+    slow = small_cluster()
+    fast = replace(slow, nodes=[replace(nd, gpu=replace(SMALL_GPU, tflops=100.0)) for nd in slow.nodes])
+    cache = CostCache()
+    ly, s = m.layers[1], Strategy(2, 1, "none")
+    a = cache.layer_cost(ly, s, StageContext(slow, (0, 1), 4, 2))
+    b = cache.layer_cost(ly, s, StageContext(fast, (0, 1), 4, 2))
+    assert a == one_layer_cost(ly, s, StageContext(slow, (0, 1), 4, 2)) and b.fwd < a.fwd
+    # a repeated block (another name, same numbers) is the same entry
+    assert cache.layer_cost(m.layers[2], s, StageContext(slow, (2, 3), 4, 2)) is a
+    ctx = StageContext(slow, (0, 1), 4, 2)
+    assert stage_cost(m.layers, [Strategy()] * m.num_layers, ctx, 2, cache) == \
+        stage_cost(m.layers, [Strategy()] * m.num_layers, ctx, 2)
+
+
+def test_estimate_with_a_shared_cache_equals_fresh_ones():
+    m, c = gpt_like(), small_cluster()
+    ref = ModelRef(m.name, m.seq_len, m.num_layers)
+    params = CostParams(reserve_gib=0.0)
+    cache = CostCache()
+    for strat in (Strategy(), Strategy(2, 3, "full", True), Strategy(1, 2, "selective")):
+        layers = [StageLayer(ly.name, strat if ly.tp_ok(strat.tp) else Strategy(1, strat.zero, strat.ckpt))
+                  for ly in m.layers]
+        plan = Plan(ref, c, 8, [Pipeline(8, 4, 2, [Stage([0, 1], layers[:2]), Stage([2, 3], layers[2:])])])
+        shared = estimate_plan(plan, m, params, cache)
+        fresh = estimate_plan(plan, m, params)
+        assert shared.step_time_s == fresh.step_time_s and shared.pipelines == fresh.pipelines
