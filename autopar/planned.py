@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 
+from autopar.estimate.plan_cost import plan_cost_params
 from autopar.modelspec.load import load_model
 from autopar.modelspec.spec import ModelSpec
 from autopar.plan.io import load_plan
@@ -42,11 +43,6 @@ class Planned:
     def __iter__(self):
         """``plan, model, params = load_planned(path)``: the arguments of ``estimate_plan`` in order."""
         return iter((self.plan, self.model, self.params))
-
-
-def plan_cost_params(plan: Plan) -> CostParams:
-    """The cost parameters a plan was searched with (defaults for a plan that records none)."""
-    return CostParams.from_dict(plan.search.get("cost_params") or {})
 
 
 def load_planned(path: str | os.PathLike, profile: str | os.PathLike | Profile | None = None) -> Planned:

@@ -10,6 +10,7 @@ import pytest
 from autopar.cli import main
 from autopar.estimate import estimate_plan
 from autopar.planned import load_planned
+from cost_models import CostParams
 
 
 def _search(tmp_path, capsys, *extra) -> tuple[str, dict]:
@@ -45,3 +46,14 @@ def test_profile_rebases_a_catalogue_plan_as_the_cli_does(tiny_profile, tmp_path
     assert math.isclose(lib["step_time_s"], cli["step_time_s"], rel_tol=1e-12)
     assert not math.isclose(lib["step_time_s"], searched["step_time_s"], rel_tol=1e-3)  # measured numbers differ
     assert plan.search["profile"]["sha256"]
+
+
+def test_estimate_plan_defaults_to_the_plans_own_cost_parameters(tiny_profile, tmp_path, capsys):
+    """A profiled plan's figures come back from the plan alone: no CostParams to rebuild by hand."""
+    path, searched = _search(tmp_path, capsys, "--profile", str(tiny_profile))
+    planned = load_planned(path)
+    assert planned.params.comm_fit  # the profile's measured fits travelled in the plan
+    default = estimate_plan(planned.plan, planned.model)
+    assert math.isclose(default.step_time_s, searched["step_time_s"], rel_tol=1e-12)
+    catalogue = estimate_plan(planned.plan, planned.model, CostParams())
+    assert not math.isclose(catalogue.step_time_s, searched["step_time_s"], rel_tol=1e-3)

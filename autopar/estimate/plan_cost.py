@@ -51,13 +51,20 @@ class PlanEstimate:
         }
 
 
+def plan_cost_params(plan: Plan) -> CostParams:
+    """The cost parameters ``plan`` was searched with (the defaults for a plan that records none)."""
+    return CostParams.from_dict(plan.search.get("cost_params") or {})
+
+
 def estimate_plan(plan: Plan, model: ModelSpec, params: CostParams | None = None,
                   cache: CostCache | None = None) -> PlanEstimate:
     """Predicted figures of ``plan`` for ``model`` on the plan's own cluster.
 
+    ``params``: the cost parameters; by default the plan's own (those it was searched with, recorded in
+    ``plan.search["cost_params"]``), so a loaded plan estimates to its ``predicted`` figures.
     ``cache``: the caller's memo when it runs many estimates (a search, baselines); none makes a fresh one.
     """
-    params = params or CostParams()
+    params = params if params is not None else plan_cost_params(plan)
     cache = cache if cache is not None else CostCache()
     cluster = plan.cluster
     pipes, times = [], []
