@@ -22,7 +22,6 @@ import socket
 import torch
 import torch.distributed as dist
 
-import autopar
 from autopar.cluster.catalogue import lookup
 from autopar.errors import AutoparError
 from autopar.modelspec.spec import ModelSpec
@@ -35,6 +34,7 @@ from autopar.profile.memory import measure_memory, memory_runs, state_table, uni
 from autopar.profile.reference import DEFAULT_MODEL, build_module
 from autopar.profile.runs import fresh_store, rank_device
 from autopar.runtime.local_ranks import run_distributed
+from autopar.version import __version__
 
 SIZES = [2**10, 2**12, 2**14, 2**16, 2**18, 2**20, 2**22, 2**24]
 QUICK_SIZES = [2**10, 2**16, 2**20]
@@ -304,7 +304,7 @@ def run_profile(model: str = DEFAULT_MODEL, nproc: int = 2, quick: bool = False,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "host": socket.gethostname(),
         "torch": torch.__version__,
-        "autopar": autopar.__version__,
+        "autopar": __version__,
         "quick": quick,
         "device": {**ident, "nproc": nproc, "threads_per_rank": torch.get_num_threads() if dev == "cpu" else 0},
         "model": {"name": spec.name, "source": spec.source or model, "seq_len": spec.seq_len,
