@@ -29,10 +29,6 @@ UNIT_FIELDS = ("tp_params", "act_tp_bytes", "act_seq_bytes", "act_attn_bytes", "
 PARAM_FIELDS = {f.name for f in fields(CostParams)} - {"reserve_gib"}
 
 
-def _reprofile(profile: Profile, what: str) -> str:
-    return f"run `autopar profile {what}` to profile it (this profile: {profile.path or 'in memory'})"
-
-
 def check_cluster(cluster: Cluster, profile: Profile) -> None:
     """The cluster must consist of the profiled device type, in nodes no larger than the profiled groups."""
     kind = profile.device_type

@@ -3,7 +3,7 @@
 1F1B (PipeDream-flush): stage s of p runs min(p - s - 1, m) warm-up forwards, then alternates one
 forward and one backward, then drains the remaining backwards; at most p - s micro-batches are in
 flight. GPipe: all forwards, then all backwards. Both are deadlock-free even when every batch of sends
-and receives must complete before the next (``simulate`` checks it), and both give the same gradients.
+and receives must complete before the next (tests/runtime/schedule_check.py proves it), and both give the same gradients.
 """
 
 from __future__ import annotations
@@ -28,61 +28,3 @@ def stage_actions(schedule: str, num_stages: int, stage: int, num_microbatches: 
         acts += [("B", k) for k in range(b, m)]
         return acts
     raise AutoparError("schedule", f"unknown schedule {schedule!r}", "use 1f1b or gpipe")
-
-
-def comm_points(schedule: str, num_stages: int, stage: int, num_microbatches: int) -> list[tuple[set, set]]:
-    """The (sends, receives) batches stage ``stage`` posts: before its first action and after each one.
-
-    Batch i carries the sends of action i - 1 and the receives of action i (see p2p.py). Messages are
-    ("act", boundary, k) forward and ("grad", boundary, k) backward; boundary b joins stages b, b + 1.
-    """
-    acts = stage_actions(schedule, num_stages, stage, num_microbatches)
-    last = num_stages - 1
-
-    def sends(a):
-        kind, k = a
-        if kind == "F":
-            return {("act", stage, k)} if stage < last else set()
-        return {("grad", stage - 1, k)} if stage > 0 else set()
-
-    def recvs(a):
-        kind, k = a
-        if kind == "F":
-            return {("act", stage - 1, k)} if stage > 0 else set()
-        return {("grad", stage, k)} if stage < last else set()
-
-    points = [(set(), recvs(acts[0]))]
-    for i, a in enumerate(acts):
-        points.append((sends(a), recvs(acts[i + 1]) if i + 1 < len(acts) else set()))
-    return points
-
-
-def simulate(schedule: str, num_stages: int, num_microbatches: int) -> int:
-    """Play every stage's batches against each other; return the number of rounds, or raise on deadlock.
-
-    Strict model (NCCL's): a batch completes only when the peer has posted the matching receive of each
-    of its sends and the matching send of each of its receives; a stage posts its next batch only
-    after the previous one completed.
-    """
-    points = [comm_points(schedule, num_stages, s, num_microbatches) for s in range(num_stages)]
-    pos = [0] * num_stages
-    sent: set = set()
-    wanted: set = set()
-    rounds = 0
-    while any(pos[s] < len(points[s]) for s in range(num_stages)):
-        for s in range(num_stages):  # post the current batch of every stage
-            if pos[s] < len(points[s]):
-                snd, rcv = points[s][pos[s]]
-                sent |= snd
-                wanted |= rcv
-        progressed = False
-        for s in range(num_stages):
-            if pos[s] < len(points[s]):
-                snd, rcv = points[s][pos[s]]
-                if snd <= wanted and rcv <= sent:
-                    pos[s] += 1
-                    progressed = True
-        if not progressed:
-            raise RuntimeError(f"{schedule} deadlocks at batches {pos}")
-        rounds += 1
-    return rounds

@@ -9,7 +9,9 @@ import pytest
 from autopar.plan.schema import Strategy
 from autopar.runtime.groups import sync_groups, unit_rank_sets
 from autopar.runtime.layout import Layout, Placement, route
-from autopar.runtime.schedule import simulate, stage_actions
+from autopar.runtime.schedule import stage_actions
+
+from .schedule_check import simulate
 
 LAYOUTS = [Layout((0, 1, 2, 3), 1), Layout((0, 1, 2, 3), 2), Layout((0, 1, 2, 3), 4), Layout((3, 1, 0, 2), 2),
            Layout((4, 5), 2), Layout((4,), 1), Layout((4, 5, 6, 7), 2), Layout((5, 4, 7, 6), 1)]
@@ -93,4 +95,4 @@ def test_simulate_detects_crossed_orders(monkeypatch):
 
     monkeypatch.setattr(sched, "stage_actions", reversed_drain)
     with pytest.raises(RuntimeError, match="deadlocks"):
-        sched.simulate("gpipe", 2, 3)
+        simulate("gpipe", 2, 3)
