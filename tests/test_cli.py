@@ -60,6 +60,22 @@ def test_human_output_has_table_figures_and_baselines(tmp_path, capsys):
     for needle in ("predicted: step", "tokens/s", "MFU", "baselines", "megatron", "zero3", "pruning rules",
                    "dominated", "wrote"):
         assert needle in out
+    assert explained_rules(out), "--explain printed no pruning counts"
+
+
+def explained_rules(out: str) -> dict[str, str]:
+    """``--explain``'s pruning lines as {rule: description}; every line must carry a description."""
+    lines = out.splitlines()
+    start = lines.index("pruning rules (count: rule):") + 1
+    rules = {}
+    for line in lines[start:]:
+        if not line.startswith("  ") or not line.strip()[0].isdigit():
+            break
+        count, rest = line.split(None, 1)
+        rule, _, desc = rest.partition(": ")
+        assert desc.strip(), f"blank description for {rule}"
+        rules[rule] = desc
+    return rules
 
 
 @pytest.mark.parametrize("what", ["models", "gpus", "clusters"])

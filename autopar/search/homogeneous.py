@@ -24,6 +24,7 @@ from autopar.plan.schema import Pipeline, Stage, StageLayer
 from autopar.search.frontier import RangeTrie
 from autopar.search.options import SearchOptions
 from autopar.search.partition import best_partition, minmax_partition
+from autopar.search.rules import Rule
 from autopar.search.space import layer_candidates, tp_degrees
 from cost_models import communication as comm
 from cost_models.memory import inflight_microbatches
@@ -75,11 +76,11 @@ class HomogeneousSearch:
         pps = self.opts.pp_degrees or divisors(N)
         for p in pps:
             if N % p or p > L:
-                self.pruned["pp-more-stages-than-layers" if p > L else "pp-not-dividing-devices"] += 1
+                self.pruned[Rule.PP_MORE_STAGES_THAN_LAYERS if p > L else Rule.PP_NOT_DIVIDING_DEVICES] += 1
                 continue
             n = N // p
             if n % G and G % n:
-                self.pruned["pp-stage-straddles-node"] += 1
+                self.pruned[Rule.PP_STAGE_STRADDLES_NODE] += 1
                 continue
             for m in divisors(self.global_batch_size):
                 if self.opts.num_microbatches and m not in self.opts.num_microbatches:
@@ -147,7 +148,7 @@ class HomogeneousSearch:
                 for b in range(a + 1, L + 1):
                     tmax = max(tmax, transient[b - 1])
                     if Mmin[a, b] > budget:
-                        self.pruned["range-over-memory"] += L + 1 - b
+                        self.pruned[Rule.RANGE_OVER_MEMORY] += L + 1 - b
                         break
                     node = trie.child(node, self.sigs[b - 1])
                     if node not in memo:
@@ -155,7 +156,7 @@ class HomogeneousSearch:
                     C[a, b] = memo[node][0]
                     node_of[(a, b)] = node
                     if m * C[a, b] >= incumbent:
-                        self.pruned["range-over-incumbent"] += L - b
+                        self.pruned[Rule.RANGE_OVER_INCUMBENT] += L - b
                         break
             C_by_k[k], trie_by_k[k], nodes_by_k[k], M_by_k[k] = C, trie, node_of, Mmin
             self.candidates += trie.points_examined
@@ -200,12 +201,12 @@ class HomogeneousSearch:
         bar = _progress(len(scored), self.opts.progress)
         for lb, p, m, ctx, cands, layouts in scored:
             if best is not None and lb >= best.step_time:
-                self.pruned["config-lower-bound"] += 1
+                self.pruned[Rule.CONFIG_LOWER_BOUND] += 1
                 results.append(ConfigResult(p, m, ctx.micro_batch_size, lb, note="bound >= best"))
                 bar.update(1)
                 continue
             if not np.isfinite(lb):
-                self.pruned["config-no-strategy"] += 1
+                self.pruned[Rule.CONFIG_NO_STRATEGY] += 1
                 results.append(ConfigResult(p, m, ctx.micro_batch_size, lb, note="no legal strategy"))
                 bar.update(1)
                 continue

@@ -14,6 +14,7 @@ from autopar.plan.schema import ModelRef, Plan
 from autopar.search.baselines import baselines
 from autopar.search.homogeneous import ConfigResult, HomogeneousSearch, nothing_fits_error
 from autopar.search.options import SearchOptions
+from autopar.search.rules import rule_counts
 
 
 @dataclass
@@ -62,9 +63,9 @@ def search(model: ModelSpec, cluster: Cluster, global_batch_size: int, opts: Sea
         "seconds": round(seconds, 4),
         "candidates": int(hs.candidates),
         "configs": len(results),
-        "pruned": dict(sorted(hs.pruned.items())),
+        "pruned": rule_counts(hs.pruned),
         "timed_out": hs.timed_out,
         "cost_params": opts.params.to_dict(),
     }
     base = baselines(model, cluster, global_batch_size, opts) if with_baselines else {}
-    return SearchResult(plan, est, seconds, hs.candidates, dict(hs.pruned), results, hs.timed_out, base)
+    return SearchResult(plan, est, seconds, hs.candidates, rule_counts(hs.pruned), results, hs.timed_out, base)

@@ -32,6 +32,7 @@ from autopar.search.hetero.layer_split import LayerSplitter
 from autopar.search.hetero.local_search import improve
 from autopar.search.hetero.realise import Candidate, Realiser
 from autopar.search.options import SearchOptions
+from autopar.search.rules import rule_counts
 
 SCREEN_BUCKETS = 32  # memory buckets per frontier while screening shapes (layer_split.ThinTrie)
 MAX_PIPELINES = 8
@@ -74,7 +75,7 @@ def search_heterogeneous(model: ModelSpec, cluster: Cluster, global_batch_size: 
     plan.predicted = est.predicted()
     plan.search = _search_block(opts, info, seconds)
     validate_plan(plan, model, est.memory_gib)
-    return SearchResult(plan, est, seconds, info["candidates"], dict(info["pruned"]), [], info["timed_out"], base,
+    return SearchResult(plan, est, seconds, info["candidates"], rule_counts(info["pruned"]), [], info["timed_out"], base,
                         planner="heterogeneous")
 
 
@@ -156,7 +157,7 @@ def _search_block(opts: SearchOptions, info: dict, seconds: float) -> dict:
         "candidates": int(info["candidates"]),
         "shapes": int(info["shapes"]),
         "stage_tables": int(info["tables"]),
-        "pruned": dict(sorted(info["pruned"].items())),
+        "pruned": rule_counts(info["pruned"]),
         "timed_out": bool(info["timed_out"]),
         "returned": info.get("returned", "planner"),
         "cost_params": opts.params.to_dict(),
