@@ -18,6 +18,11 @@ from autopar.plan.schema import Strategy
 from autopar.search.rules import Rule
 
 
+def divisors(n: int) -> list[int]:
+    """The degrees that divide ``n``, ascending (PP degrees, TP degrees, micro-batch counts)."""
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
 @dataclass
 class LayerCandidates:
     """The strategies kept for one layer signature in one stage context, with their cost arrays."""

@@ -32,6 +32,7 @@ from autopar.search.hetero.layer_split import LayerSplitter
 from autopar.search.hetero.local_search import improve
 from autopar.search.hetero.realise import Candidate, Realiser
 from autopar.search.options import SearchOptions
+from autopar.search.result import HETEROGENEOUS, SearchResult
 from autopar.search.rules import rule_counts
 
 SCREEN_BUCKETS = 32  # memory buckets per frontier while screening shapes (layer_split.ThinTrie)
@@ -41,15 +42,14 @@ LOCAL_STARTS = 3  # best distinct start shapes improved by local search
 WIDE_TRIES = 4  # micro-batch sizes solved per pipeline in the second local search
 
 
-def search_heterogeneous(model: ModelSpec, cluster: Cluster, global_batch_size: int,
-                         opts: SearchOptions | None = None, with_baselines: bool = True):
-    """The fastest asymmetric plan found under the cost model, with its estimate and the baselines.
+def search_heterogeneous(model: ModelSpec, cluster: Cluster, global_batch_size: int, opts: SearchOptions,
+                         with_baselines: bool = True) -> SearchResult:
+    """The fastest asymmetric plan found under the cost model, with its estimate and, when asked, the
+    baselines (the as-slowest plan is returned instead when it scores better).
 
-    Raises AutoparError when no plan fits the devices' memory.
+    The estimate is ``estimate_plan`` of the returned plan and equals the figure the search scored
+    (to 1e-9, else RuntimeError). Raises AutoparError when no plan fits the devices' memory.
     """
-    from autopar.search.run import SearchResult
-
-    opts = opts or SearchOptions()
     start = time.perf_counter()
     deadline = start + opts.time_budget_s if opts.time_budget_s else None
     best, info = plan_search(model, cluster, global_batch_size, opts, deadline)
@@ -75,8 +75,8 @@ def search_heterogeneous(model: ModelSpec, cluster: Cluster, global_batch_size: 
     plan.predicted = est.predicted()
     plan.search = _search_block(opts, info, seconds)
     validate_plan(plan, model, est.memory_gib)
-    return SearchResult(plan, est, seconds, info["candidates"], rule_counts(info["pruned"]), [], info["timed_out"], base,
-                        planner="heterogeneous")
+    return SearchResult(HETEROGENEOUS, plan, est, seconds, info["candidates"], dict(plan.search["pruned"]),
+                        timed_out=info["timed_out"], baselines=base)
 
 
 def plan_search(model: ModelSpec, cluster: Cluster, B: int, opts: SearchOptions, deadline: float | None
@@ -152,7 +152,7 @@ def _search_block(opts: SearchOptions, info: dict, seconds: float) -> dict:
     """The ``search`` block of the plan file."""
     return {
         "autopar_version": autopar.__version__,
-        "planner": "heterogeneous",
+        "planner": HETEROGENEOUS,
         "seconds": round(seconds, 4),
         "candidates": int(info["candidates"]),
         "shapes": int(info["shapes"]),
