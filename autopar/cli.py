@@ -91,7 +91,8 @@ def cmd_search(args) -> int:
             "predicted": {k: res.plan.predicted[k] for k in ("step_time_s", "tokens_per_s", "tps", "tflops",
                                                                "mfu", "max_memory_gib")},
             "search": {"seconds": res.seconds, "candidates": res.candidates, "pruned": res.pruned,
-                       "planner": res.planner, "timed_out": res.timed_out},
+                       "planner": res.planner, "timed_out": res.timed_out,
+                       **{k: res.plan.search[k] for k in ("partitioner",) if k in res.plan.search}},
             "baselines": base,
         }))
         return 0

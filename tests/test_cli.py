@@ -1,6 +1,7 @@
 """The command line as a contract: outputs, --json, estimate == search, and every bad input -> one line, exit 2."""
 
 import json
+import sys
 
 import pytest
 import yaml
@@ -76,6 +77,24 @@ def explained_rules(out: str) -> dict[str, str]:
         assert desc.strip(), f"blank description for {rule}"
         rules[rule] = desc
     return rules
+
+
+@pytest.mark.parametrize("pymetis", [True, False])
+def test_explain_on_a_mixed_cluster_names_planner_and_partitioner(pymetis, tmp_path, capsys, monkeypatch):
+    if pymetis:
+        pytest.importorskip("pymetis")
+    else:
+        monkeypatch.setitem(sys.modules, "pymetis", None)  # import pymetis raises ImportError
+    argv = ["search", "--model", "gpt-tiny", "--cluster", "1x3090+1x4090", "--global-batch-size", "8",
+            "-o", str(tmp_path / "h.yaml"), "--no-baselines"]
+    rc, out, _ = run(argv + ["--explain"], capsys)
+    assert rc == 0 and "planner: heterogeneous" in out
+    said = "metis" if pymetis else "greedy (pymetis not installed)"
+    assert f"partitioner: {said}\n" in out
+    assert explained_rules(out)
+    assert yaml.safe_load((tmp_path / "h.yaml").read_text())["search"]["partitioner"] == said
+    rc, out, _ = run(argv + ["--json"], capsys)
+    assert json.loads(out)["search"]["partitioner"] == said
 
 
 @pytest.mark.parametrize("what", ["models", "gpus", "clusters"])

@@ -1,7 +1,8 @@
 """search_heterogeneous: the planner for mixed GPU types or uneven networks.
 
 1. Start shapes from the hierarchical partition (graph_partition): 1..MAX_PIPELINES pipelines, one
-   or two stages per node piece, stages ordered along fast links.
+   or two stages per node piece, stages ordered along fast links. The plan's ``search.partitioner``
+   says whether METIS or the greedy cut grouped the pipelines (pymetis is optional).
 2. Each shape is realised (realise.py: per-stage tables, exact layer split per pipeline, batch shares
    by speed) with fast screening tables (one micro-batch size per pipeline, the best guess), and the
    LOCAL_STARTS best are improved by local search (local_search.py).
@@ -18,6 +19,7 @@ optimised ones. ``opts.time_budget_s`` stops the search at the next shape (steps
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import replace
 
 import autopar
@@ -27,7 +29,7 @@ from autopar.estimate.plan_cost import estimate_plan
 from autopar.modelspec.spec import ModelSpec
 from autopar.plan.validate import validate_plan
 from autopar.search.hetero.baselines import AS_SLOWEST, SUBSET, as_slowest_gpu, best_homogeneous_subset
-from autopar.search.hetero.graph_partition import initial_shapes
+from autopar.search.hetero.graph_partition import describe_partitioner, initial_shapes
 from autopar.search.hetero.layer_split import LayerSplitter
 from autopar.search.hetero.local_search import improve
 from autopar.search.hetero.realise import Candidate, Realiser
@@ -87,7 +89,8 @@ def plan_search(model: ModelSpec, cluster: Cluster, B: int, opts: SearchOptions,
     realise = Realiser(model, cluster, B, opts, screen, tries=SCREEN_TRIES)
     timed_out = False
     starts: list[Candidate] = []
-    for shape in initial_shapes(cluster, min(MAX_PIPELINES, cluster.num_devices, B), max_stages):
+    cuts: Counter = Counter()
+    for shape in initial_shapes(cluster, min(MAX_PIPELINES, cluster.num_devices, B), max_stages, cuts):
         if deadline is not None and time.perf_counter() > deadline and starts:
             timed_out = True
             break
@@ -120,7 +123,7 @@ def plan_search(model: ModelSpec, cluster: Cluster, B: int, opts: SearchOptions,
                 best = polished
     info = {"candidates": screen.candidates + exact.candidates, "pruned": screen.pruned + exact.pruned,
             "timed_out": timed_out, "shapes": realise.evaluated, "tables": screen.builds + exact.builds,
-            "start_shapes": len(starts)}
+            "start_shapes": len(starts), "partitioner": describe_partitioner(cuts)}
     return best, info
 
 
@@ -153,6 +156,7 @@ def _search_block(opts: SearchOptions, info: dict, seconds: float) -> dict:
     return {
         "autopar_version": autopar.__version__,
         "planner": HETEROGENEOUS,
+        "partitioner": info["partitioner"],  # METIS, or the greedy cut and why (pymetis is optional)
         "seconds": round(seconds, 4),
         "candidates": int(info["candidates"]),
         "shapes": int(info["shapes"]),

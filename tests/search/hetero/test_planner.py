@@ -1,6 +1,8 @@
 """The heterogeneous planner through the front door: valid plans, the reported number equals
 estimate_plan, YAML round trips, never worse than its baselines, bad input, time budget."""
 
+import sys
+
 import pytest
 
 from autopar.cluster import load_cluster
@@ -78,6 +80,18 @@ def test_never_worse_than_its_baselines(inter):
     assert res.estimate.tokens_per_s >= sub[1].tokens_per_s
     assert sub[0].cluster.num_devices == 2 and sub[0].cluster.is_homogeneous
     assert slow[0].cluster is c
+
+
+@pytest.mark.parametrize("pymetis", [True, False])
+def test_plan_says_which_partitioner_ran(pymetis, monkeypatch):
+    if pymetis:
+        pytest.importorskip("pymetis")
+    else:
+        monkeypatch.setitem(sys.modules, "pymetis", None)  # import pymetis raises ImportError
+    c, mdl = mixed(5.0, slow_nodes=2), model(blocks=4)
+    res = search(mdl, c, 8, opts(), with_baselines=False)
+    check_plan(res, mdl, 8)
+    assert res.plan.search["partitioner"] == ("metis" if pymetis else "greedy (pymetis not installed)")
 
 
 def test_flashflex_mix_uses_every_gpu_type_within_its_memory():
