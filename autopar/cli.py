@@ -85,7 +85,8 @@ def cmd_search(args) -> int:
             "predicted": {k: res.plan.predicted[k] for k in ("step_time_s", "tokens_per_s", "tps", "tflops",
                                                                "mfu", "max_memory_gib")},
             "search": {"seconds": res.seconds, "candidates": res.candidates, "pruned": res.pruned,
-                       "planner": res.planner, "timed_out": res.timed_out},
+                       "planner": res.planner, "timed_out": res.timed_out,
+                       **{k: res.plan.search[k] for k in ("partitioner",) if k in res.plan.search}},
             "baselines": base,
         }))
         return 0
@@ -99,16 +100,7 @@ def cmd_search(args) -> int:
     note = " (time budget hit: best found so far)" if res.timed_out else ""
     print(f"search: {res.seconds:.2f} s, {res.candidates:,} candidates scored, {pruned:,} pruned{note}")
     if args.explain:
-        from autopar.search.space import RULES
-
-        print("pruning rules (count: rule):")
-        for rule, count in sorted(res.pruned.items(), key=lambda kv: -kv[1]):
-            print(f"  {count:>9,}  {rule}: {RULES.get(rule, _CONFIG_RULES.get(rule, ''))}")
-        print("configurations (pp, micro-batches): lower bound -> result")
-        for c in sorted(res.configs, key=lambda c: c.step_time)[:20]:
-            r = f"{c.step_time:.4g} s" if c.stages else (c.note or "-")
-            print(f"  pp={c.pp:<3} m={c.num_microbatches:<5} mbs={c.micro_batch_size:<5} "
-                  f"bound {c.lower_bound:.4g} s -> {r}")
+        _explain(res)
     if res.baselines:
         print("baselines (same cost model):")
         print(baseline_table(est, res.baselines))
@@ -121,13 +113,22 @@ def cmd_search(args) -> int:
     return 0
 
 
-_CONFIG_RULES = {
-    "config-lower-bound": "a (pp, micro-batch) setting whose lower bound is above the best plan found",
-    "config-no-strategy": "some unit has no legal strategy in that setting",
-    "pp-not-dividing-devices": "PP degree must divide the device count",
-    "pp-more-stages-than-layers": "every stage needs at least one unit",
-    "pp-stage-straddles-node": "stages hold whole nodes or an equal share of one",
-}
+def _explain(res) -> None:
+    """``--explain``: the planner, every pruning count with its rule's description, the configurations."""
+    from autopar.search.rules import describe
+
+    print(f"planner: {res.planner}")
+    if "partitioner" in res.plan.search:  # the heterogeneous planner's pipeline grouping (METIS or greedy)
+        print(f"partitioner: {res.plan.search['partitioner']}")
+    print("pruning rules (count: rule):")
+    for rule, count in sorted(res.pruned.items(), key=lambda kv: -kv[1]):
+        print(f"  {count:>9,}  {rule}: {describe(rule)}")
+    if res.configs:
+        print("configurations (pp, micro-batches): lower bound -> result")
+    for c in sorted(res.configs, key=lambda c: c.step_time)[:20]:
+        r = f"{c.step_time:.4g} s" if c.stages else (c.note or "-")
+        print(f"  pp={c.pp:<3} m={c.num_microbatches:<5} mbs={c.micro_batch_size:<5} "
+              f"bound {c.lower_bound:.4g} s -> {r}")
 
 
 # -- estimate / validate ------------------------------------------------------------------------

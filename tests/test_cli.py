@@ -1,6 +1,7 @@
 """The command line as a contract: outputs, --json, estimate == search, and every bad input -> one line, exit 2."""
 
 import json
+import sys
 
 import pytest
 import yaml
@@ -60,6 +61,40 @@ def test_human_output_has_table_figures_and_baselines(tmp_path, capsys):
     for needle in ("predicted: step", "tokens/s", "MFU", "baselines", "megatron", "zero3", "pruning rules",
                    "dominated", "wrote"):
         assert needle in out
+    assert explained_rules(out), "--explain printed no pruning counts"
+
+
+def explained_rules(out: str) -> dict[str, str]:
+    """``--explain``'s pruning lines as {rule: description}; every line must carry a description."""
+    lines = out.splitlines()
+    start = lines.index("pruning rules (count: rule):") + 1
+    rules = {}
+    for line in lines[start:]:
+        if not line.startswith("  ") or not line.strip()[0].isdigit():
+            break
+        count, rest = line.split(None, 1)
+        rule, _, desc = rest.partition(": ")
+        assert desc.strip(), f"blank description for {rule}"
+        rules[rule] = desc
+    return rules
+
+
+@pytest.mark.parametrize("pymetis", [True, False])
+def test_explain_on_a_mixed_cluster_names_planner_and_partitioner(pymetis, tmp_path, capsys, monkeypatch):
+    if pymetis:
+        pytest.importorskip("pymetis")
+    else:
+        monkeypatch.setitem(sys.modules, "pymetis", None)  # import pymetis raises ImportError
+    argv = ["search", "--model", "gpt-tiny", "--cluster", "1x3090+1x4090", "--global-batch-size", "8",
+            "-o", str(tmp_path / "h.yaml"), "--no-baselines"]
+    rc, out, _ = run(argv + ["--explain"], capsys)
+    assert rc == 0 and "planner: heterogeneous" in out
+    said = "metis" if pymetis else "greedy (pymetis not installed)"
+    assert f"partitioner: {said}\n" in out
+    assert explained_rules(out)
+    assert yaml.safe_load((tmp_path / "h.yaml").read_text())["search"]["partitioner"] == said
+    rc, out, _ = run(argv + ["--json"], capsys)
+    assert json.loads(out)["search"]["partitioner"] == said
 
 
 @pytest.mark.parametrize("what", ["models", "gpus", "clusters"])

@@ -12,8 +12,8 @@ from autopar.errors import AutoparError
 from autopar.estimate import CostCache, PlanEstimate, estimate_plan
 from autopar.modelspec.spec import CKPT_MODES, ModelSpec
 from autopar.plan.schema import ModelRef, Pipeline, Plan, Stage, StageLayer, Strategy
-from autopar.search.homogeneous import divisors
 from autopar.search.options import SearchOptions
+from autopar.search.space import divisors
 
 
 def even_split(model: ModelSpec, p: int) -> list[list[int]]:

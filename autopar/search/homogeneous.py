@@ -5,6 +5,9 @@ Order of the decision tree: (1) PP degree p (stages of N/p devices, kept inside 
 nodes), (2) micro-batch count m, (3) per layer (tp, zero, ckpt, sp) under the stage's memory by the
 frontier DP, (4) the partition by ``best_partition``. Configurations (p, m) are visited in order of
 a lower bound on their step time and the loop stops when the bound passes the best plan found.
+
+``search_homogeneous`` is the planner's entry: the plan, its estimate (checked equal to the figure
+the search optimised) and the baselines, as a ``SearchResult``.
 """
 
 from __future__ import annotations
@@ -20,40 +23,29 @@ from autopar.errors import AutoparError
 from autopar.estimate import (
     StageContext,
     device_budget_bytes,
+    estimate_plan,
     layout_switch_time,
     stage_link,
     transient_bytes,
 )
 from autopar.modelspec.spec import ModelSpec
-from autopar.plan.schema import Pipeline, Stage, StageLayer
+from autopar.plan.schema import ModelRef, Pipeline, Plan, Stage, StageLayer
+from autopar.search.baselines import baselines
 from autopar.search.frontier import RangeTrie
 from autopar.search.options import SearchOptions
 from autopar.search.partition import best_partition, minmax_partition
-from autopar.search.space import layer_candidates, tp_degrees
+from autopar.search.result import HOMOGENEOUS, ConfigResult, SearchResult
+from autopar.search.rules import Rule, rule_counts
+from autopar.search.space import divisors, layer_candidates, tp_degrees
+from autopar.version import __version__
 from cost_models.memory import inflight_microbatches
 from cost_models.pipeline import boundary_p2p_time
-
-
-def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def layer_signatures(model: ModelSpec) -> list[int]:
     """Equal ids for layers that differ only by name (repeated transformer blocks)."""
     ids: dict = {}
     return [ids.setdefault(replace(ly, name=""), len(ids)) for ly in model.layers]
-
-
-@dataclass
-class ConfigResult:
-    pp: int
-    num_microbatches: int
-    micro_batch_size: int
-    lower_bound: float
-    step_time: float = float("inf")
-    stages: list[Stage] = field(default_factory=list)
-    min_memory_gib: float = float("inf")  # least per-device need of any partition (for "nothing fits")
-    note: str = ""
 
 
 @dataclass
@@ -80,11 +72,11 @@ class HomogeneousSearch:
         pps = self.opts.pp_degrees or divisors(N)
         for p in pps:
             if N % p or p > L:
-                self.pruned["pp-more-stages-than-layers" if p > L else "pp-not-dividing-devices"] += 1
+                self.pruned[Rule.PP_MORE_STAGES_THAN_LAYERS if p > L else Rule.PP_NOT_DIVIDING_DEVICES] += 1
                 continue
             n = N // p
             if n % G and G % n:
-                self.pruned["pp-stage-straddles-node"] += 1
+                self.pruned[Rule.PP_STAGE_STRADDLES_NODE] += 1
                 continue
             for m in divisors(self.global_batch_size):
                 if self.opts.num_microbatches and m not in self.opts.num_microbatches:
@@ -152,7 +144,7 @@ class HomogeneousSearch:
                 for b in range(a + 1, L + 1):
                     tmax = max(tmax, transient[b - 1])
                     if Mmin[a, b] > budget:
-                        self.pruned["range-over-memory"] += L + 1 - b
+                        self.pruned[Rule.RANGE_OVER_MEMORY] += L + 1 - b
                         break
                     node = trie.child(node, self.sigs[b - 1])
                     if node not in memo:
@@ -160,7 +152,7 @@ class HomogeneousSearch:
                     C[a, b] = memo[node][0]
                     node_of[(a, b)] = node
                     if m * C[a, b] >= incumbent:
-                        self.pruned["range-over-incumbent"] += L - b
+                        self.pruned[Rule.RANGE_OVER_INCUMBENT] += L - b
                         break
             C_by_k[k], trie_by_k[k], nodes_by_k[k], M_by_k[k] = C, trie, node_of, Mmin
             self.candidates += trie.points_examined
@@ -205,12 +197,12 @@ class HomogeneousSearch:
         bar = _progress(len(scored), self.opts.progress)
         for lb, p, m, ctx, cands, layouts in scored:
             if best is not None and lb >= best.step_time:
-                self.pruned["config-lower-bound"] += 1
+                self.pruned[Rule.CONFIG_LOWER_BOUND] += 1
                 results.append(ConfigResult(p, m, ctx.micro_batch_size, lb, note="bound >= best"))
                 bar.update(1)
                 continue
             if not np.isfinite(lb):
-                self.pruned["config-no-strategy"] += 1
+                self.pruned[Rule.CONFIG_NO_STRATEGY] += 1
                 results.append(ConfigResult(p, m, ctx.micro_batch_size, lb, note="no legal strategy"))
                 bar.update(1)
                 continue
@@ -229,6 +221,43 @@ class HomogeneousSearch:
 
     def pipeline_of(self, r: ConfigResult) -> Pipeline:
         return Pipeline(self.global_batch_size, r.micro_batch_size, r.num_microbatches, r.stages)
+
+
+def search_homogeneous(model: ModelSpec, cluster: Cluster, global_batch_size: int, opts: SearchOptions,
+                       with_baselines: bool = True) -> SearchResult:
+    """The fastest plan under the cost model that fits ``cluster`` (homogeneous), with its estimate
+    and, when asked, the DDP / ZeRO-3 / Megatron baselines.
+
+    The estimate is ``estimate_plan`` of the returned plan and equals the step time the search
+    optimised (to 1e-9, else RuntimeError). Raises AutoparError (naming the closest setting) when
+    nothing fits.
+    """
+    start = time.perf_counter()
+    hs = HomogeneousSearch(model, cluster, global_batch_size, opts)
+    best, results = hs.run()
+    seconds = time.perf_counter() - start
+    if best is None:
+        raise nothing_fits_error(results, cluster, opts)
+    plan = Plan(ModelRef(model.name, model.seq_len, model.num_layers, model.source), cluster, global_batch_size,
+                [hs.pipeline_of(best)], schedule=opts.schedule, memory_budget_gib=opts.memory_budget_gib)
+    est = estimate_plan(plan, model, opts.params)
+    if abs(est.step_time_s - best.step_time) > 1e-9 * best.step_time:
+        raise RuntimeError(f"internal: search optimised {best.step_time!r} but the plan estimates "
+                           f"{est.step_time_s!r}; the search and estimate_plan disagree")
+    plan.predicted = est.predicted()
+    pruned = rule_counts(hs.pruned)
+    plan.search = {
+        "autopar_version": __version__,
+        "planner": HOMOGENEOUS,
+        "seconds": round(seconds, 4),
+        "candidates": int(hs.candidates),
+        "configs": len(results),
+        "pruned": pruned,
+        "timed_out": hs.timed_out,
+        "cost_params": opts.params.to_dict(),
+    }
+    base = baselines(model, cluster, global_batch_size, opts) if with_baselines else {}
+    return SearchResult(HOMOGENEOUS, plan, est, seconds, hs.candidates, dict(pruned), results, hs.timed_out, base)
 
 
 class _NoBar:

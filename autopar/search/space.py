@@ -1,7 +1,8 @@
 """The strategy space of one layer in one stage, and the decision-tree pruning rules that shrink it.
 
-Every rule has a name and a counter, so ``autopar search --explain`` can say what was dropped and
-why. Rules that only remove *equivalent* or *dominated* candidates never change the optimum.
+Every rule is a member of ``autopar.search.rules.Rule`` with a counter, so ``autopar search --explain``
+can say what was dropped and why. Rules that only remove *equivalent* or *dominated* candidates never
+change the optimum.
 """
 
 from __future__ import annotations
@@ -14,18 +15,12 @@ import numpy as np
 from autopar.estimate import LayerCosts, StageContext, layer_costs
 from autopar.modelspec.spec import CKPT_MODES, LayerSpec
 from autopar.plan.schema import Strategy
+from autopar.search.rules import Rule
 
-RULES = {
-    "tp-not-dividing-stage": "TP degree must divide the stage's device count",
-    "tp-crosses-node": "TP groups stay inside one node (TP traffic needs the node fabric)",
-    "tp-not-dividing-unit": "TP degree must divide the unit's heads, KV heads, FFN width and vocab",
-    "tp-unsupported": "the unit has no TP plan, so it runs with tp = 1",
-    "dp-not-dividing-microbatch": "each data-parallel rank needs a whole number of samples",
-    "zero-without-dp": "with dp = 1 every ZeRO stage equals plain replication (kept: zero 0)",
-    "selective-equals-none": "the unit has no attention core to recompute (kept: ckpt none)",
-    "sp-no-effect": "sequence parallel changes nothing for a unit with no sequence-shardable activations",
-    "dominated": "slower and at least as large as another strategy with the same layout",
-}
+
+def divisors(n: int) -> list[int]:
+    """The degrees that divide ``n``, ascending (PP degrees, TP degrees, micro-batch counts)."""
+    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 @dataclass
@@ -42,11 +37,11 @@ def tp_degrees(ctx: StageContext, pruned: Counter) -> list[int]:
     out = []
     for tp in range(1, ctx.n + 1):
         if ctx.n % tp:
-            pruned["tp-not-dividing-stage"] += 1
+            pruned[Rule.TP_NOT_DIVIDING_STAGE] += 1
             continue
         groups = [ctx.devices[i:i + tp] for i in range(0, ctx.n, tp)]
         if any(len({ctx.cluster.node_of(d) for d in g}) > 1 for g in groups):
-            pruned["tp-crosses-node"] += 1
+            pruned[Rule.TP_CROSSES_NODE] += 1
             continue
         out.append(tp)
     return out
@@ -58,26 +53,26 @@ def enumerate_strategies(layer: LayerSpec, ctx: StageContext, tps: list[int], pr
     out = []
     for tp in tps:
         if tp > 1 and not layer.supports_tp:
-            pruned["tp-unsupported"] += 1
+            pruned[Rule.TP_UNSUPPORTED] += 1
             continue
         if not layer.tp_ok(tp):
-            pruned["tp-not-dividing-unit"] += 1
+            pruned[Rule.TP_NOT_DIVIDING_UNIT] += 1
             continue
         dp = ctx.n // tp
         if ctx.micro_batch_size % dp:
-            pruned["dp-not-dividing-microbatch"] += 1
+            pruned[Rule.DP_NOT_DIVIDING_MICROBATCH] += 1
             continue
         for zero in (0, 1, 2, 3):
             if dp == 1 and zero > 0:
-                pruned["zero-without-dp"] += 1
+                pruned[Rule.ZERO_WITHOUT_DP] += 1
                 continue
             for ckpt in CKPT_MODES:
                 if ckpt == "selective" and not has_attn:
-                    pruned["selective-equals-none"] += 1
+                    pruned[Rule.SELECTIVE_EQUALS_NONE] += 1
                     continue
                 for sp in ((False, True) if tp > 1 else (False,)):
                     if sp and layer.act_seq_bytes == 0:
-                        pruned["sp-no-effect"] += 1
+                        pruned[Rule.SP_NO_EFFECT] += 1
                         continue
                     out.append(Strategy(tp=tp, zero=zero, ckpt=ckpt, sp=sp))
     return out
@@ -103,7 +98,7 @@ def prune_dominated(strategies: list[Strategy], costs: LayerCosts, pruned: Count
             strict = c[i] < c[j] * (1 - eps) or ms[i] < ms[j] * (1 - eps) or ma[i] < ma[j] * (1 - eps)
             if le and (strict or i < j):
                 keep[j] = False
-                pruned["dominated"] += 1
+                pruned[Rule.DOMINATED] += 1
                 break
     return np.flatnonzero(keep)
 

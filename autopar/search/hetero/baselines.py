@@ -19,6 +19,7 @@ from autopar.errors import AutoparError
 from autopar.estimate.plan_cost import PlanEstimate, estimate_plan
 from autopar.modelspec.spec import ModelSpec
 from autopar.plan.schema import Plan
+from autopar.search.homogeneous import search_homogeneous
 from autopar.search.options import SearchOptions
 
 SUBSET = "best_homogeneous_subset"
@@ -36,13 +37,13 @@ def sub_cluster(cluster: Cluster, node_ids: list[int], name: str) -> Cluster:
                    name=name)
 
 
-def _homogeneous(model: ModelSpec, cluster: Cluster, B: int, opts: SearchOptions):
-    from autopar.search.run import search
-
+def _homogeneous(model: ModelSpec, cluster: Cluster, B: int, opts: SearchOptions
+                 ) -> tuple[Plan, PlanEstimate] | None:
+    """The homogeneous planner's plan and estimate on ``cluster``; None when it is not homogeneous or nothing fits."""
     if not cluster.is_homogeneous:
         return None
     try:
-        r = search(model, cluster, B, opts, with_baselines=False)
+        r = search_homogeneous(model, cluster, B, opts, with_baselines=False)
     except AutoparError:
         return None
     return r.plan, r.estimate

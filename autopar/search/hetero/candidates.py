@@ -17,6 +17,7 @@ import numpy as np
 from autopar.estimate import LayerCosts, StageContext, layer_costs, layout_switch_time
 from autopar.modelspec.spec import LayerSpec
 from autopar.plan.schema import Strategy
+from autopar.search.rules import Rule
 from autopar.search.space import LayerCandidates, enumerate_strategies, tp_degrees
 
 _EPS = 1e-12  # as space.prune_dominated: float noise never makes one strategy dominate another
@@ -66,7 +67,7 @@ def candidates_at(kb: KindBatch, m: int, prune: bool, pruned: Counter) -> dict[i
         keep = np.arange(len(cost))
         if prune and len(cost) > 1:
             keep = _undominated(cost, c.mem_states, c.mem_act, sl.layouts)
-            pruned["dominated"] += len(cost) - len(keep)
+            pruned[Rule.DOMINATED] += len(cost) - len(keep)
         costs = LayerCosts(c.fwd[keep], c.bwd[keep], c.step[keep], cost[keep], c.mem_states[keep], c.mem_act[keep])
         out[s] = LayerCandidates([sl.strategies[i] for i in keep], costs, sl.layouts[keep])
     return out

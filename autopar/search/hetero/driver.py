@@ -1,7 +1,8 @@
 """search_heterogeneous: the planner for mixed GPU types or uneven networks.
 
 1. Start shapes from the hierarchical partition (graph_partition): 1..MAX_PIPELINES pipelines, one
-   or two stages per node piece, stages ordered along fast links.
+   or two stages per node piece, stages ordered along fast links. The plan's ``search.partitioner``
+   says whether METIS or the greedy cut grouped the pipelines (pymetis is optional).
 2. Each shape is realised (realise.py: per-stage tables, exact layer split per pipeline, batch shares
    by speed) with fast screening tables (one micro-batch size per pipeline, the best guess), and the
    LOCAL_STARTS best are improved by local search (local_search.py).
@@ -18,20 +19,23 @@ optimised ones. ``opts.time_budget_s`` stops the search at the next shape (steps
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import replace
 
-import autopar
 from autopar.cluster.cluster import Cluster
 from autopar.errors import AutoparError
 from autopar.estimate import CostCache, estimate_plan
 from autopar.modelspec.spec import ModelSpec
 from autopar.plan.validate import validate_plan
 from autopar.search.hetero.baselines import AS_SLOWEST, SUBSET, as_slowest_gpu, best_homogeneous_subset
-from autopar.search.hetero.graph_partition import initial_shapes
+from autopar.search.hetero.graph_partition import describe_partitioner, initial_shapes
 from autopar.search.hetero.layer_split import LayerSplitter
 from autopar.search.hetero.local_search import improve
 from autopar.search.hetero.realise import Candidate, Realiser
 from autopar.search.options import SearchOptions
+from autopar.search.result import HETEROGENEOUS, SearchResult
+from autopar.search.rules import rule_counts
+from autopar.version import __version__
 
 SCREEN_BUCKETS = 32  # memory buckets per frontier while screening shapes (layer_split.ThinTrie)
 MAX_PIPELINES = 8
@@ -40,15 +44,14 @@ LOCAL_STARTS = 3  # best distinct start shapes improved by local search
 WIDE_TRIES = 4  # micro-batch sizes solved per pipeline in the second local search
 
 
-def search_heterogeneous(model: ModelSpec, cluster: Cluster, global_batch_size: int,
-                         opts: SearchOptions | None = None, with_baselines: bool = True):
-    """The fastest asymmetric plan found under the cost model, with its estimate and the baselines.
+def search_heterogeneous(model: ModelSpec, cluster: Cluster, global_batch_size: int, opts: SearchOptions,
+                         with_baselines: bool = True) -> SearchResult:
+    """The fastest asymmetric plan found under the cost model, with its estimate and, when asked, the
+    baselines (the as-slowest plan is returned instead when it scores better).
 
-    Raises AutoparError when no plan fits the devices' memory.
+    The estimate is ``estimate_plan`` of the returned plan and equals the figure the search scored
+    (to 1e-9, else RuntimeError). Raises AutoparError when no plan fits the devices' memory.
     """
-    from autopar.search.run import SearchResult
-
-    opts = opts or SearchOptions()
     start = time.perf_counter()
     deadline = start + opts.time_budget_s if opts.time_budget_s else None
     best, info = plan_search(model, cluster, global_batch_size, opts, deadline)
@@ -74,8 +77,8 @@ def search_heterogeneous(model: ModelSpec, cluster: Cluster, global_batch_size: 
     plan.predicted = est.predicted()
     plan.search = _search_block(opts, info, seconds)
     validate_plan(plan, model, est.memory_gib)
-    return SearchResult(plan, est, seconds, info["candidates"], dict(info["pruned"]), [], info["timed_out"], base,
-                        planner="heterogeneous")
+    return SearchResult(HETEROGENEOUS, plan, est, seconds, info["candidates"], dict(plan.search["pruned"]),
+                        timed_out=info["timed_out"], baselines=base)
 
 
 def plan_search(model: ModelSpec, cluster: Cluster, B: int, opts: SearchOptions, deadline: float | None
@@ -87,7 +90,8 @@ def plan_search(model: ModelSpec, cluster: Cluster, B: int, opts: SearchOptions,
     realise = Realiser(model, cluster, B, opts, screen, tries=SCREEN_TRIES, cache=costs)
     timed_out = False
     starts: list[Candidate] = []
-    for shape in initial_shapes(cluster, min(MAX_PIPELINES, cluster.num_devices, B), max_stages):
+    cuts: Counter = Counter()
+    for shape in initial_shapes(cluster, min(MAX_PIPELINES, cluster.num_devices, B), max_stages, cuts):
         if deadline is not None and time.perf_counter() > deadline and starts:
             timed_out = True
             break
@@ -120,7 +124,7 @@ def plan_search(model: ModelSpec, cluster: Cluster, B: int, opts: SearchOptions,
                 best = polished
     info = {"candidates": screen.candidates + exact.candidates, "pruned": screen.pruned + exact.pruned,
             "timed_out": timed_out, "shapes": realise.evaluated, "tables": screen.builds + exact.builds,
-            "start_shapes": len(starts)}
+            "start_shapes": len(starts), "partitioner": describe_partitioner(cuts)}
     return best, info
 
 
@@ -151,13 +155,14 @@ def nothing_fits(model: ModelSpec, cluster: Cluster, B: int, opts: SearchOptions
 def _search_block(opts: SearchOptions, info: dict, seconds: float) -> dict:
     """The ``search`` block of the plan file."""
     return {
-        "autopar_version": autopar.__version__,
-        "planner": "heterogeneous",
+        "autopar_version": __version__,
+        "planner": HETEROGENEOUS,
+        "partitioner": info["partitioner"],  # METIS, or the greedy cut and why (pymetis is optional)
         "seconds": round(seconds, 4),
         "candidates": int(info["candidates"]),
         "shapes": int(info["shapes"]),
         "stage_tables": int(info["tables"]),
-        "pruned": dict(sorted(info["pruned"].items())),
+        "pruned": rule_counts(info["pruned"]),
         "timed_out": bool(info["timed_out"]),
         "returned": info.get("returned", "planner"),
         "cost_params": opts.params.to_dict(),

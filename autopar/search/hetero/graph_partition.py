@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections import Counter
 
 from autopar.cluster.cluster import Cluster
 
@@ -108,11 +109,17 @@ def _edge_weights(cluster: Cluster, chunks: list[Devices], cut: str) -> dict[tup
     return {e: max(1, round(100 * bw / lo)) for e, bw in bws.items()}
 
 
-def _metis(nparts: int, n: int, weights: dict[tuple[int, int], int], vweights: list[int]) -> list[int] | None:
+def _pymetis():
+    """The pymetis module, or None when it is not installed (the greedy cut runs instead)."""
     try:
-        import pymetis
+        import pymetis  # optional dependency: imported where used, so its absence is found per search
     except ImportError:
         return None
+    return pymetis
+
+
+def _metis(pymetis, nparts: int, n: int, weights: dict[tuple[int, int], int], vweights: list[int]
+           ) -> list[int] | None:
     adj: list[list[tuple[int, int]]] = [[] for _ in range(n)]
     for (i, j), w in weights.items():
         adj[i].append((j, w))
@@ -134,6 +141,24 @@ def _metis(nparts: int, n: int, weights: dict[tuple[int, int], int], vweights: l
     return list(parts)
 
 
+METIS, NO_PYMETIS, METIS_REFUSED = "metis", "pymetis not installed", "METIS refused the graph"
+
+
+def describe_partitioner(cuts: Counter) -> str:
+    """Which partitioner made the pipeline groupings counted in ``cuts``, in words for the plan file.
+
+    ``metis``; ``greedy (pymetis not installed)``; ``greedy (METIS refused every graph)``;
+    ``metis (greedy for k of n graphs METIS refused)``; or ``none`` when no grouping needed a cut.
+    """
+    metis, refused = cuts[METIS], cuts[METIS_REFUSED]
+    if cuts[NO_PYMETIS]:
+        return f"greedy ({NO_PYMETIS})"
+    if refused:
+        return f"metis (greedy for {refused} of {metis + refused} graphs METIS refused)" if metis else \
+            "greedy (METIS refused every graph)"
+    return "metis" if metis else "none (no pipeline grouping needed a graph cut)"
+
+
 def _greedy(nparts: int, chunks: list[Devices], vweights: list[int], cut: str) -> list[int]:
     """Balanced-compute assignment without METIS: chunks by decreasing compute to the lightest part.
 
@@ -151,8 +176,13 @@ def _greedy(nparts: int, chunks: list[Devices], vweights: list[int], cut: str) -
     return out
 
 
-def pipeline_groups(cluster: Cluster, parts: int) -> list[list[list[int]]]:
-    """Candidate groupings of all devices into ``parts`` pipelines (distinct, none empty)."""
+def pipeline_groups(cluster: Cluster, parts: int, cuts: Counter | None = None) -> list[list[list[int]]]:
+    """Candidate groupings of all devices into ``parts`` pipelines (distinct, none empty).
+
+    ``cuts``, when given, counts the graph cuts made by partitioner (``METIS``, ``NO_PYMETIS``,
+    ``METIS_REFUSED``; the last two ran the greedy cut): ``describe_partitioner`` words it.
+    """
+    cuts = Counter() if cuts is None else cuts
     if parts == 1:
         return [[list(range(cluster.num_devices))]]
     found: list[list[list[int]]] = []
@@ -175,9 +205,12 @@ def pipeline_groups(cluster: Cluster, parts: int) -> list[list[list[int]]]:
     chunks = _chunks_for(cluster, parts)
     if len(chunks) >= parts:
         vw = [max(1, round(sum(cluster.gpu_of(d).tflops for d in c))) for c in chunks]
+        pymetis = _pymetis()
         for cut in ("fast", "slow"):
             w = _edge_weights(cluster, chunks, cut)
-            assign = _metis(parts, len(chunks), w, vw) or _greedy(parts, chunks, vw, cut)
+            assign = _metis(pymetis, parts, len(chunks), w, vw) if pymetis is not None else None
+            cuts[METIS if assign else NO_PYMETIS if pymetis is None else METIS_REFUSED] += 1
+            assign = assign or _greedy(parts, chunks, vw, cut)
             add([[d for i, c in enumerate(chunks) if assign[i] == j for d in c] for j in range(parts)])
     return found
 
@@ -185,11 +218,13 @@ def pipeline_groups(cluster: Cluster, parts: int) -> list[list[list[int]]]:
 MAX_TYPE_VARIANTS = 16  # one-pipeline starts with 1 or 2 stages per piece chosen per GPU type
 
 
-def initial_shapes(cluster: Cluster, max_pipelines: int, max_stages: int) -> list[Shape]:
+def initial_shapes(cluster: Cluster, max_pipelines: int, max_stages: int, cuts: Counter | None = None
+                   ) -> list[Shape]:
     """Start points of the local search: each pipeline grouping with one or two stages per node piece.
 
     A single pipeline also gets every per-GPU-type mix of one or two stages per piece (up to
-    MAX_TYPE_VARIANTS): slow and fast types often want different stage sizes.
+    MAX_TYPE_VARIANTS): slow and fast types often want different stage sizes. ``cuts`` as in
+    ``pipeline_groups``.
     """
     shapes: list[Shape] = []
     seen: set = set()
@@ -198,7 +233,7 @@ def initial_shapes(cluster: Cluster, max_pipelines: int, max_stages: int) -> lis
     if 2 ** len(types) <= MAX_TYPE_VARIANTS:
         mixes += [dict(zip(types, f)) for f in itertools.product((1, 2), repeat=len(types)) if len(set(f)) > 1]
     for parts in range(1, max_pipelines + 1):
-        for groups in pipeline_groups(cluster, parts):
+        for groups in pipeline_groups(cluster, parts, cuts):
             for per_piece in mixes if parts == 1 else (1, 2):
                 shape = canonical(tuple(order_stages(cluster, stage_split(cluster, g, per_piece)) for g in groups))
                 if any(len(p) > max_stages for p in shape) or shape in seen:

@@ -1,5 +1,8 @@
 """The hierarchical partition: pipelines, stages and local-search moves cover every device exactly once."""
 
+import sys
+from collections import Counter
+
 import pytest
 
 from autopar.cluster import load_cluster
@@ -28,18 +31,38 @@ def assert_exact_cover(groups, n):
 def test_pipeline_groups_cover_every_device_once(name, metis, monkeypatch):
     cluster = CLUSTERS[name]()
     if not metis:
-        monkeypatch.setattr(gp, "_metis", lambda *a: None)  # the greedy fallback used without pymetis
+        monkeypatch.setitem(sys.modules, "pymetis", None)  # import pymetis fails: the greedy fallback
+    cuts = Counter()
     for parts in range(1, 9):
-        groups_list = gp.pipeline_groups(cluster, parts)
+        groups_list = gp.pipeline_groups(cluster, parts, cuts)
         for groups in groups_list:
             assert len(groups) == parts and all(groups)
             assert_exact_cover(groups, cluster.num_devices)
+    said = gp.describe_partitioner(cuts)
+    assert said.startswith("metis") if metis else said == "greedy (pymetis not installed)"
     # node slicing is offered whenever the parts divide every node
     if all(nd.count % 2 == 0 for nd in cluster.nodes):
         sliced = gp.pipeline_groups(cluster, 2)[0]
         for g in sliced:
             per_node = {cluster.node_of(d) for d in g}
             assert len(per_node) == cluster.num_nodes
+
+
+def test_describe_partitioner_names_what_ran():
+    assert gp.describe_partitioner(Counter({gp.METIS: 4})) == "metis"
+    assert gp.describe_partitioner(Counter({gp.NO_PYMETIS: 4})) == "greedy (pymetis not installed)"
+    assert gp.describe_partitioner(Counter({gp.METIS_REFUSED: 2})) == "greedy (METIS refused every graph)"
+    assert gp.describe_partitioner(Counter({gp.METIS: 3, gp.METIS_REFUSED: 1})) == \
+        "metis (greedy for 1 of 4 graphs METIS refused)"
+    assert gp.describe_partitioner(Counter()).startswith("none")
+
+
+def test_metis_refusing_a_graph_is_counted(monkeypatch):
+    pytest.importorskip("pymetis")
+    monkeypatch.setattr(gp, "_metis", lambda *a: None)
+    cuts = Counter()
+    assert gp.pipeline_groups(load_cluster("8x3090+8x4090+8xA100"), 3, cuts)
+    assert cuts == Counter({gp.METIS_REFUSED: 2})
 
 
 def test_pipeline_groups_balance_compute():

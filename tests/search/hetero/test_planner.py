@@ -1,6 +1,8 @@
 """The heterogeneous planner through the front door: valid plans, the reported number equals
 estimate_plan, YAML round trips, never worse than its baselines, bad input, time budget."""
 
+import sys
+
 import pytest
 
 from autopar.cluster import load_cluster
@@ -12,6 +14,7 @@ from autopar.plan.schema import ModelRef, Pipeline, Plan, Stage, StageLayer, Str
 from autopar.plan.validate import validate_plan
 from autopar.search import search
 from autopar.search.hetero.baselines import AS_SLOWEST, SUBSET
+from autopar.search.hetero.driver import plan_search
 from tests.search.hetero.hetlib import PARAMS, covered, mixed, model, opts
 
 
@@ -66,6 +69,20 @@ def test_searched_plan_round_trips(tmp_path):
     validate_plan(back, mdl)
 
 
+def check_returned(res, own_time: float) -> None:
+    """``search.returned`` names the plan that came back, and it is the faster of the planner's own
+    (``own_time``, before the as-slowest substitution) and the as-slowest baseline."""
+    slow = res.baselines[AS_SLOWEST]
+    got = res.estimate.step_time_s
+    if res.plan.search["returned"] == "planner":
+        assert got == pytest.approx(own_time, rel=1e-9)
+        assert slow is None or own_time <= slow[1].step_time_s
+    else:
+        assert res.plan.search["returned"] == AS_SLOWEST
+        assert got == pytest.approx(slow[1].step_time_s, rel=1e-9) and got < own_time
+        assert res.plan.stages == slow[0].stages
+
+
 @pytest.mark.parametrize("inter", [1.0, 25.0])
 def test_never_worse_than_its_baselines(inter):
     # compute-bound enough that every device is worth using
@@ -74,10 +91,38 @@ def test_never_worse_than_its_baselines(inter):
     check_plan(res, mdl, B)
     slow, sub = res.baselines[AS_SLOWEST], res.baselines[SUBSET]
     assert slow is not None and sub is not None
-    assert res.estimate.step_time_s <= slow[1].step_time_s * (1 + 1e-12)
+    # The planner itself, before the driver may return the as-slowest plan instead, beats it here
+    # (heterogeneity-awareness pays): this can fail, unlike a check on the returned figure.
+    own, _ = plan_search(mdl, c, B, opts(), None)
+    assert own.time < slow[1].step_time_s
+    check_returned(res, own.time)
+    assert res.plan.search["returned"] == "planner"
     assert res.estimate.tokens_per_s >= sub[1].tokens_per_s
     assert sub[0].cluster.num_devices == 2 and sub[0].cluster.is_homogeneous
     assert slow[0].cluster is c
+
+
+def test_as_slowest_plan_is_returned_when_it_scores_better():
+    # a tiny model on one 3090 and one 4090: the planner's own plan is slightly slower than the
+    # uniform plan made as if both were 3090s
+    c, mdl, B = load_cluster("1x3090+1x4090"), from_zoo("gpt-tiny"), 8
+    res = search(mdl, c, B, opts())
+    own, _ = plan_search(mdl, c, B, opts(), None)
+    assert res.plan.search["returned"] == AS_SLOWEST
+    check_returned(res, own.time)
+    validate_plan(res.plan, mdl, res.estimate.memory_gib)
+
+
+@pytest.mark.parametrize("pymetis", [True, False])
+def test_plan_says_which_partitioner_ran(pymetis, monkeypatch):
+    if pymetis:
+        pytest.importorskip("pymetis")
+    else:
+        monkeypatch.setitem(sys.modules, "pymetis", None)  # import pymetis raises ImportError
+    c, mdl = mixed(5.0, slow_nodes=2), model(blocks=4)
+    res = search(mdl, c, 8, opts(), with_baselines=False)
+    check_plan(res, mdl, 8)
+    assert res.plan.search["partitioner"] == ("metis" if pymetis else "greedy (pymetis not installed)")
 
 
 def test_flashflex_mix_uses_every_gpu_type_within_its_memory():

@@ -1,0 +1,47 @@
+"""What a search returns, whichever planner ran: ``SearchResult`` (and the homogeneous search's
+per-configuration records, ``ConfigResult``). Both planners import it; it imports no planner."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from autopar.estimate.plan_cost import PlanEstimate
+from autopar.plan.schema import Plan, Stage
+
+HOMOGENEOUS = "homogeneous"
+HETEROGENEOUS = "heterogeneous"
+
+
+@dataclass
+class ConfigResult:
+    """One (pp, micro-batch) setting of the homogeneous search: its bound and what it achieved."""
+
+    pp: int
+    num_microbatches: int
+    micro_batch_size: int
+    lower_bound: float
+    step_time: float = float("inf")
+    stages: list[Stage] = field(default_factory=list)
+    min_memory_gib: float = float("inf")  # least per-device need of any partition (for "nothing fits")
+    note: str = ""
+
+
+@dataclass
+class SearchResult:
+    """The plan a planner chose, its estimate (``estimate.step_time_s`` is the figure the planner
+    optimised) and the search's statistics.
+
+    ``pruned`` maps rule keys (``autopar.search.rules.Rule`` values, plain strings) to counts, as in
+    ``plan.search["pruned"]``. ``configs`` is filled by the homogeneous planner only. ``baselines``
+    maps a baseline's name to ``(plan, estimate)``, or None when none of its family fits.
+    """
+
+    planner: str  # HOMOGENEOUS or HETEROGENEOUS, as plan.search["planner"]
+    plan: Plan
+    estimate: PlanEstimate
+    seconds: float
+    candidates: int
+    pruned: dict[str, int]
+    configs: list[ConfigResult] = field(default_factory=list)
+    timed_out: bool = False
+    baselines: dict[str, tuple[Plan, PlanEstimate] | None] = field(default_factory=dict)
