@@ -85,10 +85,6 @@ class RangeTrie:
         i = ok[np.argmin(f.time[ok])]
         return float(f.time[i]), int(i)
 
-    def min_mem(self, node: int) -> float:
-        f = self.nodes[node]
-        return float(f.mem.min()) if len(f.mem) else float("inf")
-
     def trace(self, node: int, point: int) -> list[int]:
         """Strategy indices (into each layer's candidates) of the assignment ending at ``point``."""
         out = []

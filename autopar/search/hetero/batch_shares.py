@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cost_models.pipeline import pipeline_time
+
 
 @dataclass
 class PipelineRate:
@@ -29,12 +31,9 @@ class PipelineRate:
     max_m: int  # most micro-batches allowed (memory or options)
 
     def time(self, m: int) -> float:
+        """T(m): the cost model's pipeline formula with every boundary's round trips summed into P."""
         c = [f + s / m for f, s in zip(self.fb, self.st)]
-        return (m - 1) * max(c) + sum(c) + self.p2p
-
-    def per_sample(self) -> float:
-        """Steady-state seconds per sample (the bottleneck stage's cost per micro-batch / mbs)."""
-        return max(self.fb) / self.micro_batch_size
+        return pipeline_time(c, [self.p2p] + [0.0] * (len(c) - 1), m)
 
 
 def proportional(total: int, weights: list[float], granule: list[int]) -> list[int]:

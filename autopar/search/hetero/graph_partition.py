@@ -30,10 +30,6 @@ def canonical(shape: Shape) -> Shape:
     return tuple(sorted(shape, key=lambda p: min(min(s) for s in p)))
 
 
-def all_devices(shape: Shape) -> list[int]:
-    return sorted(d for p in shape for s in p for d in s)
-
-
 def pieces(cluster: Cluster, devices) -> list[Devices]:
     """The devices grouped by node, in node order."""
     by_node: dict[int, list[int]] = {}
