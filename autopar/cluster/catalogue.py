@@ -17,6 +17,7 @@ import yaml
 
 from autopar.cluster.cluster import GPUType
 from autopar.errors import AutoparError
+from autopar.fields import Fields, as_list
 
 CATALOGUE_PATH = Path(__file__).with_name("catalogue.yaml")
 GPU_FIELDS = ("memory_gib", "tflops", "hbm_gbps", "nvlink_gbps", "pcie_gbps", "vendor")
@@ -44,48 +45,46 @@ def normalize(name: str) -> str:
     return re.sub(r"(\d+)gb", r"\1g", key)
 
 
-def _number(value, where: str, positive: bool = True) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise AutoparError(where, f"must be a number, got {value!r}", "give a plain number")
-    if value < 0 or (positive and value == 0):
-        raise AutoparError(where, f"must be {'positive' if positive else '>= 0'}, got {value}",
-                           "give a number > 0" if positive else "give a number >= 0")
-    return float(value)
+def gpu_from_entry(name: str | None, entry: object, where: str) -> tuple[GPUType, str, dict]:
+    """Build (GPUType, class, node overrides) from a GPU mapping, naming ``where`` in errors.
 
-
-def gpu_from_entry(name: str, entry: dict, where: str) -> tuple[GPUType, str, dict]:
-    """Build (GPUType, class, node overrides) from a catalogue-style mapping, naming ``where`` in errors.
-
-    Needs memory_gib, tflops and hbm_gbps; nvlink_gbps (0), pcie_gbps (32: PCIe Gen4 x16, one
-    direction), vendor, class and node (overrides of the class defaults) are optional. The default
-    class is ``sxm`` when the GPU has NVLink, ``cpu`` for vendor ``cpu``, else ``pcie``.
+    The one reader of GPU fields: catalogue entries, custom GPUs of cluster files and the GPUs of a
+    plan's cluster all come through here, with one set of defaults. Needs memory_gib, tflops and
+    hbm_gbps (> 0); nvlink_gbps (0: no NVLink), pcie_gbps (32: PCIe Gen4 x16, one direction), vendor
+    (nvidia), class and node (overrides of the class defaults) are optional; ``name`` is read from
+    the mapping when ``name`` is None (an inline GPU). The default class is ``sxm`` when the GPU has
+    NVLink, ``cpu`` for vendor ``cpu``, else ``pcie``.
     """
-    if not isinstance(entry, dict):
-        raise AutoparError(where, f"must be a mapping of GPU fields, got {entry!r}",
-                           "give memory_gib, tflops and hbm_gbps")
-    unknown = sorted(set(entry) - ENTRY_KEYS - {"name"})
-    if unknown:
-        raise AutoparError(f"{where}.{unknown[0]}", "is not a GPU field",
-                           f"use {', '.join(sorted(ENTRY_KEYS))}")
-    for key in ("memory_gib", "tflops", "hbm_gbps"):
-        if key not in entry:
-            raise AutoparError(f"{where}.{key}", "is missing", "give memory GiB, dense bf16 TFLOPS and HBM GB/s")
-    nums = {k: _number(entry[k], f"{where}.{k}") for k in ("memory_gib", "tflops", "hbm_gbps")}
-    nums["nvlink_gbps"] = _number(entry.get("nvlink_gbps", 0.0), f"{where}.nvlink_gbps", positive=False)
-    nums["pcie_gbps"] = _number(entry.get("pcie_gbps", 32.0), f"{where}.pcie_gbps")
-    vendor = str(entry.get("vendor", "nvidia"))
+    f = Fields(entry, where, kind="GPU", keys=sorted(ENTRY_KEYS | {"name"}))
+    if name is None:
+        name = str(f.raw("name", what="the GPU's name"))
+    fix = "give memory GiB, dense bf16 TFLOPS and HBM GB/s, each > 0"
+    nums = {k: f.req_num(k, gt=0, fix=fix) for k in ("memory_gib", "tflops", "hbm_gbps")}
+    nums["nvlink_gbps"] = f.opt_num("nvlink_gbps", 0.0, ge=0)
+    nums["pcie_gbps"] = f.opt_num("pcie_gbps", 32.0, gt=0)
+    vendor = f.opt_str("vendor", "nvidia")
     gpu = GPUType(name=str(name), vendor=vendor, **nums)
     default_cls = "cpu" if vendor == "cpu" else "sxm" if gpu.nvlink_gbps > 0 else "pcie"
-    cls = str(entry.get("class", default_cls))
-    if cls not in _classes():
-        raise AutoparError(f"{where}.class", f"unknown class {cls!r}", f"use one of {', '.join(_classes())}")
-    overrides = entry.get("node") or {}
-    if not isinstance(overrides, dict):
-        raise AutoparError(f"{where}.node", f"must be a mapping, got {overrides!r}", f"use keys {', '.join(NODE_KEYS)}")
-    bad = sorted(set(overrides) - set(NODE_KEYS))
-    if bad:
-        raise AutoparError(f"{where}.node.{bad[0]}", "is not a node default", f"use {', '.join(NODE_KEYS)}")
-    return gpu, cls, dict(overrides)
+    cls = f.opt_str("class", default_cls, choices=tuple(_classes()))
+    overrides = _node_values(f.opt_mapping("node", {}), f.at("node"), required=False)
+    return gpu, cls, overrides
+
+
+def _node_values(raw: object, where: str, required: bool) -> dict:
+    """Node defaults (a class of node_classes, or a GPU's ``node:`` overrides), every value checked."""
+    f = Fields(raw, where, kind="node default", keys=NODE_KEYS)
+    out: dict = {}
+    for key in NODE_KEYS:
+        if not (required or f.has(key)):
+            continue
+        if key == "gpus_per_node":
+            out[key] = f.req_int(key, low=0)
+        elif key == "intra_bw_gbps" and isinstance(f.raw(key), str):  # the GPU's own link figure
+            out[key] = f.req_str(key, choices=("nvlink", "pcie"),
+                                 fix="give GB/s, or nvlink / pcie for the GPU's own link figure")
+        else:
+            out[key] = f.req_num(key, gt=0) if key.endswith("bw_gbps") else f.req_num(key, ge=0)
+    return out
 
 
 @functools.cache
@@ -94,8 +93,11 @@ def _raw() -> dict:
         return yaml.safe_load(f)
 
 
-def _classes() -> dict:
-    return _raw()["node_classes"]
+@functools.cache
+def _classes() -> dict[str, dict]:
+    """node_classes of catalogue.yaml, every value checked."""
+    classes = Fields(_raw(), "catalogue.yaml").req_mapping("node_classes")
+    return {str(k): _node_values(v, f"catalogue.yaml node_classes.{k}", required=True) for k, v in classes.items()}
 
 
 @functools.cache
@@ -103,11 +105,12 @@ def _catalogue() -> tuple[dict[str, tuple[GPUType, str, dict]], dict[str, str]]:
     """({canonical name: (GPUType, class, node overrides)}, {lookup key: canonical name})."""
     entries: dict[str, tuple[GPUType, str, dict]] = {}
     keys: dict[str, str] = {}
-    for name, entry in _raw()["gpus"].items():
+    for raw_name, entry in Fields(_raw(), "catalogue.yaml").req_mapping("gpus").items():
+        name = str(raw_name)
         where = f"catalogue.yaml gpus.{name}"
         gpu, cls, overrides = gpu_from_entry(name, entry, where)
         entries[name] = (gpu, cls, overrides)
-        for alias in [name, *entry.get("aliases", [])]:
+        for alias in [name, *as_list(entry.get("aliases") or [], f"{where}.aliases")]:
             key = normalize(str(alias))
             if keys.get(key, name) != name:
                 raise AutoparError(f"{where}.aliases", f"{alias!r} already names {keys[key]}", "remove the duplicate")

@@ -25,6 +25,14 @@ A node's ``gpu`` may also be a mapping with ``name`` and GPU fields (what Cluste
 ``description`` is free text; a ``name`` key is accepted (to_dict writes one) but the Cluster's
 name is always the spec string as given (preset name, inline spec or file path), so a plan that
 records it can load the same cluster again.
+
+A plan's ``cluster:`` block is the same document read standalone (``cluster_from_doc(...,
+standalone=True)``): its GPUs are listed in it (``gpus:`` or inline, never looked up in the
+catalogue), it has no ``spec:``, it keeps its ``name`` and a ``meta`` mapping, and what it leaves out
+takes the Cluster's own defaults: a node without ``intra_bw_gbps`` uses its GPU's own fabric, one
+without ``name`` is unnamed, and ``repeat: k`` is k equal nodes. Every GPU mapping, in the
+catalogue, a cluster file or a plan, is read by ``catalogue.gpu_from_entry`` with one set of defaults.
+Every field is read by ``autopar.fields``: errors are one line naming the field and the fix.
 """
 
 from __future__ import annotations
@@ -40,41 +48,18 @@ import yaml
 from autopar.cluster import catalogue
 from autopar.cluster.cluster import Cluster, GPUType, Node
 from autopar.errors import AutoparError
+from autopar.fields import Fields, as_list, as_matrix, as_str, join
 
 PRESETS_PATH = Path(__file__).with_name("presets.yaml")
 DOC_KEYS = ("name", "description", "spec", "gpus", "nodes", "inter_bw_gbps", "inter_lat_us",
             "bw_matrix_gbps", "lat_matrix_us", "zones")
 NODE_KEYS = ("gpu", "count", "repeat", "intra_bw_gbps", "intra_lat_us", "zone", "name")
+# A plan's cluster block: no spec (it lists its nodes), plus the Cluster's meta.
+STANDALONE_KEYS = tuple(k for k in DOC_KEYS if k != "spec") + ("meta",)
+NET_FIX = "give GB/s for bandwidths, microseconds for latencies"
 FORMS = ("use a preset (`autopar list clusters`), an inline spec [NODESx]COUNTxGPU joined by + "
          "(8xA100-80G, 2x8xA100-80G, 4xcpu, 8x3090+8x4090+8xA100), or a YAML file path")
 TERM = re.compile(r"^(?:(\d+)[xX])?(\d+)[xX]([A-Za-z0-9][A-Za-z0-9_.\-]*)$")
-
-
-# -- small validators ---------------------------------------------------------------------------
-def _num(value, where: str, positive: bool = True) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise AutoparError(where, f"must be a number, got {value!r}", "give a plain number")
-    if value != value or value < 0 or (positive and value == 0):  # value != value: NaN
-        what = "bandwidth must be > 0" if positive else "must be >= 0"
-        raise AutoparError(where, f"is {value}", f"{what}; give GB/s for bandwidths, microseconds for latencies")
-    return float(value)
-
-
-def _int(value, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise AutoparError(where, f"must be a whole number, got {value!r}", "give an integer such as 8")
-    if value < 1:
-        raise AutoparError(where, f"must be at least 1, got {value}", "give the node at least one GPU, or remove it")
-    return value
-
-
-def _matrix(value, n: int, where: str, positive: bool) -> list[list[float]]:
-    if not isinstance(value, list) or len(value) != n or any(not isinstance(r, list) or len(r) != n for r in value):
-        shape = f"{len(value)} rows" if isinstance(value, list) else type(value).__name__
-        raise AutoparError(where, f"must be {n}x{n} (one row and column per node), got {shape}",
-                           "give one value per node pair, nodes in file order (repeats expanded)")
-    return [[_num(x, f"{where}[{i}][{j}]", positive) if i != j else _num(x, f"{where}[{i}][{j}]", False)
-             for j, x in enumerate(row)] for i, row in enumerate(value)]
 
 
 # -- inline specs -------------------------------------------------------------------------------
@@ -115,103 +100,96 @@ def _default_network(nodes: list[Node], defaults: list[catalogue.NodeDefaults]) 
     return out
 
 
-# -- cluster documents (files and presets) ------------------------------------------------------
-def _custom_gpus(doc: dict, where: str) -> dict[str, tuple[GPUType, str, dict]]:
-    gpus = doc.get("gpus") or {}
-    if not isinstance(gpus, dict):
-        raise AutoparError(f"{where}gpus", "must map GPU names to their fields", "e.g. gpus: {MyGPU: {memory_gib: 24, ...}}")
-    return {catalogue.normalize(str(k)): catalogue.gpu_from_entry(str(k), v, f"{where}gpus.{k}") for k, v in gpus.items()}
+# -- cluster documents (files, presets, a plan's cluster block) --------------------------------------
+def _custom_gpus(f: Fields, standalone: bool) -> dict[str, tuple[GPUType, str, dict]]:
+    """GPU types defined under ``gpus:``, by lookup key (any spelling in a file, the exact name standalone)."""
+    gpus = f.opt_mapping("gpus", {}, fix="map GPU names to their fields, e.g. gpus: {MyGPU: {memory_gib: 24, ...}}")
+    key = str if standalone else catalogue.normalize
+    return {key(str(k)): catalogue.gpu_from_entry(str(k), v, join(f.at("gpus"), k)) for k, v in gpus.items()}
 
 
-def _resolve_gpu(value, custom: dict, where: str) -> tuple[GPUType, catalogue.NodeDefaults]:
+def _resolve_gpu(value, custom: dict, where: str, gpus_at: str,
+                 standalone: bool) -> tuple[GPUType, catalogue.NodeDefaults]:
+    """A node's ``gpu`` (inline mapping, ``gpus:`` entry or catalogue name) and its node defaults."""
     if isinstance(value, dict):
-        if "name" not in value:
-            raise AutoparError(f"{where}.name", "is missing", "give the inline GPU a name")
-        gpu, cls, over = catalogue.gpu_from_entry(str(value["name"]), value, where)
+        gpu, cls, over = catalogue.gpu_from_entry(None, value, where)
         return gpu, catalogue.node_defaults(gpu, cls, over)
     if isinstance(value, int) and not isinstance(value, bool):
         value = str(value)  # `gpu: 4090` reads as a number in YAML
-    if not isinstance(value, str):
-        raise AutoparError(where, f"must be a GPU name or mapping, got {value!r}", "e.g. gpu: A100-80G")
-    key = catalogue.normalize(value)
+    name = as_str(value, where, fix="give a GPU name (gpu: A100-80G) or a mapping with name and GPU fields")
+    key = name if standalone else catalogue.normalize(name)
     if key in custom:
         gpu, cls, over = custom[key]
         return gpu, catalogue.node_defaults(gpu, cls, over)
-    gpu = catalogue.gpu(value, field=where)
+    if standalone:  # a plan's cluster stands alone: its GPUs are listed in it, never looked up
+        raise AutoparError(where, f"names GPU {name!r}, which {gpus_at} does not list",
+                           f"add {name} under {gpus_at} or give the GPU inline")
+    gpu = catalogue.gpu(name, field=where)
     return gpu, catalogue.node_defaults(gpu)
 
 
-def _doc_nodes(doc: dict, where: str) -> tuple[list[Node], list[catalogue.NodeDefaults]]:
-    if ("spec" in doc) == ("nodes" in doc):
-        raise AutoparError(f"{where}nodes", "give either nodes: or spec:, not both or neither",
+def _doc_nodes(f: Fields, standalone: bool) -> tuple[list[Node], list[catalogue.NodeDefaults]]:
+    """The nodes (repeats expanded) and, for files, each node's catalogue defaults."""
+    if f.has("spec") == f.has("nodes"):
+        raise AutoparError(f.at("nodes"), "give either nodes: or spec:, not both or neither",
                            "e.g. spec: 2x8xA100-80G, or nodes: [{gpu: A100, count: 8, repeat: 2}]")
-    if "spec" in doc:
-        nodes = _inline_nodes(str(doc["spec"]))
+    if f.has("spec"):
+        spec = str(f.raw("spec"))
+        nodes = _inline_nodes(spec)
         if nodes is None:
-            raise AutoparError(f"{where}spec", f"cannot read {doc['spec']!r}", "give [NODESx]COUNTxGPU terms joined by +")
+            raise AutoparError(f.at("spec"), f"cannot read {spec!r}", "give [NODESx]COUNTxGPU terms joined by +")
         return nodes, [catalogue.node_defaults(nd.gpu) for nd in nodes]
-    raw = doc["nodes"]
-    if not isinstance(raw, list) or not raw:
-        raise AutoparError(f"{where}nodes", "must be a non-empty list of nodes", "e.g. nodes: [{gpu: A100, count: 8}]")
-    custom = _custom_gpus(doc, where)
+    raw = as_list(f.raw("nodes"), f.at("nodes"), nonempty=True,
+                  fix="give at least one node, e.g. nodes: [{gpu: A100, count: 8}]")
+    custom = _custom_gpus(f, standalone)
     nodes: list[Node] = []
     defaults: list[catalogue.NodeDefaults] = []
-    for i, nd in enumerate(raw):
-        at = f"{where}nodes[{i}]"
-        if not isinstance(nd, dict):
-            raise AutoparError(at, f"must be a mapping, got {nd!r}", "e.g. {gpu: A100, count: 8}")
-        bad = sorted(set(nd) - set(NODE_KEYS))
-        if bad:
-            raise AutoparError(f"{at}.{bad[0]}", "is not a node field", f"use {', '.join(NODE_KEYS)}")
-        if "gpu" not in nd or "count" not in nd:
-            raise AutoparError(f"{at}.{'gpu' if 'gpu' not in nd else 'count'}", "is missing",
-                               "every node needs gpu and count")
-        gpu, d = _resolve_gpu(nd["gpu"], custom, f"{at}.gpu")
-        count = _int(nd["count"], f"{at}.count")
-        repeat = _int(nd.get("repeat", 1), f"{at}.repeat")
-        intra = _num(nd["intra_bw_gbps"], f"{at}.intra_bw_gbps") if "intra_bw_gbps" in nd else d.intra_bw_gbps
-        lat = _num(nd["intra_lat_us"], f"{at}.intra_lat_us", False) if "intra_lat_us" in nd else d.intra_lat_us
+    for i, rn in enumerate(raw):
+        nf = Fields(rn, f"{f.at('nodes')}[{i}]", kind="node", keys=NODE_KEYS)
+        gpu, d = _resolve_gpu(nf.raw("gpu", what="a GPU name, e.g. gpu: A100-80G"), custom, nf.at("gpu"),
+                              f.at("gpus"), standalone)
+        count = nf.req_int("count", low=1)
+        repeat = nf.opt_int("repeat", 1, low=1)
+        # Standalone, a field left out takes the Node's own default (intra 0: the GPU's own fabric),
+        # exactly what the plan writer leaves out; in a cluster file the catalogue class's default.
+        intra = nf.opt_num("intra_bw_gbps", Node.intra_bw_gbps if standalone else d.intra_bw_gbps, gt=0, fix=NET_FIX)
+        lat = nf.opt_num("intra_lat_us", Node.intra_lat_us if standalone else d.intra_lat_us, ge=0, fix=NET_FIX)
+        zone = str(nf.raw("zone", "default"))
+        given = nf.raw("name", None)
         for k in range(repeat):
-            name = str(nd.get("name", f"node{len(nodes)}"))
-            if "name" in nd and repeat > 1:
-                name = f"{name}-{k}"
-            nodes.append(Node(gpu=gpu, count=count, intra_bw_gbps=intra, intra_lat_us=lat,
-                              zone=str(nd.get("zone", "default")), name=name))
+            if standalone:  # repeat: k equal nodes, names included (what the writer merged)
+                name = "" if given is None else str(given)
+            else:
+                name = f"node{len(nodes)}" if given is None else f"{given}-{k}" if repeat > 1 else str(given)
+            nodes.append(Node(gpu=gpu, count=count, intra_bw_gbps=intra, intra_lat_us=lat, zone=zone, name=name))
             defaults.append(d)
     return nodes, defaults
 
 
-def _zone_matrices(zones, nodes: list[Node], bwm: list, latm: list, lat: float, where: str) -> tuple[list, list]:
+def _zone_matrices(z: Fields, nodes: list[Node], bwm: list, latm: list, lat: float) -> tuple[list, list]:
     """Node x node matrices from per-zone-pair links over the base matrices ``bwm`` / ``latm``
     (pairs inside one zone keep them); ``lat`` is the latency of a link that gives none."""
-    if not isinstance(zones, dict) or set(zones) - {"links", "default"}:
-        raise AutoparError(f"{where}zones", "must be a mapping with links: (and optionally default:)",
-                           "e.g. zones: {links: [{zones: [east, west], bw_gbps: 1.25, lat_us: 30000}]}")
     links: dict[frozenset, tuple[float, float]] = {}
-    for i, link in enumerate(zones.get("links") or []):
-        at = f"{where}zones.links[{i}]"
-        pair = link.get("zones") if isinstance(link, dict) else None
+    for i, link in enumerate(z.opt_list("links", [])):
+        lf = Fields(link, f"{z.at('links')}[{i}]", kind="zone link", keys=("zones", "bw_gbps", "lat_us"))
+        pair = lf.raw("zones", what="the two zones it joins, e.g. zones: [east, west]")
         if not isinstance(pair, list) or len(pair) != 2:
-            raise AutoparError(f"{at}.zones", f"must name two zones, got {pair!r}", "e.g. zones: [east, west]")
-        if "bw_gbps" not in link:
-            raise AutoparError(f"{at}.bw_gbps", "is missing", "give the bandwidth between the zones in GB/s")
-        links[frozenset(map(str, pair))] = (_num(link["bw_gbps"], f"{at}.bw_gbps"),
-                                            _num(link.get("lat_us", lat), f"{at}.lat_us", False))
-    default = zones.get("default")
-    if default is not None:
-        if not isinstance(default, dict) or "bw_gbps" not in default:
-            raise AutoparError(f"{where}zones.default", "needs bw_gbps (and lat_us)", "e.g. default: {bw_gbps: 1, lat_us: 50000}")
-        default = (_num(default["bw_gbps"], f"{where}zones.default.bw_gbps"),
-                   _num(default.get("lat_us", lat), f"{where}zones.default.lat_us", False))
-    known = {z for pair in links for z in pair}
+            raise AutoparError(lf.at("zones"), f"must name two zones, got {pair!r}", "e.g. zones: [east, west]")
+        links[frozenset(map(str, pair))] = (lf.req_num("bw_gbps", gt=0, fix=NET_FIX),
+                                            lf.opt_num("lat_us", lat, ge=0, fix=NET_FIX))
+    default = None
+    if z.has("default"):
+        df = z.sub("default", kind="zone default", keys=("bw_gbps", "lat_us"))
+        default = (df.req_num("bw_gbps", gt=0, fix=NET_FIX), df.opt_num("lat_us", lat, ge=0, fix=NET_FIX))
+    known = {zn for pair in links for zn in pair}
     node_zones = {nd.zone for nd in nodes}
     strays = sorted(known - node_zones)
     if strays:
-        raise AutoparError(f"{where}zones.links", f"zone {strays[0]!r} has no nodes",
+        raise AutoparError(z.at("links"), f"zone {strays[0]!r} has no nodes",
                            f"check the spelling; the nodes' zones are {', '.join(sorted(node_zones))}")
     for nd in nodes:
         if nd.zone not in known and default is None and len(node_zones) > 1:
-            raise AutoparError(f"{where}zones.links", f"no link names zone {nd.zone!r} (node {nd.name})",
+            raise AutoparError(z.at("links"), f"no link names zone {nd.zone!r} (node {nd.name})",
                                "add a link for every zone pair, or a zones.default")
     n = len(nodes)
     bwm, latm = [list(r) for r in bwm], [list(r) for r in latm]
@@ -223,43 +201,47 @@ def _zone_matrices(zones, nodes: list[Node], bwm: list, latm: list, lat: float, 
                 bwm[a][b], latm[a][b] = links[key]
             elif za != zb:
                 if default is None:
-                    raise AutoparError(f"{where}zones.links", f"zones {za!r} and {zb!r} have no link",
+                    raise AutoparError(z.at("links"), f"zones {za!r} and {zb!r} have no link",
                                        "add {zones: [" + f"{za}, {zb}" + "], bw_gbps: ..., lat_us: ...} or a zones.default")
                 bwm[a][b], latm[a][b] = default
     return bwm, latm
 
 
-def cluster_from_doc(doc, name: str, where: str = "") -> Cluster:
-    """A Cluster from a cluster document (parsed YAML of a file or preset), named ``name``.
+def cluster_from_doc(doc: object, name: str | None, where: str = "", *, standalone: bool = False) -> Cluster:
+    """A Cluster from a cluster document (parsed YAML of a file, a preset, or a plan's ``cluster:`` block).
 
-    ``where`` prefixes every field named in an error (e.g. ``my.yaml:``).
+    ``name``: the Cluster's name (None: the document's ``name``). ``where`` prefixes every field named
+    in an error (``my.yaml:``, or ``cluster`` for a plan's block). ``standalone`` reads a plan's block:
+    GPUs only from the document (no catalogue), a ``meta`` mapping, and fields left out take the
+    Cluster's and Node's own defaults rather than the catalogue's; GPU fields are read by
+    ``catalogue.gpu_from_entry`` either way.
     """
-    if not isinstance(doc, dict):
-        raise AutoparError(where.rstrip(":") or "cluster", "must be a mapping with nodes: or spec:",
-                           "see the cluster file format in autopar/cluster/parse.py")
-    bad = sorted(set(doc) - set(DOC_KEYS))
-    if bad:
-        close = difflib.get_close_matches(bad[0], DOC_KEYS, n=1)
-        raise AutoparError(f"{where}{bad[0]}", "is not a cluster field",
-                           (f"did you mean {close[0]}? " if close else "") + f"use {', '.join(DOC_KEYS)}")
-    nodes, defaults = _doc_nodes(doc, where)
-    net = _default_network(nodes, defaults)
+    f = Fields(doc, where, kind="cluster", keys=STANDALONE_KEYS if standalone else DOC_KEYS)
+    nodes, defaults = _doc_nodes(f, standalone)
+    # Standalone: the Cluster's own defaults (what the plan reader has always used).
+    net = ({"inter_bw_gbps": Cluster.inter_bw_gbps, "inter_lat_us": Cluster.inter_lat_us} if standalone
+           else _default_network(nodes, defaults))
     n = len(nodes)
-    if "zones" in doc and ("bw_matrix_gbps" in doc or "lat_matrix_us" in doc):
-        raise AutoparError(f"{where}zones", "cannot be combined with bw_matrix_gbps / lat_matrix_us",
+    if f.has("zones") and (f.has("bw_matrix_gbps") or f.has("lat_matrix_us")):
+        raise AutoparError(f.at("zones"), "cannot be combined with bw_matrix_gbps / lat_matrix_us",
                            "give either per-zone links or node matrices")
     # each given value replaces its default (a scalar drops the default per-pair matrix too)
-    for scalar, mat, positive in (("inter_bw_gbps", "bw_matrix_gbps", True), ("inter_lat_us", "lat_matrix_us", False)):
-        if scalar in doc:
-            net[scalar] = _num(doc[scalar], f"{where}{scalar}", positive)
+    for scalar, mat, bound in (("inter_bw_gbps", "bw_matrix_gbps", {"gt": 0.0}),
+                               ("inter_lat_us", "lat_matrix_us", {"ge": 0.0})):
+        if f.has(scalar):
+            net[scalar] = f.req_num(scalar, **bound, fix=NET_FIX)
             net.pop(mat, None)
-        if mat in doc:
-            net[mat] = _matrix(doc[mat], n, f"{where}{mat}", positive)
-    if "zones" in doc:
+        if f.has(mat):
+            net[mat] = as_matrix(f.raw(mat), f.at(mat), n, **bound)
+    if f.has("zones"):
         net["bw_matrix_gbps"], net["lat_matrix_us"] = _zone_matrices(
-            doc["zones"], nodes, net.get("bw_matrix_gbps") or [[net["inter_bw_gbps"]] * n for _ in range(n)],
-            net.get("lat_matrix_us") or [[net["inter_lat_us"]] * n for _ in range(n)], net["inter_lat_us"], where)
-    return Cluster(nodes=nodes, name=name, **net)
+            f.sub("zones", kind="zones", keys=("links", "default")), nodes,
+            net.get("bw_matrix_gbps") or [[net["inter_bw_gbps"]] * n for _ in range(n)],
+            net.get("lat_matrix_us") or [[net["inter_lat_us"]] * n for _ in range(n)], net["inter_lat_us"])
+    doc_name = f.opt_str("name", "")
+    f.opt_str("description", "")
+    meta = f.opt_mapping("meta", {}) if standalone else {}
+    return Cluster(nodes=nodes, name=doc_name if name is None else name, meta=meta, **net)
 
 
 # -- presets and files --------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Plans: dataclasses (schema), YAML load/save (io, reader), and the validator."""
+"""Plans: dataclasses (schema), YAML load/save (io, reader), the plan rules (rules) and the validator."""
 
 from autopar.plan.io import dump_plan_yaml, load_plan, plan_to_dict, save_plan
 from autopar.plan.reader import plan_from_dict

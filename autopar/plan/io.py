@@ -28,9 +28,10 @@ Format (``autopar_plan: 1``)::
 
 ``names: P<a>-P<b>`` stands for the units ``P<a>, P<a+1>, ..., P<b>`` (one prefix, numbers without
 leading zeros); it is written for every run of two or more such units that share one strategy, and
-only when it reads back to exactly those names. ``sp`` is written only when true. A node entry
-without ``name`` has the empty name, without ``intra_bw_gbps`` the GPU's default fabric, without
-``zone`` the zone ``default``; ``repeat: k`` stands for k equal nodes in a row.
+only when it reads back to exactly those names. ``sp`` is written only when true. The ``cluster:``
+block is a cluster document (autopar/cluster/parse.py) read standalone: its GPUs are listed in it,
+and a node entry without ``name`` has the empty name, without ``intra_bw_gbps`` the GPU's default
+fabric, without ``zone`` the zone ``default``; ``repeat: k`` stands for k equal nodes in a row.
 
 Every error while reading is an AutoparError naming the field path as written in the file
 (``pipelines[0].stages[1].layers[2].tp``: the third entry of that stage's ``layers`` list).
@@ -47,8 +48,9 @@ import yaml
 
 from autopar.cluster.cluster import Cluster
 from autopar.errors import AutoparError
+from autopar.fields import kind_of
 from autopar.fileio import write_text_atomic
-from autopar.plan.reader import VERSION_KEY, _expand_range, _kind, plan_from_dict
+from autopar.plan.reader import VERSION_KEY, _expand_range, plan_from_dict
 from autopar.plan.schema import PLAN_VERSION, Plan, StageLayer
 
 _NUMBERED = re.compile(r"^(?P<prefix>.*?)(?P<num>0|[1-9]\d*)$")
@@ -218,6 +220,6 @@ def load_plan(path: str | os.PathLike) -> Plan:
         raise AutoparError("plan", f"{path} is not valid YAML{at} ({problem})",
                            "fix the YAML there or write the plan again with autopar search") from e
     if not isinstance(data, dict):
-        raise AutoparError("plan", f"{path} does not hold a plan (top level is {_kind(data)}, not a mapping)",
+        raise AutoparError("plan", f"{path} does not hold a plan (top level is {kind_of(data)}, not a mapping)",
                            "give a plan file written by autopar search")
     return plan_from_dict(data)

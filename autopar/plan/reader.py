@@ -1,156 +1,91 @@
 """Reading plan dicts back into Plan objects: typed fields, and errors that name the field path.
 
 Every error is an AutoparError naming the path as written in the file
-(``pipelines[0].stages[1].layers[2].tp``: the third entry of that stage's ``layers`` list).
+(``pipelines[0].stages[1].layers[2].tp``: the third entry of that stage's ``layers`` list). Fields
+are read by ``autopar.fields`` and the embedded ``cluster:`` by ``cluster_from_doc``, the reader of
+cluster files, in its standalone form (GPUs from the block itself, no catalogue).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import re
 
-from autopar.cluster.cluster import Cluster, GPUType, cluster_from_dict
+from autopar.cluster.parse import cluster_from_doc
 from autopar.errors import AutoparError
+from autopar.fields import Fields, as_int, as_list, as_str, kind_of
 from autopar.plan.schema import PLAN_VERSION, SCHEDULES, ModelRef, Pipeline, Plan, Stage, StageLayer, Strategy
 
 VERSION_KEY = "autopar_plan"
+TOP_KEYS = (VERSION_KEY, "model", "global_batch_size", "schedule", "memory_budget_gib", "pipelines", "cluster",
+            "predicted", "search")
+MODEL_KEYS = ("name", "source", "seq_len", "layers")
+PIPELINE_KEYS = ("batch_share", "micro_batch_size", "num_microbatches", "stages")
+STAGE_KEYS = ("devices", "layers")
+LAYER_KEYS = ("name", "names", "tp", "zero", "ckpt", "sp")
 _RANGE = re.compile(r"^(?P<prefix>.*?)(?P<a>\d+)-(?P=prefix)(?P<b>\d+)$")
-_GPU_KEYS = {f.name for f in dataclasses.fields(GPUType)}
 
 
 def plan_from_dict(d: dict) -> Plan:
     """Inverse of ``plan_to_dict``; rejects unknown versions, missing keys and wrong types by field path."""
     if not isinstance(d, dict):
-        raise AutoparError("plan", f"is {_kind(d)}, not a mapping", "give a plan file written by autopar search")
+        raise AutoparError("plan", f"is {kind_of(d)}, not a mapping", "give a plan file written by autopar search")
     if VERSION_KEY not in d:
         raise AutoparError(VERSION_KEY, "is missing, so this is not an autopar plan",
                            f"write plans with autopar search (they start with '{VERSION_KEY}: {PLAN_VERSION}')")
-    top = _Fields(d, "")
-    version = top.int(VERSION_KEY, low=1)
+    top = Fields(d, "", kind="plan", keys=TOP_KEYS)
+    version = top.req_int(VERSION_KEY, low=1)
     if version > PLAN_VERSION:
         raise AutoparError(VERSION_KEY, f"plan format {version} is newer than this autopar reads ({PLAN_VERSION})",
                            "upgrade autopar, or write the plan again with this version")
-    m = _Fields(top.req("model", dict), "model")
-    model = ModelRef(name=m.str("name"), seq_len=m.int("seq_len", low=1), num_layers=m.int("layers", low=1),
-                     source=m.str("source", default=""))
-    m.done()
-    cluster = _cluster_in(top.req("cluster", dict), "cluster")
-    gbs = top.int("global_batch_size", low=1)
-    schedule = top.str("schedule", default="1f1b")
-    if schedule not in SCHEDULES:
-        raise AutoparError("schedule", f"unknown schedule {schedule!r}", f"use one of {', '.join(SCHEDULES)}")
-    budget = top.num("memory_budget_gib", default=None)
-    if budget is not None and budget <= 0:
-        raise AutoparError("memory_budget_gib", f"must be positive, got {budget}", "give GiB per device, or omit it")
-    raw_pipes = top.req("pipelines", list)
-    if not raw_pipes:
-        raise AutoparError("pipelines", "is empty", "give at least one pipeline")
+    m = top.sub("model", kind="model", keys=MODEL_KEYS)
+    model = ModelRef(name=m.req_str("name"), seq_len=m.req_int("seq_len", low=1), num_layers=m.req_int("layers", low=1),
+                     source=m.opt_str("source", ""))
+    cluster = cluster_from_doc(top.req_mapping("cluster"), None, "cluster", standalone=True)
+    gbs = top.req_int("global_batch_size", low=1)
+    schedule = top.opt_str("schedule", "1f1b", choices=SCHEDULES)
+    budget = top.opt_num("memory_budget_gib", None, gt=0, fix="give GiB per device, or omit it")
+    raw_pipes = top.req_list("pipelines", nonempty=True)
     pipelines = [_pipeline_in(p, f"pipelines[{i}]") for i, p in enumerate(raw_pipes)]
-    predicted = top.req("predicted", dict, default={})
-    search = top.req("search", dict, default={})
-    top.done()
+    predicted = top.opt_mapping("predicted", {})
+    search = top.opt_mapping("search", {})
     return Plan(model=model, cluster=cluster, global_batch_size=gbs, pipelines=pipelines, schedule=schedule,
                 memory_budget_gib=budget, predicted=predicted, search=search, version=version)
 
 
-def _kind(x) -> str:
-    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean", int: "an integer",
-            float: "a number", type(None): "empty"}.get(type(x), type(x).__name__)
-
-
-_TYPE_WORDS = {int: "an integer", str: "a string", list: "a list", dict: "a mapping", bool: "true or false"}
-
-
-class _Fields:
-    """Typed access to one mapping of the file; every error names ``path.key`` and what to write."""
-
-    def __init__(self, d, path: str) -> None:
-        if not isinstance(d, dict):
-            raise AutoparError(path or "plan", f"is {_kind(d)}, expected a mapping", "write key: value pairs here")
-        self.d, self.path, self.seen = d, path, set()
-
-    def at(self, key: str) -> str:
-        return f"{self.path}.{key}" if self.path else key
-
-    def _get(self, key: str, default, what: str):
-        self.seen.add(key)
-        if key in self.d and self.d[key] is not None:
-            return self.d[key], True
-        if default is ...:
-            raise AutoparError(self.at(key), "is missing", f"add '{key}:' with {what}")
-        return default, False
-
-    def req(self, key: str, kind: type, default=...):
-        v, given = self._get(key, default, _TYPE_WORDS[kind])
-        if given and (not isinstance(v, kind) or (kind is int and isinstance(v, bool))):
-            raise AutoparError(self.at(key), f"is {_kind(v)} ({v!r}), expected {_TYPE_WORDS[kind]}",
-                               f"write {key} as {_TYPE_WORDS[kind]}")
-        return v
-
-    def int(self, key: str, low: int = 0, default=...) -> int:
-        v = self.req(key, int, default)
-        if key in self.d and v is not None and v < low:
-            raise AutoparError(self.at(key), f"must be at least {low}, got {v}", f"give an integer >= {low}")
-        return v
-
-    def num(self, key: str, default=...) -> float | None:
-        v, given = self._get(key, default, "a number")
-        if not given:
-            return v
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise AutoparError(self.at(key), f"is {_kind(v)} ({v!r}), expected a number", f"write {key} as a number")
-        return float(v)
-
-    def str(self, key: str, default=...) -> str:
-        return self.req(key, str, default)
-
-    def done(self) -> None:
-        extra = [k for k in self.d if k not in self.seen]
-        if extra:
-            raise AutoparError(self.at(str(extra[0])), "is not a known key here",
-                               f"remove it or fix its spelling (known: {', '.join(sorted(self.seen))})")
-
-
-def _pipeline_in(raw, path: str) -> Pipeline:
-    f = _Fields(raw, path)
-    share = f.int("batch_share", low=1)
-    mbs = f.int("micro_batch_size", low=1)
-    nmb = f.int("num_microbatches", low=1)
+def _pipeline_in(raw: object, path: str) -> Pipeline:
+    f = Fields(raw, path, kind="pipeline", keys=PIPELINE_KEYS)
+    share = f.req_int("batch_share", low=1)
+    mbs = f.req_int("micro_batch_size", low=1)
+    nmb = f.req_int("num_microbatches", low=1)
     stages = []
-    for si, rs in enumerate(f.req("stages", list)):
-        sf = _Fields(rs, f"{path}.stages[{si}]")
-        devices = _devices_in(sf.d.get("devices"), sf.at("devices"))
-        sf.seen.add("devices")
+    for si, rs in enumerate(f.req_list("stages")):
+        sf = Fields(rs, f"{path}.stages[{si}]", kind="stage", keys=STAGE_KEYS)
+        devices = _devices_in(sf.raw("devices", what="the stage's global device ids, e.g. 0-7"), sf.at("devices"))
         layers: list[StageLayer] = []
-        for li, entry in enumerate(sf.req("layers", list)):
+        for li, entry in enumerate(sf.req_list("layers")):
             layers.extend(_layer_entry_in(entry, f"{sf.at('layers')}[{li}]"))
-        sf.done()
         stages.append(Stage(devices=devices, layers=layers))
-    f.done()
     return Pipeline(batch_share=share, micro_batch_size=mbs, num_microbatches=nmb, stages=stages)
 
 
-def _layer_entry_in(raw, path: str) -> list[StageLayer]:
-    f = _Fields(raw, path)
-    if ("name" in f.d) == ("names" in f.d):
+def _layer_entry_in(raw: object, path: str) -> list[StageLayer]:
+    f = Fields(raw, path, kind="layer", keys=LAYER_KEYS)
+    if f.has("name") == f.has("names"):
         raise AutoparError(path, "needs exactly one of 'name' (one unit) or 'names' (a range P0-P15 or a list)",
                            "write name: embed, or names: layers.0-layers.15")
-    if "name" in f.d:
-        names = [f.str("name")]
+    if f.has("name"):
+        names = [f.req_str("name")]
     else:
-        f.seen.add("names")
-        raw_names = f.d["names"]
+        raw_names = f.raw("names")
         if isinstance(raw_names, str):
             names = _expand_range(raw_names, f.at("names"))
-        elif isinstance(raw_names, list) and raw_names and all(isinstance(n, str) for n in raw_names):
-            names = list(raw_names)
         else:
-            raise AutoparError(f.at("names"), f"is {_kind(raw_names)}, expected a range like layers.0-layers.15 "
-                               "or a list of unit names", "write names: P<a>-P<b> or names: [a, b]")
-    tp, zero, ckpt = f.int("tp", low=1), f.int("zero"), f.str("ckpt")
-    sp = f.req("sp", bool, default=False)
-    f.done()
-    try:
+            fix = "write names: P<a>-P<b> (a range like layers.0-layers.15) or names: [a, b]"
+            items = as_list(raw_names, f.at("names"), nonempty=True, fix=fix)
+            names = [as_str(n, f"{f.at('names')}[{i}]", fix=fix) for i, n in enumerate(items)]
+    tp, zero, ckpt = f.req_int("tp", low=1), f.req_int("zero", low=0), f.req_str("ckpt")
+    sp = f.opt_bool("sp", False)
+    try:  # the schema states what a strategy may be (zero 0-3, known ckpt modes, sp needs tp > 1)
         strategy = Strategy(tp=tp, zero=zero, ckpt=ckpt, sp=sp)
     except AutoparError as e:  # re-aim the schema's error at this entry of the file
         raise AutoparError(f"{path}.{e.field.rsplit('.', 1)[-1]}", e.problem, e.fix) from e
@@ -173,14 +108,8 @@ def _expand_range(text: str, path: str) -> list[str]:
     return [f"{m['prefix']}{k}" for k in range(int(a), int(b) + 1)]
 
 
-def _devices_in(raw, path: str) -> list[int]:
+def _devices_in(raw: object, path: str) -> list[int]:
     """A list of ints, or a string of ranges and ids like ``0-7`` or ``0-3,8-11``."""
-    if isinstance(raw, list):
-        for i, x in enumerate(raw):
-            if isinstance(x, bool) or not isinstance(x, int) or x < 0:
-                raise AutoparError(f"{path}[{i}]", f"is {x!r}, expected a device id (integer >= 0)",
-                                   "list global device ids, e.g. [0, 1, 2, 3]")
-        return list(raw)
     if isinstance(raw, str):
         out: list[int] = []
         for part in raw.replace(" ", "").split(","):
@@ -189,65 +118,5 @@ def _devices_in(raw, path: str) -> list[int]:
                 raise AutoparError(path, f"{raw!r} is not a device range", "write e.g. 0-7, 0-3,8-11, or a list")
             out.extend(range(int(lo), int(hi if sep else lo) + 1))
         return out
-    if raw is None:
-        raise AutoparError(path, "is missing", "add 'devices:' with the stage's global device ids, e.g. 0-7")
-    raise AutoparError(path, f"is {_kind(raw)} ({raw!r}), expected a list of device ids or a range like 0-7",
-                       "write devices: 0-7 or devices: [0, 1, 2, 3]")
-
-
-def _cluster_in(raw: dict, path: str) -> Cluster:
-    """The embedded cluster: the compact form written here, or ``Cluster.to_dict()`` as is."""
-    f = _Fields(raw, path)
-    gpus = f.req("gpus", dict, default={})
-    for gname, spec in gpus.items():
-        _check_gpu(spec, f"{path}.gpus.{gname}", with_name=False)
-    nodes: list[dict] = []
-    raw_nodes = f.req("nodes", list)
-    if not raw_nodes:
-        raise AutoparError(f.at("nodes"), "is empty", "give at least one node")
-    for i, rn in enumerate(raw_nodes):
-        npath = f"{f.at('nodes')}[{i}]"
-        nf = _Fields(rn, npath)
-        gpu = nf.d.get("gpu")
-        nf.seen.add("gpu")
-        if isinstance(gpu, str):
-            if gpu not in gpus:
-                raise AutoparError(f"{npath}.gpu", f"names GPU {gpu!r}, which {path}.gpus does not list",
-                                   f"add {gpu} under {path}.gpus or give the GPU inline")
-            gpu = {"name": gpu, **gpus[gpu]}
-        else:
-            _check_gpu(gpu, f"{npath}.gpu", with_name=True)
-        node = {"gpu": gpu, "count": nf.int("count", low=1), "intra_bw_gbps": nf.num("intra_bw_gbps", default=0.0),
-                "intra_lat_us": nf.num("intra_lat_us", default=3.0), "zone": nf.str("zone", default="default"),
-                "name": nf.str("name", default="")}
-        repeat = nf.int("repeat", low=1, default=1)
-        nf.done()
-        nodes.extend(dict(node) for _ in range(repeat))
-    d = {"name": f.str("name", default=""), "nodes": nodes, "inter_bw_gbps": f.num("inter_bw_gbps", default=25.0),
-         "inter_lat_us": f.num("inter_lat_us", default=10.0)}
-    for key in ("bw_matrix_gbps", "lat_matrix_us"):
-        mat = f.req(key, list, default=None)
-        if mat is not None:
-            if not all(isinstance(r, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in r)
-                       for r in mat):
-                raise AutoparError(f.at(key), "must be a list of rows of numbers", "give one row per node")
-            d[key] = [[float(x) for x in r] for r in mat]
-    meta = f.req("meta", dict, default={})
-    f.done()
-    cluster = cluster_from_dict(d)
-    cluster.meta = meta
-    return cluster
-
-
-def _check_gpu(spec, path: str, with_name: bool) -> None:
-    f = _Fields(spec, path)
-    if with_name:
-        f.str("name")
-    for key in ("memory_gib", "tflops", "hbm_gbps"):
-        f.num(key)
-    for key in ("nvlink_gbps", "pcie_gbps"):
-        f.num(key, default=None)
-    f.str("vendor", default="nvidia")
-    extra = [k for k in spec if k not in _GPU_KEYS]
-    if extra:
-        raise AutoparError(f"{path}.{extra[0]}", "is not a GPU field", f"use only {', '.join(sorted(_GPU_KEYS))}")
+    fix = "write devices: 0-7 or devices: [0, 1, 2, 3] (global device ids)"
+    return [as_int(x, f"{path}[{i}]", low=0, fix=fix) for i, x in enumerate(as_list(raw, path, fix=fix))]

@@ -26,6 +26,7 @@ from pathlib import Path
 import yaml
 
 from autopar.errors import AutoparError
+from autopar.fields import Fields, as_int, as_str
 from autopar.fileio import write_text_atomic
 
 VERSION_KEY = "autopar_profile"
@@ -53,74 +54,55 @@ class Profile(dict):
         return int(self["model"]["dtype_bytes"])
 
 
-def _need(d: dict, key: str, kind, where: str):
-    if not isinstance(d, dict) or key not in d:
-        raise AutoparError(f"profile.{where}{key}", "is missing", FIX)
-    v = d[key]
-    ok = isinstance(v, kind) and not (kind in ((int, float), int) and isinstance(v, bool))
-    if not ok:
-        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-        raise AutoparError(f"profile.{where}{key}", f"must be a {names}, got {type(v).__name__}", FIX)
-    return v
-
-
-def _positive(d: dict, key: str, where: str) -> float:
-    v = _need(d, key, (int, float), where)
-    if not v > 0:
-        raise AutoparError(f"profile.{where}{key}", f"must be positive, got {v}", FIX)
-    return v
-
-
 def check_profile(doc) -> None:
-    """Raise AutoparError (one line, naming the field) unless ``doc`` is a complete profile."""
-    if not isinstance(doc, dict):
-        raise AutoparError("profile", f"is a {type(doc).__name__}, not a mapping", "give a file written by autopar profile")
-    if VERSION_KEY not in doc:
+    """Raise AutoparError (one line, naming the field) unless ``doc`` is a complete profile.
+
+    Fields are read by ``autopar.fields``; keys beyond those the planner uses are allowed (the
+    profile also records how it was measured).
+    """
+    top = Fields(doc, "profile", fix=FIX)
+    if VERSION_KEY not in top.doc:
         raise AutoparError(f"profile.{VERSION_KEY}", "is missing: not an autopar profile",
                            "give a file written by autopar profile")
-    if doc[VERSION_KEY] != PROFILE_VERSION:
-        raise AutoparError(f"profile.{VERSION_KEY}", f"is version {doc[VERSION_KEY]!r}; this autopar reads "
+    if top.doc[VERSION_KEY] != PROFILE_VERSION:
+        raise AutoparError(f"profile.{VERSION_KEY}", f"is version {top.doc[VERSION_KEY]!r}; this autopar reads "
                            f"version {PROFILE_VERSION}", FIX)
-    dev = _need(doc, "device", dict, "")
-    _need(dev, "type", str, "device.")
-    _need(dev, "nproc", int, "device.")
-    model = _need(doc, "model", dict, "")
-    _need(model, "name", str, "model.")
-    _positive(model, "seq_len", "model.")
-    _positive(model, "dtype_bytes", "model.")
-    _need(model, "units", list, "model.")
-    comp = _need(doc, "compute", dict, "")
-    _positive(comp, "peak_tflops", "compute.")
-    _positive(comp, "hbm_gbps", "compute.")
-    comm = _need(doc, "communication", dict, "")
-    fits = _need(comm, "fits", dict, "communication.")
-    for n, per in fits.items():
-        if not isinstance(n, int) or n < 2:
-            raise AutoparError(f"profile.communication.fits.{n}", "is not a group size >= 2", FIX)
+    dev = top.sub("device")
+    dev.req_str("type")
+    dev.req_int("nproc", low=1)
+    model = top.sub("model")
+    model.req_str("name")
+    model.req_int("seq_len", low=1)
+    model.req_int("dtype_bytes", low=1)
+    unit_names = [as_str(u, f"profile.model.units[{i}]", fix=FIX) for i, u in enumerate(model.req_list("units"))]
+    comp = top.sub("compute")
+    comp.req_num("peak_tflops", gt=0)
+    comp.req_num("hbm_gbps", gt=0)
+    comm = top.sub("communication")
+    fits = comm.sub("fits")
+    for n in fits.doc:
+        as_int(n, fits.at(n), low=2, fix=FIX)  # keys are group sizes
+        per = fits.sub(n)
         for c in COLLECTIVES_USED:
-            row = _need(per, c, dict, f"communication.fits.{n}.")
-            for k in ("alpha_s", "beta_s_per_byte"):
-                v = _need(row, k, (int, float), f"communication.fits.{n}.{c}.")
-                if v < 0:
-                    raise AutoparError(f"profile.communication.fits.{n}.{c}.{k}", f"is negative ({v})", FIX)
-    if fits:
-        link = _need(comm, "link", dict, "communication.")
-        _positive(link, "bw_gbps", "communication.link.")
-        _need(link, "lat_us", (int, float), "communication.link.")
-    mem = _need(doc, "memory", dict, "")
-    table = _need(mem, "state_table", dict, "memory.")
+            row = per.sub(c)
+            row.req_num("alpha_s", ge=0)
+            row.req_num("beta_s_per_byte", ge=0)
+    if fits.doc:
+        link = comm.sub("link")
+        link.req_num("bw_gbps", gt=0)
+        link.req_num("lat_us")
+    mem = top.sub("memory")
+    table = mem.sub("state_table")
     for z in range(4):
-        row = _need(table, f"zero{z}", dict, "memory.state_table.")
-        _need(row, "a", (int, float), f"memory.state_table.zero{z}.")
-        _need(row, "b", (int, float), f"memory.state_table.zero{z}.")
-    units = _need(mem, "units", dict, "memory.")
-    for name in model["units"]:
-        row = _need(units, name, dict, "memory.units.")
+        row = table.sub(f"zero{z}")
+        row.req_num("a")
+        row.req_num("b")
+    units = mem.sub("units")
+    for name in unit_names:
+        row = units.sub(name)
         for k in ("tp_params", "act_tp_bytes", "act_seq_bytes", "act_attn_bytes", "boundary_bytes"):
-            v = _need(row, k, (int, float), f"memory.units.{name}.")
-            if v < 0:
-                raise AutoparError(f"profile.memory.units.{name}.{k}", f"is negative ({v})", FIX)
-    _need(doc, "cost_params", dict, "")
+            row.req_num(k, ge=0)
+    top.req_mapping("cost_params")
 
 
 def load_profile(path: str | os.PathLike) -> Profile:

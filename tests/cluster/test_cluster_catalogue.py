@@ -109,8 +109,20 @@ def test_node_defaults_by_class():
     ({"memory_gib": 24, "tflops": 10, "hbm_gbps": "fast"}, "X.hbm_gbps"),
     ({"memory_gib": 24, "tflops": 10, "hbm_gbps": 900, "flops": 3}, "X.flops"),
     ({"memory_gib": 24, "tflops": 10, "hbm_gbps": 900, "class": "tpu"}, "X.class"),
+    ({"memory_gib": 24, "tflops": 10, "hbm_gbps": 900, "node": {"inter_bw_gbps": "fast"}}, "X.node.inter_bw_gbps"),
+    ({"memory_gib": 24, "tflops": 10, "hbm_gbps": 900, "node": {"intra_bw_gbps": "nvswitch"}}, "X.node.intra_bw_gbps"),
+    ({"memory_gib": 24, "tflops": 10, "hbm_gbps": 900, "node": {"nics": 2}}, "X.node.nics"),
+    ({"memory_gib": 24, "tflops": 10, "hbm_gbps": 900, "pcie_gbps": 0}, "X.pcie_gbps"),
 ])
 def test_custom_entry_errors(entry, field):
     with pytest.raises(AutoparError) as e:
         catalogue.gpu_from_entry("MyGPU", entry, "X")
-    assert e.value.field == field
+    assert e.value.field == field and "\n" not in str(e.value) and e.value.fix
+
+
+def test_custom_entry_defaults_and_node_overrides():
+    gpu, cls, over = catalogue.gpu_from_entry(None, {"name": "G", "memory_gib": 8, "tflops": 1, "hbm_gbps": 9,
+                                                     "node": {"intra_bw_gbps": "pcie", "gpus_per_node": 4}}, "X")
+    assert (gpu.name, gpu.nvlink_gbps, gpu.pcie_gbps, gpu.vendor, cls) == ("G", 0.0, 32.0, "nvidia", "pcie")
+    assert over == {"gpus_per_node": 4, "intra_bw_gbps": "pcie"}
+    assert node_defaults(gpu, cls, over).intra_bw_gbps == 32.0 and node_defaults(gpu, cls, over).gpus_per_node == 4

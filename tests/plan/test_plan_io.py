@@ -13,6 +13,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from plan_testlib import asym_plan, base_plan, valid_plans
 
+from autopar.cluster.catalogue import gpu_from_entry
+from autopar.cluster.parse import load_cluster
 from autopar.errors import AutoparError
 from autopar.plan.io import dump_plan_yaml, load_plan, plan_from_dict, plan_to_dict, save_plan
 from autopar.plan.schema import StageLayer, Strategy
@@ -121,6 +123,74 @@ def test_to_dict_cluster_form_is_read_too():
     assert back.cluster.num_devices == 8 and back.cluster.nodes[0].gpu == plan.cluster.nodes[0].gpu
 
 
+WRITTEN_BEFORE = """\
+# a plan file as autopar wrote it before the cluster block was read by the cluster-file reader
+autopar_plan: 1
+model: {name: tiny, source: '', seq_len: 128, layers: 8}
+global_batch_size: 32
+schedule: gpipe
+memory_budget_gib: 20.0
+pipelines:
+- batch_share: 24
+  micro_batch_size: 2
+  num_microbatches: 12
+  stages:
+  - devices: 0-1
+    layers:
+    - {name: embed, tp: 1, zero: 0, ckpt: none}
+    - {names: layers.0-layers.3, tp: 2, zero: 0, ckpt: none}
+  - devices: 2-3
+    layers:
+    - {names: layers.4-layers.5, tp: 1, zero: 3, ckpt: none}
+    - {name: head, tp: 1, zero: 3, ckpt: none}
+- batch_share: 8
+  micro_batch_size: 2
+  num_microbatches: 4
+  stages:
+  - devices: 4-5
+    layers:
+    - {name: embed, tp: 1, zero: 2, ckpt: full}
+    - {names: layers.0-layers.5, tp: 1, zero: 2, ckpt: full}
+    - {name: head, tp: 1, zero: 2, ckpt: full}
+cluster:
+  name: 4xA100+2x3090
+  gpus:
+    A100-80G: {memory_gib: 80.0, tflops: 312.0, hbm_gbps: 2039.0, nvlink_gbps: 300.0, pcie_gbps: 25.0, vendor: nvidia}
+    RTX3090: {memory_gib: 24.0, tflops: 71.0, hbm_gbps: 936.0, nvlink_gbps: 0.0, pcie_gbps: 16.0, vendor: nvidia}
+  nodes:
+  - {gpu: A100-80G, count: 4, intra_lat_us: 3.0}
+  - {gpu: RTX3090, count: 2, intra_lat_us: 3.0}
+  inter_bw_gbps: 25.0
+  inter_lat_us: 10.0
+predicted: {}
+search: {}
+"""
+
+
+def test_a_plan_file_written_before_still_loads(tmp_path):
+    path = tmp_path / "old.yaml"
+    path.write_text(WRITTEN_BEFORE)
+    assert load_plan(path) == asym_plan()
+
+
+def test_the_cluster_block_is_read_by_the_cluster_file_reader(tmp_path):
+    """One GPU reader, one set of defaults: a GPU mapping without its optional fields is the same GPU in
+    the catalogue's reader, a cluster file's gpus: and a plan's cluster block (inline or listed)."""
+    entry = {"memory_gib": 24, "tflops": 100, "hbm_gbps": 900}
+    gpu = gpu_from_entry("MyGPU", entry, "X")[0]
+    assert (gpu.nvlink_gbps, gpu.pcie_gbps, gpu.vendor) == (0.0, 32.0, "nvidia")
+    cfile = tmp_path / "c.yaml"
+    cfile.write_text(yaml.safe_dump({"gpus": {"MyGPU": entry}, "nodes": [{"gpu": "MyGPU", "count": 4}]}))
+    assert load_cluster(str(cfile)).nodes[0].gpu == gpu
+    d = plan_to_dict(base_plan())
+    d["cluster"] = {"name": "mine", "gpus": {"MyGPU": entry}, "nodes": [{"gpu": "MyGPU", "count": 4, "repeat": 2}]}
+    plan = plan_from_dict(d)
+    assert [nd.gpu for nd in plan.cluster.nodes] == [gpu, gpu] and plan.cluster.name == "mine"
+    assert plan.cluster.nodes[0].intra_bw_gbps == 0.0  # left out in a plan: the GPU's own fabric
+    d["cluster"]["nodes"] = [{"gpu": {"name": "MyGPU", **entry}, "count": 4, "repeat": 2}]
+    assert plan_from_dict(d).cluster == plan.cluster
+
+
 # -- read errors -------------------------------------------------------------------------------
 def _set(path, value):
     """Mutation: set (or delete, value=...) the item at a path of keys/indices."""
@@ -158,14 +228,14 @@ BAD = {
                            "pipelines[0].stages[1].layers[0].names", "leading zeros"),
     "name and names": (_set(L1 + [1, "names"], "head-head"), "pipelines[0].stages[1].layers[1]",
                        "exactly one of 'name'"),
-    "unknown layer key": (_set(L1 + [1, "zer0"], 2), "pipelines[0].stages[1].layers[1].zer0", "not a known key"),
+    "unknown layer key": (_set(L1 + [1, "zer0"], 2), "pipelines[0].stages[1].layers[1].zer0", "not a layer field; did you mean zero?"),
     "devices text": (_set(["pipelines", 0, "stages", 0, "devices"], "0-x"), "pipelines[0].stages[0].devices",
                      "not a device range"),
     "negative device": (_set(["pipelines", 0, "stages", 0, "devices"], [0, -1]),
-                        "pipelines[0].stages[0].devices[1]", "expected a device id"),
+                        "pipelines[0].stages[0].devices[1]", "must be at least 0"),
     "no stages list": (_set(["pipelines", 0, "stages"], {"devices": "0-3"}), "pipelines[0].stages", "a list"),
     "unknown schedule": (_set(["schedule"], "zb-v"), "schedule", "unknown schedule"),
-    "budget negative": (_set(["memory_budget_gib"], -3), "memory_budget_gib", "must be positive"),
+    "budget negative": (_set(["memory_budget_gib"], -3), "memory_budget_gib", "must be > 0"),
     "no pipelines": (_set(["pipelines"], []), "pipelines", "is empty"),
     "model seq_len text": (_set(["model", "seq_len"], "4k"), "model.seq_len", "expected an integer"),
     "cluster gpu unknown": (_set(["cluster", "nodes", 0, "gpu"], "H200"), "cluster.nodes[0].gpu", "does not list"),
@@ -174,6 +244,15 @@ BAD = {
     "gpu field unknown": (_set(["cluster", "gpus", "A100-80G", "fp8"], 1), "cluster.gpus.A100-80G.fp8",
                           "not a GPU field"),
     "predicted not a mapping": (_set(["predicted"], [1, 2]), "predicted", "expected a mapping"),
+    "cluster spec": (_set(["cluster", "spec"], "8xA100"), "cluster.spec", "not a cluster field"),
+    "cluster node key": (_set(["cluster", "nodes", 0, "gpus"], 4), "cluster.nodes[0].gpus", "not a node field"),
+    "cluster inter bw": (_set(["cluster", "inter_bw_gbps"], 0), "cluster.inter_bw_gbps", "must be > 0"),
+    "cluster matrix": (_set(["cluster", "bw_matrix_gbps"], [[0, 1]]), "cluster.bw_matrix_gbps", "2x2"),
+    "cluster gpu memory": (_set(["cluster", "gpus", "A100-80G", "memory_gib"], 0), "cluster.gpus.A100-80G.memory_gib",
+                           "must be > 0"),
+    "cluster inline gpu unnamed": (_set(["cluster", "nodes", 0, "gpu"], {"memory_gib": 8, "tflops": 1, "hbm_gbps": 9}),
+                                   "cluster.nodes[0].gpu.name", "is missing"),
+    "cluster meta": (_set(["cluster", "meta"], "x"), "cluster.meta", "expected a mapping"),
 }
 
 

@@ -89,7 +89,7 @@ def test_unknown_unit():
     plan = base_plan()
     _stage(plan, 1).layers[-1] = StageLayer("lm_head", Strategy())
     problems = _problem(plan)
-    assert problems[0].startswith("pipelines[0].stages[1].layers[3].name: 'lm_head' is not a layer unit of model tiny")
+    assert problems[0].startswith("pipelines[0].stages[1].layers[3].name: 'lm_head' is not a layer unit of the model")
     assert "does not place layer unit(s) head" in problems[1]
 
 
@@ -180,7 +180,7 @@ def test_tp_illegal_for_the_unit():
     plan.pipelines[0].micro_batch_size, plan.pipelines[0].num_microbatches = 8, 4
     problems = _problem(plan)
     assert problems[0].startswith("pipelines[0].stages[0].layers[1].tp: tp 8 is not legal for unit 'layers.0' "
-                                  "(its TP limits are [8, 4, 1024])")
+                                  "(its TP limits are [8, 4, 1024]; tp must divide each); use tp 1, 2 or 4 ")
     assert len(problems) == 6  # one per block
 
 

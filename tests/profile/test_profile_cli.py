@@ -103,7 +103,7 @@ def _write(tmp_path, doc) -> str:
     (lambda d: d.pop("autopar_profile"), "profile.autopar_profile"),
     (lambda d: d.__setitem__("autopar_profile", 99), "version 99"),
     (lambda d: d["compute"].pop("peak_tflops"), "profile.compute.peak_tflops"),
-    (lambda d: d["communication"]["fits"][2]["allreduce"].__setitem__("alpha_s", -1.0), "is negative"),
+    (lambda d: d["communication"]["fits"][2]["allreduce"].__setitem__("alpha_s", -1.0), "must be >= 0"),
     (lambda d: d["memory"]["units"].pop("head"), "profile.memory.units.head"),
     (lambda d: d["memory"]["state_table"].pop("zero2"), "zero2"),
 ])
@@ -116,7 +116,7 @@ def test_malformed_profiles_are_refused_with_one_line(tiny_profile, tmp_path, ca
 def test_unreadable_profiles_are_refused_with_one_line(tmp_path, capsys):
     _one_line_error(SEARCH + ["--profile", str(tmp_path / "nope.yaml")], capsys, "profile", "cannot read")
     _one_line_error(SEARCH + ["--profile", _write(tmp_path, "a: [1, 2\n")], capsys, "not valid YAML")
-    _one_line_error(SEARCH + ["--profile", _write(tmp_path, "- 1\n")], capsys, "not a mapping")
+    _one_line_error(SEARCH + ["--profile", _write(tmp_path, "- 1\n")], capsys, "expected a mapping")
 
 
 @pytest.mark.parametrize("args,needles", [

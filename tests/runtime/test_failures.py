@@ -29,9 +29,9 @@ def _wrap_and_report(rank, world, plan):
 
 
 @pytest.mark.parametrize("plan,words", [
-    (make_plan([(4, 1, [([0, 1], same(GPT_UNITS[:3]))])]), "not placed"),
-    (make_plan([(4, 1, [([0], same(GPT_UNITS))])]), "1 devices but the world has 2"),
-    (make_plan([(3, 1, [([0, 1], same(GPT_UNITS, tp=2))]), (3, 1, [([2, 3], same(GPT_UNITS))])]), "dp 2"),
+    (make_plan([(4, 1, [([0, 1], same(GPT_UNITS[:3]))])]), "does not place layer unit(s) head"),
+    (make_plan([(4, 1, [([0], same(GPT_UNITS))])]), "has 1 device (one process each) but the world has 2"),
+    (make_plan([(3, 1, [([0, 1], same(GPT_UNITS, tp=2))]), (3, 1, [([2, 3], same(GPT_UNITS))])]), "dp = 2 devices / tp 1"),
 ])
 def test_bad_plan_refused_identically_on_every_rank(plan, words):
     world = 2 if "world" in words else plan.world_size
