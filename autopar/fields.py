@@ -7,8 +7,8 @@ Every value read from a file goes through a checker here, which returns it typed
 * ``as_int`` / ``as_num`` / ``as_str`` / ``as_bool`` / ``as_list`` / ``as_mapping`` / ``as_matrix`` check
   one value (a list item, a matrix cell);
 * ``Fields`` wraps one mapping of the file: ``req_*`` (must be there) and ``opt_*`` (a default when
-  absent) getters for the same types, ``sub`` for a nested mapping, and unknown-key detection (up front
-  when the mapping's keys are declared, else ``done()`` after reading).
+  absent) getters for the same types, ``sub`` for a nested mapping, and unknown-key detection up front
+  when the mapping's keys are declared.
 
 A key whose value is empty (``key:`` in YAML, None) counts as absent. Booleans are never numbers
 (YAML reads ``yes`` as true, which must not pass for a count). Paths: a path ending in ``:`` or a
@@ -136,7 +136,7 @@ class Fields:
     """Typed access to one mapping of an input file; every error names ``path.key`` and a fix.
 
     ``kind`` names the mapping in unknown-key errors (``is not a node field``). ``keys``: the keys
-    it may hold, checked at once; without it ``done()`` refuses any key no getter read. ``fix``:
+    it may hold, checked at once (None: any key, as for a profile's free-form sections). ``fix``:
     one fix for every error of this mapping and the ones below it (profiles: "write it again").
     """
 
@@ -144,7 +144,6 @@ class Fields:
                  fix: str | None = None) -> None:
         self.doc = as_mapping(doc, path.rstrip(": ") or kind or "document", fix=fix)
         self.path, self.kind, self.fix = path, kind, fix
-        self.seen: set = set()
         self.keys = list(keys) if keys is not None else None
         if self.keys is not None:
             for k in self.doc:
@@ -161,7 +160,6 @@ class Fields:
 
     def raw(self, key: object, default: object = _REQUIRED, what: str = "a value") -> object:
         """The value of ``key`` unchecked (``default`` when absent; AutoparError when required)."""
-        self.seen.add(key)
         if self.has(key):
             return self.doc[key]
         if default is _REQUIRED:
@@ -171,7 +169,6 @@ class Fields:
     # -- required / optional typed getters: ``fix`` replaces the default fix (the mapping's own comes first)
     def _read(self, key: object, default: object, check, kind: type, fix: str | None, **limits):
         if default is not _REQUIRED and not self.has(key):
-            self.seen.add(key)
             return default
         return check(self.raw(key, what=_WORDS[kind]), self.at(key), fix=self.fix or fix, **limits)
 
@@ -196,9 +193,6 @@ class Fields:
                 fix: str | None = None) -> str | None:
         return self._read(key, default, as_str, str, fix, choices=choices)
 
-    def req_bool(self, key: str, *, fix: str | None = None) -> bool:
-        return self._read(key, _REQUIRED, as_bool, bool, fix)
-
     def opt_bool(self, key: str, default: bool | None, *, fix: str | None = None) -> bool | None:
         return self._read(key, default, as_bool, bool, fix)
 
@@ -217,9 +211,3 @@ class Fields:
     def sub(self, key: object, *, kind: str = "", keys: Iterable[str] | None = None) -> Fields:
         """The nested mapping at ``key`` (required), read with the same fix."""
         return Fields(self.req_mapping(key), self.at(key), kind=kind, keys=keys, fix=self.fix)
-
-    def done(self) -> None:
-        """Refuse keys no getter read (mappings that did not declare their keys)."""
-        extra = [k for k in self.doc if k not in self.seen]
-        if extra:
-            raise unknown_key(self.path, self.kind, extra[0], sorted(map(str, self.seen)), self.fix)

@@ -28,7 +28,7 @@ def test_typed_getters_return_values_and_defaults():
     f = Fields({"i": 3, "x": 2, "s": "a", "b": False, "l": [1], "m": {}, "none": None}, "top")
     assert f.req_int("i", low=1) == 3 and f.opt_int("absent", 7) == 7 and f.opt_int("none", 5) == 5
     assert f.req_num("x", gt=0) == 2.0 and type(f.req_num("x")) is float
-    assert f.req_str("s", choices=("a", "b")) == "a" and f.req_bool("b") is False
+    assert f.req_str("s", choices=("a", "b")) == "a" and f.opt_bool("b", True) is False
     assert f.req_list("l", nonempty=True) == [1] and f.req_mapping("m") == {}
     assert f.opt_mapping("absent", None) is None
 
@@ -43,7 +43,7 @@ def test_typed_getters_return_values_and_defaults():
     ({"x": math.nan}, lambda f: f.req_num("x"), "top.x", "is NaN"),
     ({"x": "fast"}, lambda f: f.req_num("x"), "top.x", "expected a number"),
     ({"s": "zb"}, lambda f: f.req_str("s", choices=("1f1b", "gpipe")), "top.s", "unknown s 'zb'; use one of 1f1b"),
-    ({"b": "yes"}, lambda f: f.req_bool("b"), "top.b", "expected true or false"),
+    ({"b": "yes"}, lambda f: f.opt_bool("b", False), "top.b", "expected true or false"),
     ({"l": []}, lambda f: f.req_list("l", nonempty=True), "top.l", "is empty"),
     ({"m": [1]}, lambda f: f.req_mapping("m"), "top.m", "is a list ([1]), expected a mapping"),
     ({}, lambda f: f.req_int("gone"), "top.gone", "is missing; add 'gone:' with an integer"),
@@ -55,13 +55,10 @@ def test_bad_values_name_the_field_and_a_fix(doc, call, field, words):
     assert len(str(e)) < 200
 
 
-def test_unknown_keys_up_front_with_a_suggestion_or_after_reading():
+def test_unknown_keys_up_front_with_a_suggestion():
     e = _err(Fields, {"inter_bw": 1}, "c.yaml:", kind="cluster", keys=("inter_bw_gbps", "nodes"))
     assert str(e) == "c.yaml:inter_bw: is not a cluster field; did you mean inter_bw_gbps? use inter_bw_gbps, nodes"
-    f = Fields({"a": 1, "zz": 2}, "top", kind="node")
-    f.req_int("a")
-    e = _err(f.done)
-    assert e.field == "top.zz" and "is not a node field" in str(e)
+    assert Fields({"anything": 1}, "profile").req_int("anything") == 1  # keys=None: free-form
 
 
 def test_one_fix_for_a_whole_document():

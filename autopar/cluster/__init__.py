@@ -1,10 +1,9 @@
 """Clusters: the GPU catalogue (YAML data), presets, inline specs and cluster files."""
 
 from autopar.cluster.catalogue import describe_gpu, gpu, gpu_names, node_defaults
-from autopar.cluster.cluster import GIB, Cluster, GPUType, Node, cluster_from_dict
+from autopar.cluster.cluster import GIB, Cluster, GPUType, Node
 from autopar.cluster.parse import (
     cluster_from_doc,
-    describe_cluster,
     load_cluster,
     preset_description,
     preset_names,
@@ -15,9 +14,7 @@ __all__ = [
     "Cluster",
     "GPUType",
     "Node",
-    "cluster_from_dict",
     "cluster_from_doc",
-    "describe_cluster",
     "describe_gpu",
     "gpu",
     "gpu_names",

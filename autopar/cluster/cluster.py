@@ -209,7 +209,7 @@ class Cluster:
         return "+".join(parts)
 
     def to_dict(self) -> dict:
-        """Plain data (YAML-ready) that ``cluster_from_dict`` turns back into an equal Cluster."""
+        """Plain data (YAML-ready) that ``cluster_from_doc(d, None, standalone=True)`` reads back equal."""
         d: dict = {
             "name": self.name,
             "nodes": [
@@ -233,17 +233,3 @@ class Cluster:
         if self.lat_matrix_us is not None:
             d["lat_matrix_us"] = [list(map(float, r)) for r in self.lat_matrix_us]
         return d
-
-
-def cluster_from_dict(d: dict) -> Cluster:
-    """Inverse of ``Cluster.to_dict`` (GPU entries are embedded, so no catalogue is needed)."""
-    nodes = []
-    for i, nd in enumerate(d["nodes"]):
-        g = nd["gpu"]
-        gpu = GPUType(**g)
-        nodes.append(Node(gpu=gpu, count=int(nd["count"]), intra_bw_gbps=float(nd.get("intra_bw_gbps", 0.0)),
-                          intra_lat_us=float(nd.get("intra_lat_us", 3.0)), zone=nd.get("zone", "default"),
-                          name=nd.get("name", f"node{i}")))
-    return Cluster(nodes=nodes, inter_bw_gbps=float(d.get("inter_bw_gbps", 25.0)),
-                   inter_lat_us=float(d.get("inter_lat_us", 10.0)), bw_matrix_gbps=d.get("bw_matrix_gbps"),
-                   lat_matrix_us=d.get("lat_matrix_us"), name=d.get("name", ""))

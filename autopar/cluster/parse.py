@@ -307,33 +307,3 @@ def load_cluster(spec: str) -> Cluster:
         hint = f"did you mean {' or '.join(close)}? " if close else ""
         raise AutoparError("cluster", f"cannot read {spec!r}", hint + FORMS)
     return Cluster(nodes=nodes, name=spec, **_default_network(nodes, [catalogue.node_defaults(nd.gpu) for nd in nodes]))
-
-
-# -- descriptions -------------------------------------------------------------------------------
-def _fmt_lat(us: float) -> str:
-    return f"{us / 1000:g} ms" if us >= 1000 else f"{us:g} us"
-
-
-def _span(values: list[float], fmt) -> str:
-    lo, hi = min(values), max(values)
-    return fmt(lo) if lo == hi else f"{fmt(lo)}-{fmt(hi)}"
-
-
-def describe_cluster(c: Cluster) -> str:
-    """One line for ``autopar list clusters``: name, devices, types, memory, network."""
-    counts: dict[str, int] = {}
-    for nd in c.nodes:
-        counts[nd.gpu.name] = counts.get(nd.gpu.name, 0) + nd.count
-    types = " + ".join(f"{k}x{name}" for name, k in counts.items())
-    mem = sum(nd.gpu.memory_gib * nd.count for nd in c.nodes)
-    intra = _span([nd.intra_bw / 1e9 for nd in c.nodes], lambda v: f"{v:g}") + " GB/s"
-    if c.num_nodes == 1:
-        net = "single node"
-    else:
-        pairs = [c.node_link(a, b) for a in range(c.num_nodes) for b in range(c.num_nodes) if a != b]
-        net = (f"inter {_span([bw / 1e9 for bw, _ in pairs], lambda v: f'{v:g}')} GB/s, "
-               f"{_span([lat * 1e6 for _, lat in pairs], _fmt_lat)}")
-        if c.bw_matrix_gbps is not None or c.lat_matrix_us is not None:
-            net += " (per node pair)"
-    return (f"{c.name or c.describe()}: {c.num_devices} devices, {c.num_nodes} node{'s' * (c.num_nodes > 1)}, "
-            f"{types}, {mem:g} GiB, intra {intra}, {net}")

@@ -75,9 +75,6 @@ class Stage:
     def tp_groups(self, tp: int) -> list[list[int]]:
         return [self.devices[i:i + tp] for i in range(0, len(self.devices), tp)]
 
-    def dp_groups(self, tp: int) -> list[list[int]]:
-        return [self.devices[j::tp] for j in range(tp)]
-
     @property
     def layer_names(self) -> list[str]:
         return [ly.name for ly in self.layers]
@@ -132,11 +129,6 @@ class Plan:
     @property
     def world_size(self) -> int:
         return len(self.devices)
-
-    @property
-    def is_asymmetric(self) -> bool:
-        """True when there is more than one pipeline (a homogeneous plan is one pipeline)."""
-        return len(self.pipelines) > 1
 
     def placements(self, layer_name: str) -> list[tuple[int, int, StageLayer]]:
         """(pipeline index, stage index, StageLayer) for every place ``layer_name`` runs."""
