@@ -2,8 +2,7 @@
 
 Each case runs in a fresh subprocess pinned to one CPU core (numpy single-threaded) so its peak
 RSS is its own. Targets (issue 2): llama2-7b on 8/16/32 GPUs < 2 s each; llama2-70b on 1024 GPUs
-< 30 s; peak memory < 2 GiB. Reference: Galvatron's search engine needs 160-500 s for llama-7b on
-8-16 GPUs and 950 s on 32 GPUs on this kind of machine.
+< 30 s; peak memory < 2 GiB.
 
     python benchmarks/search_speed.py            # prints the table, writes benchmarks/results/search_speed.json
 """
