@@ -28,6 +28,7 @@ ALLOWED: dict[str, set[str]] = {
     "autopar.plan": {"autopar.errors", "autopar.fileio", "autopar.fields", "autopar.units", "autopar.cluster",
                      "autopar.modelspec", "cost_models"},
     "autopar.estimate": {"autopar.errors", "autopar.cluster", "autopar.modelspec", "autopar.plan", "cost_models"},
+    "autopar.measured": {"autopar.errors", "autopar.fields", "autopar.cluster", "autopar.modelspec", "autopar.plan"},
     "autopar.search": {"autopar.errors", "autopar.version", "autopar.cluster", "autopar.modelspec", "autopar.plan",
                        "autopar.estimate", "cost_models"},
     "autopar.models": {"autopar.errors", "autopar.units"},

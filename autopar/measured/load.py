@@ -1,0 +1,126 @@
+"""``load_runs``: one ``autopar-measured/1`` file into a RunSet (see /work/shared/measured/README.md).
+
+Every field is read through ``autopar.fields``: a bad file raises the one-line ``AutoparError`` naming
+``<file>:case <id>.<field>``. Cases autopar cannot estimate are never dropped silently: they become
+``Skip`` entries (status inexpressible or suspect, fields the source did not publish, a GPU the
+catalogue lacks, a plan the plan rules refuse). ``strict=True`` raises instead for the last two.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from autopar.errors import AutoparError
+from autopar.fields import Fields, as_list
+from autopar.measured.cluster import UnknownGPU, cluster_for_case
+from autopar.measured.model import model_from_config
+from autopar.measured.plan import build_plan, read_shape, stage_sizes
+from autopar.measured.runs import Run, RunSet, Skip
+from autopar.plan.validate import plan_problems
+
+FORMAT = "autopar-measured/1"
+STATUSES = ("ok", "failed", "inexpressible", "suspect")
+SCHEDULES = {"1f1b": "1f1b", "gpipe": "gpipe", "none": "1f1b"}  # none: pp = 1, any schedule is the same
+UNPUBLISHED = ("micro_batch_size", "num_microbatches", "ckpt")
+
+
+def _read(path: Path) -> dict:
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as err:
+        raise AutoparError(str(path), f"cannot be read ({' '.join(str(err).split())})",
+                           "give an autopar-measured/1 YAML file") from err
+    f = Fields(doc, f"{path.name}:")
+    f.req_str("format", choices=(FORMAT,))
+    return doc
+
+
+def _schedule(top: Fields) -> str:
+    word = top.req_str("schedule").split()[0].lower()
+    if word not in SCHEDULES:
+        raise AutoparError(top.at("schedule"), f"unknown schedule {word!r}", "use 1f1b, gpipe or none (pp = 1)")
+    return SCHEDULES[word]
+
+
+def _per_case_int(c: Fields, top: Fields, key: str) -> int:
+    """A count the case gives, or the file's when the file gives a number (not 'per case ...')."""
+    if c.has(key):
+        return c.req_int(key, low=1)
+    if isinstance(top.raw(key, None), int):
+        return top.req_int(key, low=1)
+    raise AutoparError(c.at(key), "is missing (the file gives it per case)", f"add '{key}:' to the case")
+
+
+def _case(c: Fields, top: Fields, strict: bool, cache: dict) -> Run | Skip:
+    cid = c.doc["id"]
+    status = c.opt_str("status", "ok", choices=STATUSES)
+    if status in ("inexpressible", "suspect"):
+        return Skip(cid, status, str(c.raw("note", status)))
+    if status == "ok":
+        measured = c.req_num("measured_s", gt=0, fix="give the measured seconds per iteration (> 0)")
+    elif c.has("measured_s"):
+        raise AutoparError(c.at("measured_s"), "is set on a failed case", "leave measured_s null when the run failed")
+    else:
+        measured = None
+    if c.opt_int("cp", 1, low=1) > 1 or c.opt_int("virtual_stages", 1, low=1) > 1:
+        return Skip(cid, "inexpressible", "context parallel or interleaved stages (autopar has neither)")
+    missing = [k for k in UNPUBLISHED if not c.has(k)]
+    if missing:
+        return Skip(cid, "unpublished", f"{c.at(missing[0])}: not published by the source ({', '.join(missing)})")
+    notes: list[str] = []
+    seq = c.opt_int("seq_len", None, low=1) or top.sub("model").req_int("seq_len", low=1)
+    cfg_at, cfg = (c.at("hf_config"), c.raw("hf_config")) if c.has("hf_config") else ("model.hf_config",
+                                                                                     top.sub("model").raw("hf_config"))
+    model, model_notes = model_from_config(cfg, seq, cfg_at, cache)
+    notes += model_notes
+    if c.has("precision"):
+        notes.append(f"precision not modelled: {c.raw('precision')}")
+    shape = read_shape(c, _per_case_int(c, top, "global_batch_size"), _schedule(top))
+    world = shape.pp * shape.tp * shape.dp
+    if c.has("gpus") and c.req_int("gpus", low=1) != world:
+        raise AutoparError(c.at("gpus"), f"is {c.doc['gpus']} but pp x tp x dp = {world}", "fix gpus or the layout")
+    sizes = stage_sizes(c, model, shape.pp, notes)
+    try:
+        cluster, cluster_notes = cluster_for_case(top.raw("cluster"), world, f"{c.path} cluster")
+    except UnknownGPU as err:
+        if strict:
+            raise
+        return Skip(cid, "unknown GPU", str(err))
+    notes += cluster_notes
+    plan = build_plan(shape, sizes, model, cluster)
+    problems = plan_problems(plan, model)
+    if problems:
+        if strict:
+            raise AutoparError(c.path, f"the plan rules refuse the plan: {problems[0]}",
+                               "fix the case, or leave it out")
+        return Skip(cid, "refused", problems[0])
+    gpus = "+".join(dict.fromkeys(nd.gpu.name for nd in cluster.nodes))
+    group = f"{model.num_layers - 2}x{model.hidden} s{model.seq_len} gbs{shape.global_batch_size} on {world}x{gpus}"
+    return Run(cid, plan, model, measured, status, group, c.opt_num("source_predicted_s", None, gt=0), notes)
+
+
+def load_runs(path: str | Path, *, strict: bool = False) -> RunSet:
+    """The RunSet of the measured file at ``path``: runs, failed runs and skipped cases (see module doc)."""
+    path = Path(path)
+    top = Fields(_read(path), f"{path.name}:")
+    src = top.sub("source")
+    rs = RunSet(name=top.req_str("name"), path=str(path),
+                source=" ".join(str(src.raw(k)) for k in ("repo", "path", "commit") if src.has(k)))
+    model = top.sub("model")
+    if model.has("precision"):
+        rs.notes.append(f"precision not modelled: {model.raw('precision')}")
+    cache: dict = {}
+    seen: set[str] = set()
+    for i, raw in enumerate(as_list(top.raw("cases"), top.at("cases"), nonempty=True)):
+        cid = Fields(raw, f"{top.at('cases')}[{i}]").req_str("id")
+        if cid in seen:
+            raise AutoparError(f"{top.at('cases')}[{i}].id", f"duplicate case id {cid!r}", "give every case its own id")
+        seen.add(cid)
+        out = _case(Fields(raw, f"{path.name}:case {cid}"), top, strict, cache)
+        if isinstance(out, Skip):
+            rs.skipped.append(out)
+        else:
+            (rs.runs if out.status == "ok" else rs.failed).append(out)
+    return rs

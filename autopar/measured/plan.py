@@ -1,0 +1,86 @@
+"""One measured case into the Plan autopar estimates: one pipeline of ``pp`` stages of ``tp x dp`` devices.
+
+Devices are numbered as Megatron and AMP rank them (tp fastest, then dp, then pp), so stage k holds
+devices ``k*tp*dp ... (k+1)*tp*dp - 1``. Every unit runs ``Strategy(tp, zero, ckpt, sp)``, with the
+checkpointing on the transformer blocks only (what Megatron, DeepSpeed and torchtitan recompute).
+A case's ``micro_batch_size`` is per data-parallel rank; autopar's is per pipeline (split over the
+DP ranks, see autopar/plan/rules.py), so the plan's is ``micro_batch_size * dp``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autopar.cluster.cluster import Cluster
+from autopar.errors import AutoparError
+from autopar.fields import Fields, as_int
+from autopar.modelspec.spec import CKPT_MODES, ModelSpec
+from autopar.plan.schema import ModelRef, Pipeline, Plan, Stage, StageLayer, Strategy
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A case's parallel layout and batch as read from the file (every count checked)."""
+
+    pp: int
+    tp: int
+    dp: int
+    micro_batch_size: int
+    num_microbatches: int
+    zero: int
+    ckpt: str
+    sp: bool
+    global_batch_size: int
+    schedule: str
+
+
+def read_shape(f: Fields, global_batch_size: int, schedule: str) -> Shape:
+    """The shape of case ``f`` (micro-batch size, micro-batches and ckpt must be published: the caller
+    checks for nulls first); ``global_batch_size`` must equal ``micro_batch_size * dp * num_microbatches``."""
+    pp, tp, dp = (f.req_int(k, low=1) for k in ("pp", "tp", "dp"))
+    mbs = f.req_int("micro_batch_size", low=1)
+    m = f.req_int("num_microbatches", low=1)
+    if mbs * dp * m != global_batch_size:
+        raise AutoparError(f.at("global_batch_size"), f"is {global_batch_size} but micro_batch_size x dp x "
+                           f"num_microbatches = {mbs} x {dp} x {m} = {mbs * dp * m}",
+                           "fix the case's batch figures (micro_batch_size is per data-parallel rank)")
+    return Shape(pp=pp, tp=tp, dp=dp, micro_batch_size=mbs, num_microbatches=m,
+                 zero=f.req_int("zero", low=0, high=3), ckpt=f.req_str("ckpt", choices=CKPT_MODES),
+                 sp=bool(f.opt_bool("sequence_parallel", False)) and tp > 1,
+                 global_batch_size=global_batch_size, schedule=schedule)
+
+
+def stage_sizes(f: Fields, model: ModelSpec, pp: int, notes: list[str]) -> list[int]:
+    """Units per stage: the case's ``layers_per_stage`` (checked against the model), or an even split."""
+    n = model.num_layers
+    raw = f.opt_list("layers_per_stage", None)
+    if raw is None:
+        base, extra = divmod(n, pp)
+        sizes = [base + (1 if k < extra else 0) for k in range(pp)]
+        notes.append(f"{f.at('layers_per_stage')} null: even split {sizes} of the {n} units")
+        if base == 0:
+            raise AutoparError(f.at("layers_per_stage"), f"cannot split {n} units over {pp} stages",
+                               "give layers_per_stage")
+        return sizes
+    sizes = [as_int(x, f"{f.at('layers_per_stage')}[{i}]", low=1) for i, x in enumerate(raw)]
+    if len(sizes) != pp or sum(sizes) != n:
+        raise AutoparError(f.at("layers_per_stage"), f"{sizes} ({len(sizes)} stages, {sum(sizes)} units) does not "
+                           f"match pp = {pp} and the model's {n} units (embed, {n - 2} blocks, head)",
+                           "give one count per stage, adding up to the model's units")
+    return sizes
+
+
+def build_plan(shape: Shape, sizes: list[int], model: ModelSpec, cluster: Cluster) -> Plan:
+    """The one-pipeline Plan of ``shape`` with ``sizes`` units per stage on ``cluster``."""
+    width = shape.tp * shape.dp
+    stages, first = [], 0
+    for k, size in enumerate(sizes):
+        layers = [StageLayer(ly.name, Strategy(tp=shape.tp, zero=shape.zero, sp=shape.sp,
+                                                ckpt=shape.ckpt if ly.kind == "block" else "none"))
+                  for ly in model.layers[first:first + size]]
+        stages.append(Stage(devices=list(range(k * width, (k + 1) * width)), layers=layers))
+        first += size
+    pipe = Pipeline(batch_share=shape.global_batch_size, micro_batch_size=shape.micro_batch_size * shape.dp,
+                    num_microbatches=shape.num_microbatches, stages=stages)
+    return Plan(model=ModelRef(model.name, model.seq_len, model.num_layers, model.source), cluster=cluster,
+                global_batch_size=shape.global_batch_size, pipelines=[pipe], schedule=shape.schedule)
