@@ -4,7 +4,7 @@ Reads every ``autopar-measured/1`` file in ``../shared/measured/`` (beside the r
 absent) and ``benchmarks/data/`` with ``autopar.measured.load_runs``, estimates every runnable case with
 the default cost parameters (``estimate_plan(plan, model)``; no fitting here: calibration comes later, on
 held-out splits) and reports per source and per group (cases doing the same work on the same cluster:
-model, sequence length, global batch, GPUs):
+model shape and heads, sequence length, global batch, GPUs):
 
 * used / skipped cases (skipped by reason: inexpressible, suspect, unpublished, unknown GPU, refused);
 * MAPE of the step time, and the median predicted / measured ratio (< 1: the model is optimistic);

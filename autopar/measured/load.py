@@ -24,6 +24,7 @@ FORMAT = "autopar-measured/1"
 STATUSES = ("ok", "failed", "inexpressible", "suspect")
 SCHEDULES = {"1f1b": "1f1b", "gpipe": "gpipe", "none": "1f1b"}  # none: pp = 1, any schedule is the same
 UNPUBLISHED = ("micro_batch_size", "num_microbatches", "ckpt")
+NOT_MODELLED = ("compile", "float8", "async_tp")  # case flags (torchtitan) the cost model has no term for
 
 
 def _read(path: Path) -> dict:
@@ -77,6 +78,7 @@ def _case(c: Fields, top: Fields, strict: bool, cache: dict) -> Run | Skip:
     notes += model_notes
     if c.has("precision"):
         notes.append(f"precision not modelled: {c.raw('precision')}")
+    notes += [f"{c.at(k)}: not modelled" for k in NOT_MODELLED if c.raw(k, False) is True]
     shape = read_shape(c, _per_case_int(c, top, "global_batch_size"), _schedule(top))
     world = shape.pp * shape.tp * shape.dp
     if c.has("gpus") and c.req_int("gpus", low=1) != world:
@@ -97,7 +99,7 @@ def _case(c: Fields, top: Fields, strict: bool, cache: dict) -> Run | Skip:
                                "fix the case, or leave it out")
         return Skip(cid, "refused", problems[0])
     gpus = "+".join(dict.fromkeys(nd.gpu.name for nd in cluster.nodes))
-    group = f"{model.num_layers - 2}x{model.hidden} s{model.seq_len} gbs{shape.global_batch_size} on {world}x{gpus}"
+    group = f"{model.num_layers - 2}x{model.hidden}a{model.num_heads} s{model.seq_len} gbs{shape.global_batch_size} on {world}x{gpus}"
     return Run(cid, plan, model, measured, status, group, c.opt_num("source_predicted_s", None, gt=0), notes)
 
 

@@ -34,7 +34,7 @@ def test_small_file_builds_plans_models_and_clusters(tmp_path):
     assert ckpt["embed"] == ckpt["head"] == "none" and ckpt["layers.0"] == "full"  # blocks only
     assert pp2.plan.cluster.nodes[0].gpu.name == "A100-80G" and pp2.plan.world_size == 4
     assert any("intra_bw_gbps null: catalogue default" in n for n in pp2.notes)
-    assert pp2.measured_s == 0.5 and pp2.group == "4x256 s512 gbs16 on 4xA100-80G"
+    assert pp2.measured_s == 0.5 and pp2.group == "4x256a4 s512 gbs16 on 4xA100-80G"
 
     strategies = {ly.strategy for st in tp2.plan.pipelines[0].stages for ly in st.layers}
     assert {(s.tp, s.zero, s.sp) for s in strategies} == {(2, 1, True)}
