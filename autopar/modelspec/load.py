@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 import os
@@ -104,8 +105,30 @@ def _example(spec: str, module, model: nn.Module, seq_len: int | None):
     return torch.randint(0, emb.num_embeddings, (1, seq_len))
 
 
+@contextlib.contextmanager
+def _user_code(spec: str):
+    """Run the user's module, factory and forward: their prints go to stderr (stdout is autopar's, e.g.
+    ``--json``), and an exit or exception of theirs becomes one AutoparError naming the factory."""
+    fix = "make pkg.module:factory import and build without exiting (no sys.exit / argument parsing at import)"
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    except AutoparError:
+        raise
+    except SystemExit as err:
+        raise AutoparError("model", f"{spec} called sys.exit({err.code!r}) while autopar imported, built or traced "
+                           "it", fix) from None
+    except Exception as err:
+        raise AutoparError("model", f"{spec} raised {type(err).__name__}: {err}", fix) from err
+
+
 def from_factory(spec: str, seq_len: int | None = None, dtype_bytes: int | None = None) -> ModelSpec:
     """Import ``pkg.module``, build ``factory()`` and trace it (see autopar.modelspec.trace)."""
+    with _user_code(spec):
+        return _from_factory(spec, seq_len, dtype_bytes)
+
+
+def _from_factory(spec: str, seq_len: int | None, dtype_bytes: int | None) -> ModelSpec:
     from torch import nn
 
     from autopar.modelspec.trace import spec_from_module
