@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import inspect
+import io
 import os
 import re
 import sys
@@ -107,19 +108,25 @@ def _example(spec: str, module, model: nn.Module, seq_len: int | None):
 
 @contextlib.contextmanager
 def _user_code(spec: str):
-    """Run the user's module, factory and forward: their prints go to stderr (stdout is autopar's, e.g.
-    ``--json``), and an exit or exception of theirs becomes one AutoparError naming the factory."""
+    """Run the user's module, factory and forward with their output held back: on success it goes to
+    stderr (stdout is autopar's, e.g. ``--json``); an exit or exception of theirs becomes one
+    AutoparError naming the factory, with the last line they printed."""
     fix = "make pkg.module:factory import and build without exiting (no sys.exit / argument parsing at import)"
+    said = io.StringIO()
     try:
-        with contextlib.redirect_stdout(sys.stderr):
+        with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
             yield
     except AutoparError:
         raise
     except SystemExit as err:
-        raise AutoparError("model", f"{spec} called sys.exit({err.code!r}) while autopar imported, built or traced "
-                           "it", fix) from None
+        problem = f"{spec} called sys.exit({err.code!r}) while autopar imported, built or traced it"
     except Exception as err:
-        raise AutoparError("model", f"{spec} raised {type(err).__name__}: {err}", fix) from err
+        problem = f"{spec} raised {type(err).__name__}: {err}"
+    else:
+        sys.stderr.write(said.getvalue())
+        return
+    last = [ln for ln in said.getvalue().splitlines() if ln.strip()][-1:]
+    raise AutoparError("model", problem + (f" (its last output: {last[0].strip()!r})" if last else ""), fix) from None
 
 
 def from_factory(spec: str, seq_len: int | None = None, dtype_bytes: int | None = None) -> ModelSpec:
