@@ -18,6 +18,14 @@ from autopar.errors import AutoparError
 
 
 def _umask() -> int:
+    """The process umask: read from /proc on Linux (no change, safe beside other threads), else set and reset."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
     old = os.umask(0o022)
     os.umask(old)
     return old

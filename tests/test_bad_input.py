@@ -64,13 +64,19 @@ FACTORIES = {
     "exits_at_import": "import sys\nsys.exit(4)\ndef make():\n    pass\n",
     "raises": "def make():\n    raise RuntimeError('no GPU here')\n",
     "not_a_module": "def make():\n    return 42\n",
-    "keyboardless_args": "import argparse\nargparse.ArgumentParser().parse_args(['--nope'])\ndef make():\n    pass\n",
+    "parses_argv_at_import": "import argparse\nargparse.ArgumentParser().parse_args(['--nope'])\ndef make():\n    pass\n",
+}
+# builds on the meta device (the planner's trace), fails when `autopar profile` builds it for real
+REAL_BUILD_FAILS = {
+    "real_build_fails": "import torch\nfrom torch import nn\ndef make():\n    if torch.empty(1).device.type != 'meta':\n"
+                        "        raise SystemExit('no real weights here')\n    return nn.Linear(4, 4)\n"
+                        "def example_input():\n    return torch.zeros(2, 4)\n",
 }
 
 
 def _factory(d: Path, kind: str) -> str:
     name = f"badfactory_{kind}_{abs(hash(str(d))) % 10**8}"  # fresh module name: no import cache between cases
-    (d / "in" / f"{name}.py").write_text(FACTORIES[kind])
+    (d / "in" / f"{name}.py").write_text({**FACTORIES, **REAL_BUILD_FAILS}[kind])
     return f"{name}:make"
 
 
@@ -108,6 +114,8 @@ CASES = {
     "model-attr-missing": lambda d, p: ["search", "--model", f"{_factory(d, 'raises').split(':')[0]}:nothing",
                                         *SEARCH[3:], "-o", "OUT"],
     **{f"factory-{k}": _factory_case(k) for k in FACTORIES},
+    "profile-factory-exits-on-real-build": lambda d, p: ["profile", "--model", _factory(d, "real_build_fails"),
+                                                         "--quick", "--json", "-o", "OUT"],
     "hf-config-malformed": lambda d, p: ["search", "--model", _file(d, "config.json", "{not json"), *SEARCH[3:]],
     "hf-config-empty-object": lambda d, p: ["search", "--model", _file(d, "config.json", "{}"), *SEARCH[3:]],
     # cluster files and specs

@@ -107,7 +107,7 @@ def _example(spec: str, module, model: nn.Module, seq_len: int | None):
 
 
 @contextlib.contextmanager
-def _user_code(spec: str):
+def user_code(spec: str):
     """Run the user's module, factory and forward with their output held back: on success it goes to
     stderr (stdout is autopar's, e.g. ``--json``); an exit or exception of theirs becomes one
     AutoparError naming the factory, with the last line they printed."""
@@ -131,7 +131,7 @@ def _user_code(spec: str):
 
 def from_factory(spec: str, seq_len: int | None = None, dtype_bytes: int | None = None) -> ModelSpec:
     """Import ``pkg.module``, build ``factory()`` and trace it (see autopar.modelspec.trace)."""
-    with _user_code(spec):
+    with user_code(spec):
         return _from_factory(spec, seq_len, dtype_bytes)
 
 
