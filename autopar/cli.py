@@ -305,7 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _on_sigterm(signum, frame):
+def _on_signal(signum, frame):
     raise SystemExit(128 + signum)  # unwinds like an error: the file writer removes its temporary file
 
 
@@ -318,7 +318,8 @@ def main(argv: list[str] | None = None) -> int:
         cut = argv.index("--")
         argv, extra = argv[:cut], argv[cut + 1:]
     main_thread = threading.current_thread() is threading.main_thread()
-    old = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None
+    caught = (signal.SIGTERM, signal.SIGHUP)  # a kill or a closed terminal: unwind, leave no temp file
+    old = {s: signal.signal(s, _on_signal) for s in caught} if main_thread else {}
     try:
         args = build_parser().parse_args(argv)
         args.script_args = extra
@@ -336,8 +337,8 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())  # the interpreter's last flush must not fail again
         return 141
     finally:
-        if main_thread:
-            signal.signal(signal.SIGTERM, old)
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
 
 
 if __name__ == "__main__":

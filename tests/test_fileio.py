@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -71,13 +72,14 @@ def test_an_error_before_the_rename_leaves_no_temporary_file(tmp_path, monkeypat
     assert list(tmp_path.iterdir()) == []
 
 
-def test_sigterm_just_before_the_rename_leaves_no_temporary_file(tmp_path):
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
+def test_a_kill_just_before_the_rename_leaves_no_temporary_file(tmp_path, sig):
     code = ("import os, signal, sys\n"
             "from autopar.cli import main\n"
-            "os.replace = lambda a, b: os.kill(os.getpid(), signal.SIGTERM)\n"
+            f"os.replace = lambda a, b: os.kill(os.getpid(), signal.{sig})\n"
             f"sys.exit(main({SEARCH + ['-o', str(tmp_path / 'p.yaml')]!r}))\n")
     r = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=120)
-    assert r.returncode == 143, r.stderr
+    assert r.returncode == 128 + getattr(signal, sig), r.stderr
     assert list(tmp_path.iterdir()) == []
 
 
