@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from autopar.errors import AutoparError
@@ -153,14 +156,34 @@ def cmd_estimate(args) -> int:
     return 0
 
 
-def cmd_validate(args) -> int:
+def _checked(path: str, memory: bool = True, force_hint: bool = False):
+    """The plan at ``path`` after the plan rules: structure first (the estimate needs a well-formed plan:
+    devices in range, TP dividing its stage), then, with ``memory``, every device's predicted peak
+    against its budget (``force_hint``: that refusal mentions ``--force``). Returns (plan, estimate or None)."""
     from autopar.estimate import estimate_plan
     from autopar.plan.validate import validate_plan
     from autopar.planned import load_planned
 
-    plan, model, params = load_planned(args.plan)
+    if not memory:
+        from autopar.plan.io import load_plan
+
+        plan = load_plan(path)
+        validate_plan(plan)
+        return plan, None
+    plan, model, params = load_planned(path)
+    validate_plan(plan, model)
     est = estimate_plan(plan, model, params)
-    validate_plan(plan, model, est.memory_gib)
+    try:
+        validate_plan(plan, model, est.memory_gib)
+    except AutoparError as e:
+        if not force_hint:
+            raise
+        raise AutoparError(e.field, e.problem, f"{e.fix}; or pass --force to write the scripts anyway") from None
+    return plan, est
+
+
+def cmd_validate(args) -> int:
+    plan, est = _checked(args.plan)
     print(f"{args.plan}: valid ({plan.world_size} devices, {len(plan.pipelines)} pipeline(s), "
           f"{len(plan.stages)} stage(s), peak {est.max_memory_gib:.1f} GiB)")
     return 0
@@ -188,7 +211,8 @@ def cmd_profile(args) -> int:
 def cmd_launch(args) -> int:
     from autopar.launch import write_launch_scripts
 
-    paths = write_launch_scripts(args.plan, args.script, args.output, scheduler=args.scheduler,
+    plan, _ = _checked(args.plan, memory=not args.force, force_hint=True)
+    paths = write_launch_scripts(plan, args.script, args.output, scheduler=args.scheduler,
                                  script_args=args.script_args)
     for p in paths:
         print(p)
@@ -217,8 +241,16 @@ def cmd_list(args) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with autopar's one-line errors (no usage block): ``autopar: error: search: ...; see --help``."""
+
+    def error(self, message: str):
+        cmd = self.prog.split(" ", 1)[1] if " " in self.prog else "arguments"
+        raise AutoparError(cmd, message, f"see `{self.prog} --help`")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="autopar", description="Search, estimate and launch hybrid-parallel training plans.")
+    ap = _Parser(prog="autopar", description="Search, estimate and launch hybrid-parallel training plans.")
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     s = sub.add_parser("search", help="search the fastest plan that fits and write it")
@@ -263,6 +295,8 @@ def build_parser() -> argparse.ArgumentParser:
     la.add_argument("--script", required=True, help="the training script each rank runs")
     la.add_argument("--scheduler", choices=["torchrun", "slurm"], default="torchrun")
     la.add_argument("-o", "--output", default="launch")
+    la.add_argument("--force", action="store_true", help="write scripts for a plan over its memory budget "
+                    "(the plan's structure is still checked)")
     la.set_defaults(func=cmd_launch)
 
     li = sub.add_parser("list", help="list zoo models, GPUs or cluster presets")
@@ -271,23 +305,40 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _on_signal(signum, frame):
+    raise SystemExit(128 + signum)  # unwinds like an error: the file writer removes its temporary file
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one command. Every refusal (bad flags included) is one stderr line ``autopar: error: ...``, exit 2."""
     argv = list(sys.argv[1:] if argv is None else argv)
     # Everything after a bare "--" goes to the training script (autopar launch PLAN ... -- --lr 3e-4).
     extra: list[str] = []
     if "--" in argv:
         cut = argv.index("--")
         argv, extra = argv[:cut], argv[cut + 1:]
-    args = build_parser().parse_args(argv)
-    args.script_args = extra
+    main_thread = threading.current_thread() is threading.main_thread()
+    caught = (signal.SIGTERM, signal.SIGHUP)  # a kill or a closed terminal: unwind, leave no temp file
+    old = {s: signal.signal(s, _on_signal) for s in caught} if main_thread else {}
     try:
-        return args.func(args)
+        args = build_parser().parse_args(argv)
+        args.script_args = extra
+        rc = args.func(args)
+        sys.stdout.flush()
+        return rc
     except AutoparError as e:
         print(f"autopar: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("autopar: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `autopar list gpus | head -1`: the reader left; say nothing
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the interpreter's last flush must not fail again
+        return 141
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
 
 
 if __name__ == "__main__":

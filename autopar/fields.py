@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 from collections.abc import Iterable, Sequence
 
 from autopar.errors import AutoparError
@@ -87,6 +88,27 @@ def as_str(value: object, field: str, *, choices: Sequence[str] | None = None, f
         noun = field.rsplit(".", 1)[-1].rsplit(":", 1)[-1]
         raise AutoparError(field, f"unknown {noun} {value!r}", fix or f"use one of {', '.join(choices)}")
     return value
+
+
+NAME_CHARS = "letters, digits, space and _ . + @ / : , ( ) -"
+_NAME = re.compile(r"[A-Za-z0-9 _.+@/:,()-]{1,128}")
+
+
+def as_name(value: object, field: str, *, free: bool = False, empty: bool = False) -> str:
+    """A name that goes into launch scripts and reports (GPU, node, zone, cluster): a string of at most
+    128 safe characters (``NAME_CHARS``); ``free``: any printable text (a cluster named by its file
+    path), never a control character such as a newline. ``empty``: the empty string is allowed."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)  # `name: 4090` reads as a number in YAML
+    text = as_str(value, field)
+    if text == "" and empty:
+        return text
+    if free and text and text.isprintable():
+        return text
+    if not free and _NAME.fullmatch(text):
+        return text
+    allowed = "printable characters only" if free else f"at most 128 of: {NAME_CHARS}"
+    raise AutoparError(field, f"{_show(text)} is not a safe name", f"use {allowed}")
 
 
 def as_bool(value: object, field: str, *, fix: str | None = None) -> bool:

@@ -46,7 +46,7 @@ ALLOWED: dict[str, set[str]] = {
 ALLOWED["autopar.cli"] = set(ALLOWED) - {"autopar.cli"}
 
 # Methods the interpreter or a library calls by name (never referenced in our own code).
-HOOKS = {"forward", "ignore_aliases", "__getattr__", "extra_repr"}
+HOOKS = {"forward", "ignore_aliases", "__getattr__", "extra_repr", "error"}  # error: argparse
 
 
 def _files(*tops: str) -> list[Path]:

@@ -17,7 +17,7 @@ import yaml
 
 from autopar.cluster.cluster import GPUType
 from autopar.errors import AutoparError
-from autopar.fields import Fields, as_list
+from autopar.fields import Fields, as_list, as_name
 
 CATALOGUE_PATH = Path(__file__).with_name("catalogue.yaml")
 GPU_FIELDS = ("memory_gib", "tflops", "hbm_gbps", "nvlink_gbps", "pcie_gbps", "vendor")
@@ -57,7 +57,9 @@ def gpu_from_entry(name: str | None, entry: object, where: str) -> tuple[GPUType
     """
     f = Fields(entry, where, kind="GPU", keys=sorted(ENTRY_KEYS | {"name"}))
     if name is None:
-        name = str(f.raw("name", what="the GPU's name"))
+        name = as_name(f.raw("name", what="the GPU's name"), f.at("name"))
+    else:
+        name = as_name(name, where)
     fix = "give memory GiB, dense bf16 TFLOPS and HBM GB/s, each > 0"
     nums = {k: f.req_num(k, gt=0, fix=fix) for k in ("memory_gib", "tflops", "hbm_gbps")}
     nums["nvlink_gbps"] = f.opt_num("nvlink_gbps", 0.0, ge=0)

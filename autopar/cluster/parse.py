@@ -48,7 +48,7 @@ import yaml
 from autopar.cluster import catalogue
 from autopar.cluster.cluster import Cluster, GPUType, Node
 from autopar.errors import AutoparError
-from autopar.fields import Fields, as_list, as_matrix, as_str, join
+from autopar.fields import Fields, as_list, as_matrix, as_name, as_str, join
 
 PRESETS_PATH = Path(__file__).with_name("presets.yaml")
 DOC_KEYS = ("name", "description", "spec", "gpus", "nodes", "inter_bw_gbps", "inter_lat_us",
@@ -154,8 +154,9 @@ def _doc_nodes(f: Fields, standalone: bool) -> tuple[list[Node], list[catalogue.
         # exactly what the plan writer leaves out; in a cluster file the catalogue class's default.
         intra = nf.opt_num("intra_bw_gbps", Node.intra_bw_gbps if standalone else d.intra_bw_gbps, gt=0, fix=NET_FIX)
         lat = nf.opt_num("intra_lat_us", Node.intra_lat_us if standalone else d.intra_lat_us, ge=0, fix=NET_FIX)
-        zone = str(nf.raw("zone", "default"))
+        zone = as_name(nf.raw("zone", "default"), nf.at("zone"))
         given = nf.raw("name", None)
+        given = None if given is None else as_name(given, nf.at("name"), empty=standalone)
         for k in range(repeat):
             if standalone:  # repeat: k equal nodes, names included (what the writer merged)
                 name = "" if given is None else str(given)
@@ -238,7 +239,7 @@ def cluster_from_doc(doc: object, name: str | None, where: str = "", *, standalo
             f.sub("zones", kind="zones", keys=("links", "default")), nodes,
             net.get("bw_matrix_gbps") or [[net["inter_bw_gbps"]] * n for _ in range(n)],
             net.get("lat_matrix_us") or [[net["inter_lat_us"]] * n for _ in range(n)], net["inter_lat_us"])
-    doc_name = f.opt_str("name", "")
+    doc_name = as_name(f.raw("name", ""), f.at("name"), free=True, empty=True)
     f.opt_str("description", "")
     meta = f.opt_mapping("meta", {}) if standalone else {}
     return Cluster(nodes=nodes, name=doc_name if name is None else name, meta=meta, **net)
@@ -291,7 +292,7 @@ def load_cluster(spec: str) -> Cluster:
         spec = os.fspath(spec)
     if not isinstance(spec, str) or not spec.strip():
         raise AutoparError("cluster", f"is empty ({spec!r})", FORMS)
-    spec = spec.strip()
+    spec = as_name(spec.strip(), "cluster", free=True)
     if spec.lower().endswith((".yaml", ".yml", ".json")) or os.sep in spec:
         if not os.path.isfile(spec):
             raise AutoparError("cluster", f"file {spec!r} not found", f"check the path, or {FORMS}")

@@ -11,10 +11,12 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
 from autopar.errors import AutoparError
+from autopar.fileio import write_text_atomic
 from autopar.launch.slurm import sbatch_script
 from autopar.launch.torchrun import RENDEZVOUS, local_script, node_script
 from autopar.plan.io import load_plan, save_plan
@@ -33,12 +35,25 @@ def write_launch_scripts(plan: Plan | str | os.PathLike, script: str | os.PathLi
 
     The plan must pass ``validate_plan`` (without a model): it is refused before anything is
     written. ``script`` must be an existing file; its absolute path goes into the scripts.
-    ``script_args`` follow ``--plan PLAN`` on the training script's command line.
+    ``script_args`` follow ``--plan PLAN`` on the training script's command line, shell-quoted (any
+    text). Paths must be printable (a newline would end a comment line of the scripts), the job name
+    plain; every name of the plan was checked when it was read (autopar.fields.as_name), and comment
+    lines are rendered without control characters whatever they hold. Files are written whole
+    (autopar.fileio): scripts executable as the umask allows.
     """
     if scheduler not in SCHEDULERS:
         raise AutoparError("scheduler", f"unknown scheduler {scheduler!r}", f"use one of {', '.join(SCHEDULERS)}")
     if rendezvous not in RENDEZVOUS:
         raise AutoparError("rendezvous", f"unknown rendezvous {rendezvous!r}", f"use one of {', '.join(RENDEZVOUS)}")
+    if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", job_name):
+        raise AutoparError("job_name", f"{job_name!r} is not a safe SLURM job name", "use letters, digits, _ . -")
+    for field, value in (("script", script), ("out_dir", out_dir), *(("script_args", a) for a in script_args)):
+        if not isinstance(value, (str, os.PathLike)):
+            raise AutoparError(field, f"is {type(value).__name__} ({value!r}), expected a string", "pass text")
+        # arguments may hold any text (quoted); paths also appear in comments: no control characters
+        if field != "script_args" and not os.fspath(value).isprintable():
+            raise AutoparError(field, f"{os.fspath(value)!r} holds a control character (a newline?)",
+                               "choose a path without control characters")
     script_path = Path(script)
     if not script_path.is_file():
         raise AutoparError("script", f"training script {script} does not exist",
@@ -61,8 +76,5 @@ def write_launch_scripts(plan: Plan | str | os.PathLike, script: str | os.PathLi
         raise AutoparError("out_dir", f"cannot create {out}: {e.strerror or e}", "choose a writable directory (-o)") from e
     written = [save_plan(plan, out / "plan.yaml")]
     for name, text in texts.items():
-        path = out / name
-        path.write_text(text, encoding="utf-8")
-        path.chmod(0o755)
-        written.append(path)
+        written.append(write_text_atomic(out / name, text, "out_dir", executable=True))
     return written

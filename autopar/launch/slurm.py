@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autopar.cluster.cluster import Cluster
-from autopar.launch.torchrun import rank_map_lines
+from autopar.launch.torchrun import rank_map_lines, render
 from autopar.plan.schema import Plan
 
 
@@ -69,7 +69,7 @@ def sbatch_script(plan: Plan, scripts_dir: Path, job_name: str = "autopar") -> s
             lines.append("#SBATCH hetjob")
         lines += _directives(c, ci == 0, job_name)
     lines += [f"# autopar: {plan.cluster.num_nodes} nodes, {plan.world_size} ranks, cluster "
-              f"{plan.cluster.describe()}. Submit with: sbatch {Path(scripts_dir, 'autopar.sbatch')}"]
+              f"{plan.cluster.describe()}. Submit with: sbatch {shlex.quote(str(Path(scripts_dir, 'autopar.sbatch')))}"]
     if het:
         lines += ["# The nodes differ, so this is a heterogeneous job: one component per run of equal nodes,",
                   "# started with its own srun; node<k>.sh gets k = SLURM_NODEID + the nodes before it."]
@@ -87,7 +87,7 @@ def sbatch_script(plan: Plan, scripts_dir: Path, job_name: str = "autopar") -> s
     ]
     if not het:
         lines.append("srun --kill-on-bad-exit=1 bash -c 'exec bash \"$AUTOPAR_DIR/node${SLURM_NODEID}.sh\"'")
-        return "\n".join(lines) + "\n"
+        return render(lines)
     for ci, c in enumerate(comps):
         lines.append(f"srun --het-group={ci} --kill-on-bad-exit=1 "
                      f"bash -c 'exec bash \"$AUTOPAR_DIR/node$((SLURM_NODEID + {c.first})).sh\"' &")
@@ -101,4 +101,4 @@ def sbatch_script(plan: Plan, scripts_dir: Path, job_name: str = "autopar") -> s
         "  fi",
         "done",
     ]
-    return "\n".join(lines) + "\n"
+    return render(lines)

@@ -46,6 +46,17 @@ def _env_block(nproc: int) -> list[str]:
     return lines
 
 
+def render(lines: list[str]) -> str:
+    """The script text: one line per item. A comment line never holds a control character (a newline
+    there would end the comment and run the rest); values on command lines are shlex-quoted already."""
+    out = []
+    for line in lines:
+        if line.startswith("#"):
+            line = "".join(c if c.isprintable() else repr(c)[1:-1] for c in line)
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
 def _span(a: int, b: int) -> str:
     return f"{a}-{b}" if b > a else f"{a}"
 
@@ -130,7 +141,7 @@ def node_script(plan: Plan, node: int, script: str, script_args: list[str], rend
         args += ["--rdzv-backend c10d", '--rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT"',
                  '--rdzv-id "${RDZV_ID:-autopar}"']
     args.append("--max-restarts 0")
-    return "\n".join(lines + _run_line(args)) + "\n"
+    return render(lines + _run_line(args))
 
 
 def local_script(plan: Plan, script: str, script_args: list[str]) -> str:
@@ -144,4 +155,4 @@ def local_script(plan: Plan, script: str, script_args: list[str]) -> str:
     lines += ["# Usage: bash run_local.sh [extra script args]"] + rank_map_lines(plan)
     lines += ["set -euo pipefail", ""] + _paths_block(script, script_args) + [""] + _env_block(nproc) + [""]
     args = ["--standalone", "--nnodes 1", f"--nproc-per-node {nproc}", "--max-restarts 0"]
-    return "\n".join(lines + _run_line(args)) + "\n"
+    return render(lines + _run_line(args))

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
+import io
 import os
 import re
 import sys
@@ -104,8 +106,36 @@ def _example(spec: str, module, model: nn.Module, seq_len: int | None):
     return torch.randint(0, emb.num_embeddings, (1, seq_len))
 
 
+@contextlib.contextmanager
+def user_code(spec: str):
+    """Run the user's module, factory and forward with their output held back: on success it goes to
+    stderr (stdout is autopar's, e.g. ``--json``); an exit or exception of theirs becomes one
+    AutoparError naming the factory, with the last line they printed."""
+    fix = "make pkg.module:factory import and build without exiting (no sys.exit / argument parsing at import)"
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
+            yield
+    except AutoparError:
+        raise
+    except SystemExit as err:
+        problem = f"{spec} called sys.exit({err.code!r}) while autopar imported, built or traced it"
+    except Exception as err:
+        problem = f"{spec} raised {type(err).__name__}: {err}"
+    else:
+        sys.stderr.write(said.getvalue())
+        return
+    last = [ln for ln in said.getvalue().splitlines() if ln.strip()][-1:]
+    raise AutoparError("model", problem + (f" (its last output: {last[0].strip()!r})" if last else ""), fix) from None
+
+
 def from_factory(spec: str, seq_len: int | None = None, dtype_bytes: int | None = None) -> ModelSpec:
     """Import ``pkg.module``, build ``factory()`` and trace it (see autopar.modelspec.trace)."""
+    with user_code(spec):
+        return _from_factory(spec, seq_len, dtype_bytes)
+
+
+def _from_factory(spec: str, seq_len: int | None, dtype_bytes: int | None) -> ModelSpec:
     from torch import nn
 
     from autopar.modelspec.trace import spec_from_module

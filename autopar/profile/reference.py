@@ -56,6 +56,13 @@ def _from_zoo(name: str, seq_len: int | None) -> nn.Module:
 
 
 def _from_factory(spec: str) -> nn.Module:
+    from autopar.modelspec.load import user_code
+
+    with user_code(spec):  # its exit, exception or prints: one line naming it, stdout kept clean
+        return _build_factory(spec)
+
+
+def _build_factory(spec: str) -> nn.Module:
     mod_name, attr = spec.split(":", 1)
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())

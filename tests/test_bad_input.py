@@ -1,0 +1,209 @@
+"""The bad-input contract of the command line: every refusal exits 2 with exactly one stderr line
+``autopar: error: ...``, nothing on stdout and no file written. One parametrised case per input:
+flags, model sources, cluster files, plan files, outputs and launch inputs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from autopar.cli import main
+
+SEARCH = ["search", "--model", "gpt3-1.3b", "--cluster", "2x4xA100-80G", "--global-batch-size", "16",
+          "--seq-len", "512", "--no-baselines"]
+
+
+@pytest.fixture(scope="module")
+def plan_doc(tmp_path_factory) -> dict:
+    path = tmp_path_factory.mktemp("bad") / "plan.yaml"
+    assert main(SEARCH + ["-o", str(path), "--json"]) == 0
+    return yaml.safe_load(path.read_text())
+
+
+def _plan(d: Path, doc: dict, edit) -> str:
+    doc = yaml.safe_load(yaml.safe_dump(doc))  # a deep copy
+    edit(doc)
+    path = d / "in" / "bad.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
+
+
+def _set(path: str, value):
+    def edit(doc):
+        *keys, last = path.split(".")
+        node = doc
+        for k in keys:
+            node = node[int(k)] if isinstance(node, list) else node[k]
+        node[int(last) if isinstance(node, list) else last] = value
+    return edit
+
+
+def _hostile_gpu(doc):
+    spec = doc["cluster"]["gpus"].pop("A100-80G")
+    doc["cluster"]["gpus"]["A100\ntouch PWNED #"] = spec
+    for nd in doc["cluster"]["nodes"]:
+        nd["gpu"] = "A100\ntouch PWNED #"
+
+
+def _over_budget(doc):
+    doc["global_batch_size"] = 1024
+    doc["pipelines"][0].update(batch_share=1024, micro_batch_size=1024)
+
+
+def _file(d: Path, name: str, text: str) -> str:
+    path = d / "in" / name
+    path.write_text(text)
+    return str(path)
+
+
+FACTORIES = {
+    "exits": "import sys\ndef make():\n    sys.exit(3)\n",
+    "exits_at_import": "import sys\nsys.exit(4)\ndef make():\n    pass\n",
+    "raises": "def make():\n    raise RuntimeError('no GPU here')\n",
+    "not_a_module": "def make():\n    return 42\n",
+    "parses_argv_at_import": "import argparse\nargparse.ArgumentParser().parse_args(['--nope'])\ndef make():\n    pass\n",
+}
+# builds on the meta device (the planner's trace), fails when `autopar profile` builds it for real
+REAL_BUILD_FAILS = {
+    "real_build_fails": "import torch\nfrom torch import nn\ndef make():\n    if torch.empty(1).device.type != 'meta':\n"
+                        "        raise SystemExit('no real weights here')\n    return nn.Linear(4, 4)\n"
+                        "def example_input():\n    return torch.zeros(2, 4)\n",
+}
+
+
+def _factory(d: Path, kind: str) -> str:
+    name = f"badfactory_{kind}_{abs(hash(str(d))) % 10**8}"  # fresh module name: no import cache between cases
+    (d / "in" / f"{name}.py").write_text({**FACTORIES, **REAL_BUILD_FAILS}[kind])
+    return f"{name}:make"
+
+
+def _factory_case(kind: str):
+    return lambda d, p: ["search", "--model", _factory(d, kind), *SEARCH[3:], "-o", "OUT"]
+
+
+def _cluster(d: Path, doc) -> str:
+    return _file(d, "c.yaml", yaml.safe_dump(doc))
+
+
+NODE = {"gpu": "A100", "count": 4}
+# id -> argv builder (d: the test's folder, p: the searched plan as a document); "OUT" is replaced by d/out/x
+CASES = {
+    # flags
+    "no-command": lambda d, p: [],
+    "unknown-command": lambda d, p: ["frobnicate"],
+    "search-missing-model": lambda d, p: ["search", "--cluster", "8xA100", "--global-batch-size", "8"],
+    "batch-zero": lambda d, p: SEARCH[:5] + ["--global-batch-size", "0"],
+    "batch-word": lambda d, p: SEARCH[:5] + ["--global-batch-size", "many"],
+    "seq-len-negative": lambda d, p: SEARCH + ["--seq-len", "-1"],
+    "memory-budget-zero": lambda d, p: SEARCH + ["--memory-budget", "0", "-o", "OUT"],
+    "time-budget-nan": lambda d, p: SEARCH + ["--time-budget", "nan", "-o", "OUT"],
+    "schedule-unknown": lambda d, p: SEARCH + ["--schedule", "zb-v"],
+    "unknown-flag": lambda d, p: ["estimate", "x.yaml", "--bogus"],
+    "list-unknown": lambda d, p: ["list", "tpus"],
+    "profile-nproc-zero": lambda d, p: ["profile", "--nproc", "0", "-o", "OUT"],
+    "profile-device-unknown": lambda d, p: ["profile", "--device", "tpu", "-o", "OUT"],
+    "launch-no-script": lambda d, p: ["launch", "x.yaml"],
+    "launch-scheduler-unknown": lambda d, p: ["launch", "x.yaml", "--script", "t.py", "--scheduler", "pbs"],
+    # model sources
+    "model-unknown": lambda d, p: ["search", "--model", "gpt-5", *SEARCH[3:], "-o", "OUT"],
+    "model-empty": lambda d, p: ["search", "--model", " ", *SEARCH[3:], "-o", "OUT"],
+    "model-module-missing": lambda d, p: ["search", "--model", "nosuchpkg.models:make", *SEARCH[3:], "-o", "OUT"],
+    "model-attr-missing": lambda d, p: ["search", "--model", f"{_factory(d, 'raises').split(':')[0]}:nothing",
+                                        *SEARCH[3:], "-o", "OUT"],
+    **{f"factory-{k}": _factory_case(k) for k in FACTORIES},
+    "profile-factory-exits-on-real-build": lambda d, p: ["profile", "--model", _factory(d, "real_build_fails"),
+                                                         "--quick", "--json", "-o", "OUT"],
+    "hf-config-malformed": lambda d, p: ["search", "--model", _file(d, "config.json", "{not json"), *SEARCH[3:]],
+    "hf-config-empty-object": lambda d, p: ["search", "--model", _file(d, "config.json", "{}"), *SEARCH[3:]],
+    # cluster files and specs
+    "cluster-unknown-gpu": lambda d, p: [*SEARCH[:3], "--cluster", "8xNOPE", *SEARCH[5:], "-o", "OUT"],
+    "cluster-file-missing": lambda d, p: [*SEARCH[:3], "--cluster", str(d / "none.yaml"), *SEARCH[5:]],
+    "cluster-path-newline": lambda d, p: [*SEARCH[:3], "--cluster", "c\nx.yaml", *SEARCH[5:]],
+    "cluster-yaml-malformed": lambda d, p: [*SEARCH[:3], "--cluster", _file(d, "c.yaml", "nodes: [ {gpu: A\n"),
+                                            *SEARCH[5:]],
+    "cluster-is-a-list": lambda d, p: [*SEARCH[:3], "--cluster", _cluster(d, [NODE]), *SEARCH[5:]],
+    "cluster-count-zero": lambda d, p: [*SEARCH[:3], "--cluster", _cluster(d, {"nodes": [{**NODE, "count": 0}]}),
+                                        *SEARCH[5:]],
+    "cluster-gpu-name-newline": lambda d, p: [*SEARCH[:3], "--cluster", _cluster(d, {
+        "gpus": {"X\ntouch PWNED": {"memory_gib": 24, "tflops": 70, "hbm_gbps": 900}},
+        "nodes": [{"gpu": "X\ntouch PWNED", "count": 4}]}), *SEARCH[5:]],
+    "cluster-inline-gpu-name-shell": lambda d, p: [*SEARCH[:3], "--cluster", _cluster(d, {"nodes": [{"count": 4, "gpu": {
+        "name": "$(touch PWNED)", "memory_gib": 24, "tflops": 70, "hbm_gbps": 900}}]}), *SEARCH[5:]],
+    "cluster-node-name-shell": lambda d, p: [*SEARCH[:3], "--cluster", _cluster(d, {"nodes": [{**NODE, "name": "a;b"}]}),
+                                             *SEARCH[5:]],
+    "cluster-zone-newline": lambda d, p: [*SEARCH[:3], "--cluster", _cluster(d, {"nodes": [{**NODE, "zone": "e\nw"}]}),
+                                          *SEARCH[5:]],
+    # plan files
+    "plan-missing": lambda d, p: ["validate", str(d / "none.yaml")],
+    "plan-not-yaml": lambda d, p: ["validate", _file(d, "p.yaml", "autopar_plan: [1\n")],
+    "plan-empty": lambda d, p: ["estimate", _file(d, "p.yaml", "")],
+    "plan-a-list": lambda d, p: ["validate", _file(d, "p.yaml", "- 1\n- 2\n")],
+    "validate-tp-over-stage": lambda d, p: ["validate", _plan(d, p, _set("pipelines.0.stages.0.layers.0.tp", 16))],
+    "estimate-tp-over-stage": lambda d, p: ["estimate", _plan(d, p, _set("pipelines.0.stages.0.layers.0.tp", 16))],
+    "validate-devices-out-of-range": lambda d, p: ["validate", _plan(d, p, _set("pipelines.0.stages.0.devices",
+                                                                                "0-11"))],
+    "validate-cluster-lost-a-node": lambda d, p: ["validate", _plan(d, p, lambda doc: doc["cluster"]["nodes"].pop())],
+    "validate-hostile-gpu-name": lambda d, p: ["validate", _plan(d, p, _hostile_gpu)],
+    "validate-hostile-cluster-name": lambda d, p: ["validate", _plan(d, p, _set("cluster.name", "c\ntouch PWNED"))],
+    "validate-hostile-node-name": lambda d, p: ["validate", _plan(d, p, _set("cluster.nodes.0.name", "`touch x`"))],
+    "validate-over-budget": lambda d, p: ["validate", _plan(d, p, _over_budget)],
+    "estimate-unknown-profile": lambda d, p: ["estimate", _plan(d, p, lambda doc: None), "--profile",
+                                              str(d / "none.yaml")],
+    # launch inputs
+    "launch-hostile-gpu-name": lambda d, p: ["launch", _plan(d, p, _hostile_gpu), "--script", _file(d, "t.py", ""),
+                                             "-o", "OUT"],
+    "launch-over-budget": lambda d, p: ["launch", _plan(d, p, _over_budget), "--script", _file(d, "t.py", ""),
+                                        "-o", "OUT"],
+    "launch-tp-over-stage-forced": lambda d, p: ["launch", _plan(d, p, _set("pipelines.0.stages.0.layers.0.tp", 16)),
+                                                 "--script", _file(d, "t.py", ""), "-o", "OUT", "--force"],
+    "launch-script-missing": lambda d, p: ["launch", _plan(d, p, lambda doc: None), "--script", str(d / "no.py"),
+                                           "-o", "OUT"],
+    "launch-out-dir-newline": lambda d, p: ["launch", _plan(d, p, lambda doc: None), "--script",
+                                            _file(d, "t.py", ""), "-o", str(d / "out" / "l\nx")],
+    "launch-out-dir-is-a-file": lambda d, p: ["launch", _plan(d, p, lambda doc: None), "--script",
+                                              _file(d, "t.py", ""), "-o", _file(d, "f", "")],
+    "launch-out-plan-is-a-directory": lambda d, p: ["launch", _plan(d, p, lambda doc: None), "--script",
+                                                    _file(d, "t.py", ""), "-o", str(_dir(d / "in" / "L" / "plan.yaml")
+                                                                                    .parent)],
+    # outputs
+    "search-out-is-a-directory": lambda d, p: SEARCH + ["-o", str(_dir(d / "in" / "adir"))],
+    "search-out-is-a-device": lambda d, p: SEARCH + ["-o", os.devnull],
+    "search-out-symlink-to-directory": lambda d, p: SEARCH + ["-o", _link(d / "in" / "ln", _dir(d / "in" / "t"))],
+    "search-out-under-a-file": lambda d, p: SEARCH + ["-o", str(Path(_file(d, "f", "")) / "p.yaml")],
+}
+
+
+def _dir(path: Path) -> Path:
+    path.mkdir(parents=True)
+    return path
+
+
+def _link(path: Path, target: Path) -> str:
+    path.symlink_to(target)
+    return str(path)
+
+
+def _listing(d: Path) -> dict[str, float]:
+    return {str(p): p.stat().st_mtime for p in d.rglob("*") if not p.is_symlink()}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_input_is_one_line_exit_2_nothing_written(case, plan_doc, tmp_path, capsys, monkeypatch):
+    (tmp_path / "in").mkdir()
+    (tmp_path / "out").mkdir()
+    monkeypatch.chdir(tmp_path / "in")
+    monkeypatch.syspath_prepend(str(tmp_path / "in"))
+    argv = [a.replace("OUT", str(tmp_path / "out" / "x")) for a in CASES[case](tmp_path, plan_doc)]
+    before = _listing(tmp_path)
+    capsys.readouterr()
+    rc = main(argv)
+    got = capsys.readouterr()
+    lines = got.err.splitlines()
+    assert rc == 2, (rc, got.err)
+    assert len(lines) == 1 and lines[0].startswith("autopar: error: "), got.err
+    assert got.out == ""
+    assert _listing(tmp_path) == before, "a refused command wrote or changed a file"
+    assert not (tmp_path / "in" / "PWNED").exists()
