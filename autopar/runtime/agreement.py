@@ -98,7 +98,7 @@ def first_difference(docs: list[dict]) -> AutoparError:
 
 
 def _short(value) -> str:
-    text = value if value == _ABSENT else json.dumps(value)
+    text = value if value == _ABSENT else json.dumps(value, default=str)
     return text if len(text) <= 80 else text[:77] + "..."
 
 
@@ -113,7 +113,7 @@ def _summary(error: BaseException | None):
 def agree(doc: dict | None, error: BaseException | None) -> None:
     """Collective over the default group: raise, the same on every rank, unless every rank holds the
     same ``doc`` and none hit an error. A rank's own error is re-raised there (its traceback kept)."""
-    digest = None if doc is None else hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+    digest = None if doc is None else hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
     views: list = [None] * dist.get_world_size()
     dist.all_gather_object(views, (digest, _summary(error)))
     digests = [d for d, _ in views]
