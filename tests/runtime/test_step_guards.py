@@ -136,3 +136,47 @@ def test_a_rank_killed_mid_training_ends_the_job():
     with pytest.raises(RankError, match="rank 1 died without a result"):
         run_distributed(_killed_at_step_2, 2, timeout_s=30)
     assert time.monotonic() - start < 5
+
+
+def _peer_of_a_dead_rank(rank, store, conn):
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from autopar.runtime import wrap
+
+    start = time.monotonic()
+    try:
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2,
+                                timeout=timedelta(seconds=60))
+        pm = wrap(BUILD(), PIPE, loss_fn=mse, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1))
+        for step in range(1, 4):
+            if step == 2 and rank == 1:
+                os._exit(3)  # dies without a word, mid-training
+            pm.step(X, Y)
+        conn.send("finished")
+    except Exception as e:  # noqa: BLE001
+        conn.send((time.monotonic() - start, str(e)))
+    finally:
+        os._exit(0)
+
+
+def test_the_peers_of_a_killed_rank_fail_on_their_own_in_seconds(tmp_path):
+    """No launcher to kill them: rank 0's next exchange with the dead rank fails, far below the timeout."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    pipes = [ctx.Pipe(duplex=False) for _ in range(2)]
+    procs = [ctx.Process(target=_peer_of_a_dead_rank, args=(r, str(tmp_path / "store"), pipes[r][1]), daemon=True)
+             for r in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        got = pipes[0][0].recv() if pipes[0][0].poll(30) else "no answer in 30 s"
+    finally:
+        for p in procs:
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+    assert isinstance(got, tuple) and got[0] < 10, got  # gloo: "Connection reset by peer" at once
