@@ -11,8 +11,9 @@ import torch.distributed as dist
 from autopar.errors import AutoparError
 
 
-def ensure_process_group(timeout_s: float | None = None) -> None:
-    """Initialise torch.distributed from torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR/PORT) if needed."""
+def ensure_process_group(timeout_s: float) -> None:
+    """Initialise torch.distributed from torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR/PORT) if needed,
+    with collective timeout ``timeout_s`` (a fault then ends the job in that time, not torch's 30 min)."""
     if dist.is_initialized():
         return
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
@@ -21,8 +22,7 @@ def ensure_process_group(timeout_s: float | None = None) -> None:
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    kwargs = {"timeout": timedelta(seconds=timeout_s)} if timeout_s else {}
-    dist.init_process_group(backend, **kwargs)
+    dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
 
 
 def runtime_device() -> torch.device:

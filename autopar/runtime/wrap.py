@@ -14,20 +14,23 @@ from torch.distributed.tensor import DTensor
 
 from autopar.errors import AutoparError
 from autopar.plan.schema import Plan, StageLayer
+from autopar.runtime.agreement import agreed_start
 from autopar.runtime.checkpointing import apply_checkpointing
-from autopar.runtime.checks import check_plan, check_untied
 from autopar.runtime.env import ensure_process_group, runtime_device
 from autopar.runtime.grad_sync import UnitGradSync
 from autopar.runtime.groups import Groups, unit_rank_sets
+from autopar.runtime.guards import check_same_batch, finite_step
 from autopar.runtime.layout import Layout, Placement, placements
 from autopar.runtime.materialize import materialize_unit
 from autopar.runtime.p2p import Mailbox
 from autopar.runtime.sharding import FlatShard, Zero2Reducer, apply_fsdp
 from autopar.runtime.stage import LocalUnit, StageRunner, StageSpec, cross_entropy
 from autopar.runtime.tensor_parallel import apply_tp
-from autopar.units import UnitTPInfo, unit_tp_info, units
+from autopar.units import UnitTPInfo
 
 OptimizerFactory = Callable[[Iterable[torch.Tensor]], torch.optim.Optimizer]
+NONFINITE = ("raise", "skip")
+log = logging.getLogger(__name__)
 
 
 def _local(p: torch.Tensor) -> torch.Tensor:
@@ -51,15 +54,18 @@ class ParallelModel:
     ``step(inputs, targets)`` runs one optimizer step over the whole global batch; every rank passes
     the same full global-batch tensors (batch dimension first) and gets the global mean loss back.
     ``full_state_dict()`` returns every unsharded parameter on every rank (a collective).
-    ``optimizer`` is the optimizer the factory built over this rank's tensors.
+    ``optimizer`` is the optimizer the factory built over this rank's tensors. ``skipped_steps``
+    lists the steps (numbered from 1 by ``step`` call) skipped under ``on_nonfinite="skip"``.
     """
 
     def __init__(self, plan: Plan, device: torch.device, runner: StageRunner, states: list[_UnitState],
-                 optimizer: torch.optim.Optimizer, mailbox: Mailbox, shapes: dict, places: dict) -> None:
+                 optimizer: torch.optim.Optimizer, mailbox: Mailbox, shapes: dict, places: dict,
+                 on_nonfinite: str) -> None:
         self.plan, self.device, self.runner, self.optimizer = plan, device, runner, optimizer
         self._states, self._mailbox, self._shapes, self._places = states, mailbox, shapes, places
         self.rank = dist.get_rank()
         self.pipeline, self.stage = runner.spec.pipeline, runner.spec.stage
+        self.on_nonfinite, self.skipped_steps, self._calls = on_nonfinite, [], 0
 
     @property
     def local_units(self) -> dict[str, nn.Module]:
@@ -67,12 +73,19 @@ class ParallelModel:
         return {s.unit.name: s.unit.module for s in self._states}
 
     def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
-        """One optimizer step over the global batch; returns the global mean loss (same on every rank)."""
+        """One optimizer step over the global batch; returns the global mean loss (same on every rank).
+
+        Raises AutoparError, the same on every rank, if the ranks passed different batches, or (with
+        ``on_nonfinite="raise"``) if the loss or a gradient is NaN/inf; ``"skip"`` leaves the
+        parameters and optimizer state untouched for that step instead and returns the loss.
+        """
+        self._calls += 1
+        inputs, targets = inputs.to(self.device), targets.to(self.device)
+        check_same_batch(inputs, targets, self._calls)
         gbs = self.plan.global_batch_size
         if inputs.shape[0] != gbs or targets.shape[0] != gbs:
             raise AutoparError("step inputs", f"batch dimensions {inputs.shape[0]} / {targets.shape[0]} differ "
                                f"from the plan's global_batch_size {gbs}", "pass the whole global batch on every rank")
-        inputs, targets = inputs.to(self.device), targets.to(self.device)
         loss_sum = self.runner.run(inputs, targets)
         self._mailbox.flush()
         for st in self._states:
@@ -86,16 +99,25 @@ class ParallelModel:
                 for proxy, g in zip(st.proxies, synced):
                     proxy.grad = g
             self._free_accumulated_grads(st)
-        self.optimizer.step()
+        grads = [g for st in self._states for g in ([st.shard.master.grad] if st.shard is not None
+                                                     else [p.grad for p in st.proxies]) if g is not None]
+        loss, problem = finite_step(loss_sum, grads, self._calls)
+        if problem is None:
+            self.optimizer.step()
         for st in self._states:
-            if st.shard is not None:
+            if st.shard is not None and problem is None:
                 st.shard.all_gather_params()
             for p in st.unit.module.parameters():
                 p.grad = None
         self.optimizer.zero_grad(set_to_none=True)
-        total = loss_sum.detach().clone().float()
-        dist.all_reduce(total)
-        return float(total)
+        if problem is not None:
+            if self.on_nonfinite == "raise":
+                raise AutoparError("step", problem, "check this step's batch and the learning rate, or pass "
+                                   "wrap(..., on_nonfinite='skip') to skip such steps")
+            self.skipped_steps.append(self._calls)
+            if self.rank == 0:
+                log.warning("autopar: %s: optimizer step skipped (on_nonfinite='skip')", problem)
+        return loss
 
     @staticmethod
     def _free_accumulated_grads(st: _UnitState) -> None:
@@ -146,8 +168,8 @@ class ParallelModel:
 
 def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerFactory | None = None,
          loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None, *, seed: int = 0,
-         device: torch.device | None = None, loss_parallel: bool = True,
-         timeout_s: float | None = None) -> ParallelModel:
+         device: torch.device | None = None, loss_parallel: bool = True, timeout_s: float = 600.0,
+         on_nonfinite: str = "raise") -> ParallelModel:
     """Place ``model`` on this rank as ``plan`` says; call on every rank with the same arguments.
 
     model:      an ``nn.Sequential`` or a model with ``embed`` / ``layers`` / ``head`` children
@@ -164,26 +186,27 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
                 cross entropy. With the default and a TP head, the loss runs under
                 ``loss_parallel`` on vocabulary-sharded logits (``loss_parallel=False`` gathers them).
     device:     default: this rank's CUDA device under nccl, else the CPU.
-    timeout_s:  collective timeout when ``wrap`` initialises the process group from torchrun variables.
+    timeout_s:  collective timeout (default 10 minutes) when ``wrap`` initialises the process group
+                from torchrun variables; a group you initialised keeps its own timeout.
+    on_nonfinite: ``"raise"`` (default): a NaN/inf loss or gradient makes ``step`` raise on every
+                rank, naming the step; ``"skip"``: that step's optimizer update is skipped (logged
+                on rank 0, recorded in ``skipped_steps``) and training goes on.
 
-    Raises AutoparError, on every rank and before any collective, if the plan does not fit the
-    model or the world.
+    Raises AutoparError, the same on every rank, if the plan does not fit the model or the world,
+    or if the ranks' plans, model structures or these settings differ (checked in wrap's first
+    collective: one line naming the first differing field and the ranks on each side).
     """
-    if isinstance(plan, (str, os.PathLike)):
-        from autopar.plan.io import load_plan
-
-        plan = load_plan(plan)
     if optimizer is None:
         raise AutoparError("optimizer", "no optimizer factory given",
                            "pass optimizer=lambda params: torch.optim.AdamW(params, lr=3e-4)")
+    if on_nonfinite not in NONFINITE:
+        raise AutoparError("on_nonfinite", f"unknown value {on_nonfinite!r}", "use 'raise' or 'skip'")
     ensure_process_group(timeout_s)
     rank, world = dist.get_rank(), dist.get_world_size()
-    named = units(model)
+    settings = {"seed": seed, "loss_parallel": loss_parallel, "on_nonfinite": on_nonfinite}
+    plan, named, infos = agreed_start(model, plan, world, settings)
     names = [n for n, _ in named]
     modules = dict(named)
-    infos = {n: unit_tp_info(model, n, m) for n, m in named}
-    check_plan(plan, names, infos, world)
-    check_untied(named)
 
     places = placements(plan)
     device = device or runtime_device()
@@ -220,7 +243,7 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
     # Every rank takes part in one collective on the default group before any subset uses it for
     # batched point-to-point (NCCL requires it; it also means every rank finished wrap()).
     dist.barrier()
-    return ParallelModel(plan, device, runner, states, opt, mailbox, shapes, places)
+    return ParallelModel(plan, device, runner, states, opt, mailbox, shapes, places, on_nonfinite)
 
 
 def _build_unit(ly: StageLayer, module: nn.Module, info: UnitTPInfo, places: list[Placement], pipeline: int,

@@ -108,9 +108,10 @@ def _torchrun_like_rank(rank: int, world: int, port: int, conn) -> None:
                           MASTER_PORT=str(port))
         build, units, (x, y), loss_fn = MODELS["mlp"]
         torch.manual_seed(0)
-        pm = wrap(build(), make_plan([(4, 2, [([0, 1], same(units))])]), loss_fn=loss_fn, timeout_s=20,
+        pm = wrap(build(), make_plan([(4, 2, [([0, 1], same(units))])]), loss_fn=loss_fn,
                   optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1))
-        conn.send((dist.get_backend(), str(pm.device), pm.step(x, y)))
+        timeout = dist.group.WORLD._get_backend(torch.device("cpu")).options._timeout.total_seconds()
+        conn.send((dist.get_backend(), str(pm.device), timeout, pm.step(x, y)))
         dist.barrier()
         dist.destroy_process_group()
     except BaseException as e:  # noqa: BLE001
@@ -138,7 +139,7 @@ def test_wrap_initialises_the_process_group_from_torchrun_variables():
             p.join(5)
             if p.is_alive():
                 p.kill()
-    assert got[0] == got[1] and got[0][:2] == ("gloo", "cpu"), got
+    assert got[0] == got[1] and got[0][:3] == ("gloo", "cpu", 600.0), got  # wrap's default timeout: 10 min
     build, _, (x, y), loss_fn = MODELS["mlp"]
     ref, _ = reference_train(build, x, y, 1, 0.1, loss_fn=loss_fn)
-    assert abs(got[0][2] - ref[0]) < 1e-6
+    assert abs(got[0][3] - ref[0]) < 1e-6
