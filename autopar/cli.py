@@ -48,8 +48,8 @@ def _positive_float(field: str):
             v = float(s)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{field} must be a number, got {s!r}") from None
-        if not v > 0:
-            raise argparse.ArgumentTypeError(f"{field} must be positive, got {s}")
+        if not 0 < v < float("inf"):
+            raise argparse.ArgumentTypeError(f"{field} must be a positive finite number, got {s}")
         return v
     return parse
 
@@ -138,12 +138,17 @@ def _explain(res) -> None:
 def cmd_estimate(args) -> int:
     from autopar.estimate import estimate_plan
     from autopar.plan.validate import validate_plan
-    from autopar.planned import load_planned
+    from autopar.planned import check_predicted, load_planned
     from autopar.report import figures_line, plan_shape, plan_table
 
-    plan, model, params = load_planned(args.plan, args.profile)
+    planned = load_planned(args.plan, args.profile, check=True)
+    plan, model, params = planned
     validate_plan(plan, model)  # structure only: an over-budget plan is still estimated (and flagged)
     est = estimate_plan(plan, model, params)
+    if args.profile is None:
+        check_predicted(plan, est)
+    for note in planned.notes:  # stderr: --json keeps one object on stdout
+        print(f"autopar: {note}", file=sys.stderr)
     if args.json:
         print(json.dumps({"plan": args.plan, "predicted": est.predicted(), "fits": est.fits}))
         return 0
@@ -162,30 +167,35 @@ def _checked(path: str, memory: bool = True, force_hint: bool = False):
     against its budget (``force_hint``: that refusal mentions ``--force``). Returns (plan, estimate or None)."""
     from autopar.estimate import estimate_plan
     from autopar.plan.validate import validate_plan
-    from autopar.planned import load_planned
+    from autopar.planned import check_predicted, check_stored_params, load_planned
 
     if not memory:
         from autopar.plan.io import load_plan
 
         plan = load_plan(path)
+        note = check_stored_params(plan)
         validate_plan(plan)
-        return plan, None
-    plan, model, params = load_planned(path)
+        return plan, None, [note] if note else []
+    planned = load_planned(path, check=True)
+    plan, model, params = planned
     validate_plan(plan, model)
     est = estimate_plan(plan, model, params)
+    check_predicted(plan, est)  # the stored figures must be what the plan estimates to now
     try:
         validate_plan(plan, model, est.memory_gib)
     except AutoparError as e:
         if not force_hint:
             raise
         raise AutoparError(e.field, e.problem, f"{e.fix}; or pass --force to write the scripts anyway") from None
-    return plan, est
+    return plan, est, planned.notes
 
 
 def cmd_validate(args) -> int:
-    plan, est = _checked(args.plan)
+    plan, est, notes = _checked(args.plan)
     print(f"{args.plan}: valid ({plan.world_size} devices, {len(plan.pipelines)} pipeline(s), "
-          f"{len(plan.stages)} stage(s), peak {est.max_memory_gib:.1f} GiB)")
+          f"{len(plan.stages)} stage(s), peak {est.max_memory_gib:.1f} GiB recomputed from the model)")
+    for note in notes:
+        print(note)
     return 0
 
 
@@ -211,7 +221,9 @@ def cmd_profile(args) -> int:
 def cmd_launch(args) -> int:
     from autopar.launch import write_launch_scripts
 
-    plan, _ = _checked(args.plan, memory=not args.force, force_hint=True)
+    plan, _, notes = _checked(args.plan, memory=not args.force, force_hint=True)
+    for note in notes:
+        print(f"autopar: {note}", file=sys.stderr)
     paths = write_launch_scripts(plan, args.script, args.output, scheduler=args.scheduler,
                                  script_args=args.script_args)
     for p in paths:

@@ -71,8 +71,8 @@ def as_num(value: object, field: str, *, gt: float | None = None, ge: float | No
     """``float(value)`` for an int or float (not a boolean, not NaN) that is ``> gt`` / ``>= ge`` when given."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise _wrong_type(value, field, float, fix)
-    if math.isnan(value):
-        raise AutoparError(field, "is NaN", fix or "give a plain number")
+    if math.isnan(value) or math.isinf(value):
+        raise AutoparError(field, "is NaN" if math.isnan(value) else f"is {value}", fix or "give a plain finite number")
     if gt is not None and not value > gt:
         raise AutoparError(field, f"must be > {gt:g}, got {value}", fix or f"give a number > {gt:g}")
     if ge is not None and not value >= ge:
@@ -135,14 +135,21 @@ def as_mapping(value: object, field: str, *, fix: str | None = None) -> dict:
 
 
 def as_matrix(value: object, field: str, n: int, *, gt: float | None = None, ge: float | None = None,
-              fix: str | None = None) -> list[list[float]]:
-    """An ``n x n`` matrix of numbers; off-diagonal cells ``> gt`` / ``>= ge``, diagonal cells ``>= 0``."""
+              fix: str | None = None, symmetric: bool = False) -> list[list[float]]:
+    """An ``n x n`` matrix of numbers; off-diagonal cells ``> gt`` / ``>= ge``, diagonal cells ``>= 0``;
+    ``symmetric``: cell [i][j] must equal [j][i] (links between nodes go both ways alike)."""
     if not isinstance(value, list) or len(value) != n or any(not isinstance(r, list) or len(r) != n for r in value):
         shape = f"{len(value)} rows" if isinstance(value, list) else kind_of(value)
         raise AutoparError(field, f"must be {n}x{n} (one row and column per node), got {shape}",
                            fix or "give one value per node pair, nodes in file order (repeats expanded)")
-    return [[as_num(x, f"{field}[{i}][{j}]", gt=gt if i != j else None, ge=ge if i != j else 0.0, fix=fix)
-             for j, x in enumerate(row)] for i, row in enumerate(value)]
+    out = [[as_num(x, f"{field}[{i}][{j}]", gt=gt if i != j else None, ge=ge if i != j else 0.0, fix=fix)
+            for j, x in enumerate(row)] for i, row in enumerate(value)]
+    for i in range(n):
+        for j in range(i + 1, n):
+            if symmetric and out[i][j] != out[j][i]:
+                raise AutoparError(f"{field}[{j}][{i}]", f"is {out[j][i]:g} but {field}[{i}][{j}] is {out[i][j]:g}: "
+                                   "the matrix must be symmetric", fix or "give each node pair one value, both ways")
+    return out
 
 
 def unknown_key(field: str, kind: str, key: object, known: Iterable[str], fix: str | None = None) -> AutoparError:

@@ -13,10 +13,12 @@ and the model gets the profile's unit numbers (as ``autopar estimate --profile``
 
 from __future__ import annotations
 
+import math
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, fields, replace
 
-from autopar.estimate.plan_cost import plan_cost_params
+from autopar.errors import AutoparError
+from autopar.estimate.plan_cost import PlanEstimate, plan_cost_params
 from autopar.modelspec.load import load_model
 from autopar.modelspec.spec import ModelSpec
 from autopar.plan.io import load_plan
@@ -39,28 +41,110 @@ class Planned:
     plan: Plan
     model: ModelSpec
     params: CostParams
+    notes: list[str] = field(default_factory=list)  # what could not be checked, a profile that differs
 
     def __iter__(self):
         """``plan, model, params = load_planned(path)``: the arguments of ``estimate_plan`` in order."""
         return iter((self.plan, self.model, self.params))
 
 
-def load_planned(path: str | os.PathLike, profile: str | os.PathLike | Profile | None = None) -> Planned:
+def load_planned(path: str | os.PathLike, profile: str | os.PathLike | Profile | None = None, *,
+                 check: bool = False) -> Planned:
     """The plan at ``path``, its model spec and cost parameters; re-based on ``profile`` when given.
 
+    ``check``: refuse stored cost parameters that are not what this autopar searches with
+    (``check_stored_params``). ``notes`` of the result: a profile that could not be re-checked, or a
+    ``profile`` other than the one the plan was searched with (its figures are then the profile's).
     Raises AutoparError (one line) for a plan, model or profile that cannot be read or does not match.
     """
     plan = load_plan(path)
+    prof = None if profile is None else profile if isinstance(profile, Profile) else load_profile(profile)
+    notes = [check_stored_params(plan, prof)] if check else []
+    record = plan.search.get("profile")
+    if prof is not None and isinstance(record, dict) and record.get("sha256") != prof.sha256:
+        notes.append(f"plan.search.profile: the plan was searched with profile {record.get('path', '?')} "
+                     f"(sha256 {str(record.get('sha256'))[:12]}), not {prof.path} ({prof.sha256[:12]}); "
+                     f"the figures are {prof.path}'s")
+    notes = [n for n in notes if n]
     source = plan.model.source or plan.model.name
-    if profile is None:
-        record = plan.search.get("profile")
+    if prof is None:
         dtype = record.get("model", {}).get("dtype_bytes") if isinstance(record, dict) else None
         model = load_model(source, plan.model.seq_len, dtype_bytes=dtype)
         if record is not None:
             model = model_from_record(model, record)
-        return Planned(plan, model, plan_cost_params(plan))
-    prof = profile if isinstance(profile, Profile) else load_profile(profile)
+        return Planned(plan, model, plan_cost_params(plan), notes)
     model = apply_profile_model(load_model(source, plan.model.seq_len, dtype_bytes=prof.dtype_bytes), prof)
     cluster, params = apply_profile(plan.cluster, plan_cost_params(plan), prof)
     plan = replace(plan, cluster=cluster, search={**plan.search, "profile": profile_record(prof)})
-    return Planned(plan, model, params)
+    return Planned(plan, model, params, notes)
+
+
+def _same(a: object, b: object) -> bool:
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-15)
+    return a == b
+
+
+def _recorded_profile(record: dict) -> Profile | None:
+    """The profile file a plan recorded, when it is still there as a regular file with the recorded sha256."""
+    path = record.get("path")
+    if not isinstance(path, str) or not os.path.isfile(path) or os.path.getsize(path) > 64 << 20:
+        return None
+    try:
+        prof = load_profile(path)
+    except AutoparError:
+        return None
+    return prof if prof.sha256 == record.get("sha256") else None
+
+
+def check_stored_params(plan: Plan, profile: Profile | None = None) -> str:
+    """Refuse a plan whose stored cost parameters differ from what this autopar searches with: the
+    defaults (``CostParams()``) for a plan without a profile record, what ``apply_profile`` makes of
+    the recorded profile (``profile`` or the recorded file, when its sha256 matches) otherwise.
+    Returns a note when the recorded profile is not at hand (then the fields' ranges alone were checked)."""
+    stored, record = plan_cost_params(plan), plan.search.get("profile")
+    if record is None:
+        expected, what, word = CostParams(), "this autopar's defaults", "default"
+    else:
+        if not isinstance(record, dict):
+            raise AutoparError("plan.search.profile", "is not a mapping", "search the plan again with --profile")
+        prof = profile if profile is not None and profile.sha256 == record.get("sha256") else _recorded_profile(record)
+        if prof is None:
+            return (f"note: profile {record.get('path', '?')} (sha256 {str(record.get('sha256'))[:12]}) is not here: "
+                    "the plan's cost parameters were checked for range only (pass --profile to re-check them)")
+        expected = apply_profile(plan.cluster, CostParams(), prof)[1]
+        what, word = f"what profile {prof.path} gives", "profile"
+    for f in fields(CostParams):
+        a, b = getattr(stored, f.name), getattr(expected, f.name)
+        if not _same(a, b):
+            raise AutoparError("plan.search.cost_params", f"differ from {what} (field {f.name}: stored {a!r:.40}, "
+                               f"{word} {b!r:.40}): tampered or written by another version", "search the plan again")
+    return ""
+
+
+PREDICTED = ("step_time_s", "tokens_per_s", "tps", "tflops", "mfu", "max_memory_gib")
+
+
+def check_predicted(plan: Plan, est: PlanEstimate) -> None:
+    """Refuse a plan whose stored ``predicted`` figures differ (rel 1e-6; per-stage memory to its 3
+    decimals) from the estimate recomputed from its model and checked cost parameters."""
+    now = est.predicted()
+    pairs = [(k, plan.predicted.get(k), now[k]) for k in PREDICTED if k in plan.predicted]
+    stored_stages = (plan.predicted.get("memory_gib") or {}).get("per_stage") \
+        if isinstance(plan.predicted.get("memory_gib"), dict) else None
+    if stored_stages is not None:
+        got = [x for p in stored_stages for x in p] if isinstance(stored_stages, list) and all(
+            isinstance(p, list) for p in stored_stages) else [stored_stages]
+        want = [x for p in now["memory_gib"]["per_stage"] for x in p]
+        ok = len(got) == len(want) and all(isinstance(g, (int, float)) and not isinstance(g, bool)
+                                           and abs(g - w) <= 2e-3 for g, w in zip(got, want))
+        if not ok:
+            pairs.append(("memory_gib.per_stage", stored_stages, now["memory_gib"]["per_stage"]))
+    for key, stored, fresh in pairs:
+        bad = isinstance(stored, bool) or not isinstance(stored, (int, float)) or not math.isclose(
+            stored, fresh, rel_tol=1e-6) if not isinstance(fresh, list) else True
+        if bad:
+            raise AutoparError(f"predicted.{key}", f"is {stored!r:.40} but the plan estimates to {fresh!r:.40}: "
+                               "tampered or written by another version", "search the plan again")

@@ -233,7 +233,7 @@ def cluster_from_doc(doc: object, name: str | None, where: str = "", *, standalo
             net[scalar] = f.req_num(scalar, **bound, fix=NET_FIX)
             net.pop(mat, None)
         if f.has(mat):
-            net[mat] = as_matrix(f.raw(mat), f.at(mat), n, **bound)
+            net[mat] = as_matrix(f.raw(mat), f.at(mat), n, symmetric=True, **bound)
     if f.has("zones"):
         net["bw_matrix_gbps"], net["lat_matrix_us"] = _zone_matrices(
             f.sub("zones", kind="zones", keys=("links", "default")), nodes,

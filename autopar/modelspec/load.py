@@ -59,19 +59,17 @@ def _import(mod_name: str):
 
 
 def _build(spec: str, factory):
-    """Call the factory under the meta device (no weights allocated); if it cannot run there, normally."""
+    """Call the factory once, under the meta device (no weights allocated); a factory that cannot build
+    there is refused (calling it again for real would run its side effects twice and allocate weights)."""
     import torch
 
     try:
         with torch.device("meta"):
             return factory()
-    except Exception:
-        pass
-    try:
-        return factory()
     except Exception as err:
-        raise AutoparError("model", f"factory {spec} raised {type(err).__name__}: {err}",
-                           "make the factory callable with no arguments and returning an nn.Module") from err
+        raise AutoparError("model", f"factory {spec} raised {type(err).__name__}: {err} (built on the meta device)",
+                           "make the factory build under `with torch.device('meta')` (no real tensors, no "
+                           "data-dependent code at construction)") from err
 
 
 def _example(spec: str, module, model: nn.Module, seq_len: int | None):

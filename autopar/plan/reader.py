@@ -13,6 +13,7 @@ import re
 from autopar.cluster.parse import cluster_from_doc
 from autopar.errors import AutoparError
 from autopar.fields import Fields, as_int, as_list, as_str, kind_of
+from autopar.plan.cost_params import read_cost_params
 from autopar.plan.schema import PLAN_VERSION, SCHEDULES, ModelRef, Pipeline, Plan, Stage, StageLayer, Strategy
 
 VERSION_KEY = "autopar_plan"
@@ -48,6 +49,8 @@ def plan_from_dict(d: dict) -> Plan:
     pipelines = [_pipeline_in(p, f"pipelines[{i}]") for i, p in enumerate(raw_pipes)]
     predicted = top.opt_mapping("predicted", {})
     search = top.opt_mapping("search", {})
+    if search.get("cost_params") is not None:
+        read_cost_params(search["cost_params"], "search.cost_params", "search the plan again (autopar search)")
     return Plan(model=model, cluster=cluster, global_batch_size=gbs, pipelines=pipelines, schedule=schedule,
                 memory_budget_gib=budget, predicted=predicted, search=search, version=version)
 

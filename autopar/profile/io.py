@@ -28,6 +28,7 @@ import yaml
 from autopar.errors import AutoparError
 from autopar.fields import Fields, as_int, as_str
 from autopar.fileio import write_text_atomic
+from autopar.plan.cost_params import read_cost_params
 
 VERSION_KEY = "autopar_profile"
 PROFILE_VERSION = 1
@@ -102,7 +103,7 @@ def check_profile(doc) -> None:
         row = units.sub(name)
         for k in ("tp_params", "act_tp_bytes", "act_seq_bytes", "act_attn_bytes", "boundary_bytes"):
             row.req_num(k, ge=0)
-    top.req_mapping("cost_params")
+    read_cost_params(top.req_mapping("cost_params"), "profile.cost_params", FIX, partial=True)
 
 
 def load_profile(path: str | os.PathLike) -> Profile:

@@ -69,7 +69,8 @@ def clusters(draw) -> Cluster:
     n = len(nodes)
     matrix = None
     if n > 1 and draw(st.booleans()):
-        matrix = [[0.0 if i == j else draw(st.floats(0.5, 400.0)) for j in range(n)] for i in range(n)]
+        pair = {(i, j): draw(st.floats(0.5, 400.0)) for i in range(n) for j in range(i + 1, n)}
+        matrix = [[0.0 if i == j else pair[min(i, j), max(i, j)] for j in range(n)] for i in range(n)]
     return Cluster(nodes=nodes, inter_bw_gbps=draw(st.sampled_from([25.0, 100.0, 3.125])), bw_matrix_gbps=matrix,
                    name=draw(st.sampled_from(["", "mix", "2x8xA100-80G"])),
                    meta=draw(st.sampled_from([{}, {"preset": "x", "source": ["a", 1]}])))

@@ -1,0 +1,99 @@
+"""The one reader of stored cost parameters: a plan's ``search.cost_params`` and a profile's ``cost_params``.
+
+Every field is typed and in range, so a hand-edited file cannot make the memory check or the estimate
+absurd (``reserve_gib: -100``, a byte count of 0, an efficiency of 7): reserve and times >= 0, byte
+counts >= 1, efficiencies in (0, 4] (a measured curve is relative to the measured matmul peak, which a
+quick profile's small units can beat), overlaps in [0, 1], every number finite. Unknown keys are refused.
+A profile sets only the fields it measures (``partial``); a plan written by autopar stores them all.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import fields
+
+from autopar.errors import AutoparError
+from autopar.fields import Fields, as_int, as_list, as_num, as_str
+from cost_models import CostParams
+
+COLLECTIVES = ("allreduce", "allgather", "reduce_scatter")
+_BYTES = ("param_bytes", "grad_comm_bytes", "state_bytes", "opt_bytes_touched")
+_EFF = ("eff_max",)
+_FRACTIONS = ("overlap_sync", "overlap_zero3")
+_NONNEG = ("layer_overhead_s", "reserve_gib", "step_overhead_per_unit_s")
+EFF_HIGH = 4.0
+
+
+def _finite(x: float, field: str, fix: str, high: float | None = None) -> float:
+    if math.isinf(x):
+        raise AutoparError(field, "is infinite", fix)
+    if high is not None and x > high:
+        raise AutoparError(field, f"must be <= {high:g}, got {x}", fix)
+    return x
+
+
+def _num(value: object, field: str, fix: str, *, gt: float | None = None, ge: float | None = None,
+         high: float | None = None) -> float:
+    return _finite(as_num(value, field, gt=gt, ge=ge, fix=fix), field, fix, high)
+
+
+def _row(value: object, field: str, n: int, fix: str) -> list:
+    row = as_list(value, field, fix=fix)
+    if len(row) != n:
+        raise AutoparError(field, f"has {len(row)} entries, expected {n}", fix)
+    return row
+
+
+def _eff_by_kind(value: object, field: str, fix: str) -> tuple:
+    out = []
+    for i, r in enumerate(as_list(value, field, fix=fix)):
+        at = f"{field}[{i}]"
+        kind, tp, zero, eff, over = _row(r, at, 5, fix)
+        out.append((as_str(kind, f"{at}[0]", fix=fix), as_int(tp, f"{at}[1]", low=1, fix=fix),
+                    as_int(zero, f"{at}[2]", low=0, high=3, fix=fix), _num(eff, f"{at}[3]", fix, gt=0, high=EFF_HIGH),
+                    _num(over, f"{at}[4]", fix, ge=0)))
+    return tuple(out)
+
+
+def _comm_fit(value: object, field: str, fix: str) -> tuple:
+    out = []
+    for i, r in enumerate(as_list(value, field, fix=fix)):
+        at = f"{field}[{i}]"
+        coll, n, alpha, beta = _row(r, at, 4, fix)
+        out.append((as_str(coll, f"{at}[0]", choices=COLLECTIVES, fix=fix), as_int(n, f"{at}[1]", low=2, fix=fix),
+                    _num(alpha, f"{at}[2]", fix, ge=0), _num(beta, f"{at}[3]", fix, ge=0)))
+    return tuple(out)
+
+
+def _state_table(value: object, field: str, fix: str) -> tuple:
+    rows = as_list(value, field, fix=fix)
+    if rows and len(rows) != 4:
+        raise AutoparError(field, f"has {len(rows)} rows, expected 4 (ZeRO stages 0..3) or none", fix)
+    return tuple((_num(a, f"{field}[{z}][0]", fix, ge=0), _num(b, f"{field}[{z}][1]", fix, ge=0))
+                 for z, (a, b) in enumerate(_row(r, f"{field}[{z}]", 2, fix) for z, r in enumerate(rows)))
+
+
+def read_cost_params(doc: object, path: str, fix: str, *, partial: bool = False) -> dict:
+    """The checked fields of a stored ``cost_params`` mapping at ``path`` (all of them unless ``partial``)."""
+    names = [f.name for f in fields(CostParams)]
+    top = Fields(doc, path, kind="cost_params", keys=names, fix=fix)
+    out: dict = {}
+    for name in names:
+        if not top.has(name):
+            if partial:
+                continue
+            raise AutoparError(top.at(name), "is missing", fix)
+        value, at = top.doc[name], top.at(name)
+        if name in _BYTES:
+            num = _num(value, at, fix, ge=1)
+            out[name] = int(num) if isinstance(value, int) else num
+        elif name in _EFF:
+            out[name] = _num(value, at, fix, gt=0, high=EFF_HIGH)
+        elif name in _FRACTIONS:
+            out[name] = _num(value, at, fix, ge=0, high=1)
+        elif name in _NONNEG:
+            out[name] = _num(value, at, fix, ge=0)
+        else:
+            out[name] = {"eff_by_kind": _eff_by_kind, "comm_fit": _comm_fit, "state_table": _state_table}[name](
+                value, at, fix)
+    return out

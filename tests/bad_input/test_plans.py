@@ -1,0 +1,127 @@
+"""Tampered and damaged plan files: every stored cost parameter, the predicted figures, the embedded
+cluster, the strategies and batch shape. ``validate`` recomputes memory and time from the model and
+the catalogue's (or the recorded profile's) cost parameters, so each edit is refused, one line."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.bad_input.harness import check_refused, deleter, edited, setter, write
+
+CP = "search.cost_params"
+# (field, stored value): out of range, the wrong type, or in range but not what autopar searched with
+COST_EDITS = [
+    ("reserve_gib", -100), ("reserve_gib", -0.5), ("reserve_gib", 0.0), ("reserve_gib", 0.25), ("reserve_gib", 80.0),
+    ("reserve_gib", "1"), ("reserve_gib", True), ("reserve_gib", float("inf")), ("reserve_gib", float("nan")),
+    ("param_bytes", 0), ("param_bytes", -2), ("param_bytes", 1), ("param_bytes", "2"), ("param_bytes", 0.5),
+    ("grad_comm_bytes", 0), ("grad_comm_bytes", 2), ("grad_comm_bytes", -4),
+    ("state_bytes", 0), ("state_bytes", 1), ("state_bytes", 1e30),
+    ("opt_bytes_touched", 0), ("opt_bytes_touched", 1),
+    ("eff_max", 0), ("eff_max", -0.6), ("eff_max", 1.5), ("eff_max", 0.9), ("eff_max", "fast"),
+    ("layer_overhead_s", -1), ("layer_overhead_s", 0.0),
+    ("overlap_sync", -0.1), ("overlap_sync", 1.5), ("overlap_sync", 0.5),
+    ("overlap_zero3", 2), ("overlap_zero3", 0.0),
+    ("step_overhead_per_unit_s", -1), ("step_overhead_per_unit_s", 0.5),
+    ("eff_by_kind", [["block", 1, 0, 0.9, 0.0]]), ("eff_by_kind", [["block", 0, 0, 0.5, 0.0]]),
+    ("eff_by_kind", [["block", 1, 5, 0.5, 0.0]]), ("eff_by_kind", [["block", 1, 0, 0.5]]), ("eff_by_kind", "x"),
+    ("eff_by_kind", [["block", 1, 0, 7.0, 0.0]]),
+    ("comm_fit", [["allreduce", 2, 0.0, 0.0]]), ("comm_fit", [["broadcast", 2, 0.0, 0.0]]),
+    ("comm_fit", [["allreduce", 1, 0.0, 0.0]]), ("comm_fit", [["allreduce", 2, -1.0, 0.0]]),
+    ("state_table", [[16, 0], [4, 16], [4, 16], [0, 16]]), ("state_table", [[1, 1]]),
+    ("state_table", [[-1, 0]] * 4), ("state_table", [[0, 0, 0]] * 4),
+    ("warp_factor", 9),
+]
+FIELDS = ["eff_max", "layer_overhead_s", "param_bytes", "grad_comm_bytes", "state_bytes", "opt_bytes_touched",
+          "overlap_sync", "overlap_zero3", "reserve_gib", "eff_by_kind", "comm_fit", "state_table",
+          "step_overhead_per_unit_s"]
+PREDICTED = ["step_time_s", "tokens_per_s", "tps", "tflops", "mfu", "max_memory_gib"]
+LAYERS = "pipelines.0.stages.0.layers"
+
+
+def _scaled(key: str, factor: float):
+    def edit(doc):
+        doc["predicted"][key] = doc["predicted"][key] * factor
+    return edit
+
+
+def _both(*edits):
+    def edit(doc):
+        for e in edits:
+            e(doc)
+    return edit
+
+
+def _zero_two_byte_counts(doc):  # the issue's example: 560 GiB/device made to look like 44.5
+    doc["search"]["cost_params"].update(state_bytes=1, param_bytes=1)
+
+
+PLAN_EDITS = {
+    **{f"cost-{k}={v!r}"[:60]: setter(f"{CP}.{k}", v) for k, v in COST_EDITS},
+    **{f"cost-{k}-deleted": deleter(f"{CP}.{k}") for k in FIELDS},
+    "cost-params-a-list": setter(CP, [1, 2]),
+    "cost-params-a-string": setter(CP, "defaults"),
+    "cost-two-byte-counts-zeroed": _zero_two_byte_counts,
+    **{f"predicted-{k}-halved": _scaled(k, 0.5) for k in PREDICTED},
+    **{f"predicted-{k}-off-by-1e-5": _scaled(k, 1 + 1e-5) for k in PREDICTED},
+    "predicted-step-a-word": setter("predicted.step_time_s", "fast"),
+    "predicted-step-a-bool": setter("predicted.step_time_s", True),
+    "predicted-per-stage-lowered": setter("predicted.memory_gib.per_stage", [[1.0]]),
+    "predicted-per-stage-a-word": setter("predicted.memory_gib.per_stage", "low"),
+    "predicted-per-stage-extra": setter("predicted.memory_gib.per_stage", [[7.676], [1.0]]),
+    "predicted-a-list": setter("predicted", [1]),
+    "cluster-gpu-tflops": setter("cluster.gpus.A100-80G.tflops", 900.0),
+    "cluster-gpu-hbm": setter("cluster.gpus.A100-80G.hbm_gbps", 9000.0),
+    "cluster-gpu-memory-tiny": setter("cluster.gpus.A100-80G.memory_gib", 1.0),
+    "cluster-gpu-memory-negative": setter("cluster.gpus.A100-80G.memory_gib", -80.0),
+    "cluster-gpu-tflops-zero": setter("cluster.gpus.A100-80G.tflops", 0),
+    "cluster-gpu-tflops-inf": setter("cluster.gpus.A100-80G.tflops", float("inf")),
+    "cluster-intra-bw": _both(setter("cluster.nodes.0.intra_bw_gbps", 1.0), setter("cluster.nodes.1.intra_bw_gbps", 1.0)),
+    "cluster-intra-lat": _both(setter("cluster.nodes.0.intra_lat_us", 5e3), setter("cluster.nodes.1.intra_lat_us", 5e3)),
+    "cluster-inter-bw": setter("cluster.inter_bw_gbps", 2000.0),
+    "cluster-inter-bw-zero": setter("cluster.inter_bw_gbps", 0),
+    "cluster-inter-lat": setter("cluster.inter_lat_us", 5000.0),
+    "cluster-matrix-asymmetric": setter("cluster.bw_matrix_gbps", [[0, 200.0], [100.0, 0]]),
+    "cluster-node-count": setter("cluster.nodes.0.count", 8),
+    "strategy-zero-lowered": setter(f"{LAYERS}.1.zero", 1),
+    "strategy-zero-raised": setter(f"{LAYERS}.1.zero", 3),
+    "strategy-zero-5": setter(f"{LAYERS}.1.zero", 5),
+    "strategy-ckpt-full": setter(f"{LAYERS}.1.ckpt", "full"),
+    "strategy-ckpt-unknown": setter(f"{LAYERS}.1.ckpt", "some"),
+    "strategy-tp-lowered": setter(f"{LAYERS}.0.tp", 2),
+    "strategy-tp-3": setter(f"{LAYERS}.0.tp", 3),
+    "strategy-head-zero": setter(f"{LAYERS}.2.zero", 0),
+    "strategy-layer-dropped": lambda doc: doc["pipelines"][0]["stages"][0]["layers"].pop(1),
+    "batch-micro-halved": _both(setter("pipelines.0.micro_batch_size", 8), setter("pipelines.0.num_microbatches", 2)),
+    "batch-global-doubled": _both(setter("global_batch_size", 32), setter("pipelines.0.batch_share", 32),
+                                  setter("pipelines.0.micro_batch_size", 32)),
+    "batch-share-mismatch": setter("pipelines.0.batch_share", 8),
+    "schedule-unknown": setter("schedule", "zb-v"),
+    "model-seq-len": setter("model.seq_len", 256),
+    "model-other": setter("model", {"name": "gpt3-2.7b", "source": "gpt3-2.7b", "seq_len": 512, "layers": 26}),
+    "version-2": setter("autopar_plan", 2),
+    "budget-negative": setter("memory_budget_gib", -1),
+}
+# a few edits through estimate and launch too (the same checks)
+OTHER_COMMANDS = ["cost-reserve_gib=-100", "cost-two-byte-counts-zeroed", "cost-reserve_gib=0.25",
+                  "predicted-max_memory_gib-halved", "cluster-gpu-tflops", "strategy-ckpt-full", "cost-eff_max=0.9"]
+
+
+@pytest.mark.parametrize("case", sorted(PLAN_EDITS))
+def test_tampered_plan_is_refused_by_validate(case, docs, tmp_path, capsys, monkeypatch):
+    check_refused(lambda d, s: ["validate", edited(d, s.plan, PLAN_EDITS[case])], docs, tmp_path, capsys, monkeypatch)
+
+
+@pytest.mark.parametrize("case", OTHER_COMMANDS)
+@pytest.mark.parametrize("cmd", ["estimate", "launch"])
+def test_tampered_plan_is_refused_by_estimate_and_launch(cmd, case, docs, tmp_path, capsys, monkeypatch):
+    def build(d, s):
+        path = edited(d, s.plan, PLAN_EDITS[case])
+        return ["estimate", path] if cmd == "estimate" else ["launch", path, "--script", write(d, "t.py", ""), "-o",
+                                                             "OUT"]
+    check_refused(build, docs, tmp_path, capsys, monkeypatch)
+
+
+def test_the_issues_examples_name_tampering(docs, tmp_path, capsys, monkeypatch):
+    line = check_refused(lambda d, s: ["validate", edited(d, s.plan, _zero_two_byte_counts)], docs, tmp_path,
+                         capsys, monkeypatch)
+    assert "plan.search.cost_params: differ from this autopar's defaults" in line and "tampered" in line
