@@ -9,6 +9,11 @@ the plan, and ``autopar estimate`` / ``autopar validate`` use this same function
 With ``profile=`` (a path or a loaded Profile) the plan is re-based on that profile instead: the
 measured device figures replace the plan cluster's, the measured cost parameters replace the plan's,
 and the model gets the profile's unit numbers (as ``autopar estimate --profile`` does).
+
+The CLI trusts none of the plan's own numbers (``check=True``, ``check_predicted``): the stored cost
+parameters must be this autopar's defaults or what the recorded profile gives, and the stored
+``predicted`` figures must be what the plan estimates to now; otherwise "tampered or written by
+another version", one line.
 """
 
 from __future__ import annotations
@@ -143,8 +148,7 @@ def check_predicted(plan: Plan, est: PlanEstimate) -> None:
         if not ok:
             pairs.append(("memory_gib.per_stage", stored_stages, now["memory_gib"]["per_stage"]))
     for key, stored, fresh in pairs:
-        bad = isinstance(stored, bool) or not isinstance(stored, (int, float)) or not math.isclose(
-            stored, fresh, rel_tol=1e-6) if not isinstance(fresh, list) else True
-        if bad:
+        number = isinstance(stored, (int, float)) and not isinstance(stored, bool)
+        if isinstance(fresh, list) or not number or not math.isclose(stored, fresh, rel_tol=1e-6):
             raise AutoparError(f"predicted.{key}", f"is {stored!r:.40} but the plan estimates to {fresh!r:.40}: "
                                "tampered or written by another version", "search the plan again")

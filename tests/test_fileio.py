@@ -111,6 +111,7 @@ def test_launch_force_writes_an_over_budget_plan(tmp_path, capsys):
     doc = yaml.safe_load((tmp_path / "p.yaml").read_text())
     doc["global_batch_size"] = 1024
     doc["pipelines"][0].update(batch_share=1024, micro_batch_size=1024)
+    del doc["predicted"]  # a hand-edited plan states no figures (stale ones would be refused as tampered)
     (tmp_path / "over.yaml").write_text(yaml.safe_dump(doc))
     (tmp_path / "t.py").write_text("")
     argv = ["launch", str(tmp_path / "over.yaml"), "--script", str(tmp_path / "t.py"), "-o", str(tmp_path / "L")]

@@ -2,7 +2,7 @@
 nothing but torchrun runs, and it gets the arguments unchanged.
 
 Every payload tries to run ``touch PWNED`` (in the scripts' working directory); the test fails if any marker appears. The plans here are
-built in memory (the loader refuses hostile names in plan files: tests/test_bad_input.py), so the
+built in memory (the loader refuses hostile names in plan files: tests/bad_input/test_commands.py), so the
 scripts' own quoting and comment rendering is what stands between the payload and the shell.
 """
 
