@@ -22,6 +22,7 @@ import math
 import os
 from dataclasses import dataclass, field, fields, replace
 
+from autopar.cluster.parse import load_cluster
 from autopar.errors import AutoparError
 from autopar.estimate.plan_cost import PlanEstimate, plan_cost_params
 from autopar.modelspec.load import load_model
@@ -111,12 +112,13 @@ def check_stored_params(plan: Plan, profile: Profile | None = None) -> str:
     Returns a note when the recorded profile is not at hand (then the fields' ranges alone were checked)."""
     stored, record = plan_cost_params(plan), plan.search.get("profile")
     if record is None:
-        expected, what, word = CostParams(), "this autopar's defaults", "default"
+        expected, what, word, prof = CostParams(), "this autopar's defaults", "default", None
     else:
         if not isinstance(record, dict):
             raise AutoparError("plan.search.profile", "is not a mapping", "search the plan again with --profile")
         prof = profile if profile is not None and profile.sha256 == record.get("sha256") else _recorded_profile(record)
         if prof is None:
+            _check_cluster_source(plan, None, measured=True)
             return (f"note: profile {record.get('path', '?')} (sha256 {str(record.get('sha256'))[:12]}) is not here: "
                     "the plan's cost parameters were checked for range only (pass --profile to re-check them)")
         expected = apply_profile(plan.cluster, CostParams(), prof)[1]
@@ -126,7 +128,46 @@ def check_stored_params(plan: Plan, profile: Profile | None = None) -> str:
         if not _same(a, b):
             raise AutoparError("plan.search.cost_params", f"differ from {what} (field {f.name}: stored {a!r:.40}, "
                                f"{word} {b!r:.40}): tampered or written by another version", "search the plan again")
+    _check_cluster_source(plan, prof)
     return ""
+
+
+def _first_difference(a: object, b: object, path: str) -> str | None:
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in list(a) + [k for k in b if k not in a]:
+            found = _first_difference(a.get(k), b.get(k), f"{path}.{k}")
+            if found:
+                return found
+        return None
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return next((d for i, (x, y) in enumerate(zip(a, b)) if (d := _first_difference(x, y, f"{path}[{i}]"))), None)
+    return None if _same(a, b) else f"{path}: stored {a!r:.40}, rebuilt {b!r:.40}"
+
+
+def _check_cluster_source(plan: Plan, profile: Profile | None, measured: bool = False) -> None:
+    """A plan's cluster named by a preset or an inline spec (not a file, which may change) must be what
+    that name gives now (after the recorded ``profile``); ``measured``: a profiled plan whose profile is
+    not here, whose measured figures (peak, HBM and intra-node link) are then taken as stored."""
+    name = plan.cluster.name
+    if not name or name.lower().endswith((".yaml", ".yml", ".json")) or os.sep in name or os.path.exists(name):
+        return
+    try:
+        rebuilt = load_cluster(name)
+    except AutoparError:
+        return  # not a spec this autopar reads: nothing to compare with
+    if profile is not None:
+        rebuilt = apply_profile(rebuilt, CostParams(), profile)[0]
+    elif measured and len(rebuilt.nodes) == len(plan.cluster.nodes):
+        rebuilt = replace(rebuilt, nodes=[replace(r, gpu=replace(r.gpu, tflops=s.gpu.tflops, hbm_gbps=s.gpu.hbm_gbps),
+                                                  intra_bw_gbps=s.intra_bw_gbps, intra_lat_us=s.intra_lat_us)
+                                          for r, s in zip(rebuilt.nodes, plan.cluster.nodes)])
+    stored, fresh = plan.cluster.to_dict(), rebuilt.to_dict()
+    stored.pop("meta", None)
+    fresh.pop("meta", None)
+    diff = _first_difference(stored, fresh, "cluster")
+    if diff:
+        raise AutoparError("plan.cluster", f"differs from what {name!r} gives ({diff}): tampered or written by "
+                           "another version", f"search the plan again with --cluster {name}")
 
 
 PREDICTED = ("step_time_s", "tokens_per_s", "tps", "tflops", "mfu", "max_memory_gib")

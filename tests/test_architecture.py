@@ -38,7 +38,7 @@ ALLOWED: dict[str, set[str]] = {
                         "autopar.cluster", "autopar.modelspec", "autopar.plan", "autopar.estimate",
                         "autopar.models", "autopar.runtime", "cost_models"},
     "autopar.report": {"autopar.errors", "autopar.cluster", "autopar.modelspec", "autopar.plan", "autopar.estimate"},
-    "autopar.planned": {"autopar.errors", "autopar.modelspec", "autopar.plan", "autopar.profile",
+    "autopar.planned": {"autopar.errors", "autopar.cluster", "autopar.modelspec", "autopar.plan", "autopar.profile",
                         "autopar.estimate", "cost_models"},
     "autopar": {"autopar.errors", "autopar.version", "autopar.runtime", "autopar.planned"},
     "autopar.cli": set(),  # the top: may import every package (filled below)

@@ -72,6 +72,11 @@ PLAN_EDITS = {
     "cluster-gpu-tflops": setter("cluster.gpus.A100-80G.tflops", 900.0),
     "cluster-gpu-hbm": setter("cluster.gpus.A100-80G.hbm_gbps", 9000.0),
     "cluster-gpu-memory-tiny": setter("cluster.gpus.A100-80G.memory_gib", 1.0),
+    "cluster-gpu-memory-raised": setter("cluster.gpus.A100-80G.memory_gib", 800.0),
+    "cluster-gpu-memory-raised-a-little": setter("cluster.gpus.A100-80G.memory_gib", 81.0),
+    "cluster-gpu-nvlink-unused": setter("cluster.gpus.A100-80G.pcie_gbps", 64.0),
+    "cluster-renamed-to-another-preset": setter("cluster.name", "2x4xH100"),
+    "cluster-node-name": setter("cluster.nodes.1.name", "spare"),
     "cluster-gpu-memory-negative": setter("cluster.gpus.A100-80G.memory_gib", -80.0),
     "cluster-gpu-tflops-zero": setter("cluster.gpus.A100-80G.tflops", 0),
     "cluster-gpu-tflops-inf": setter("cluster.gpus.A100-80G.tflops", float("inf")),
@@ -102,7 +107,7 @@ PLAN_EDITS = {
     "budget-negative": setter("memory_budget_gib", -1),
 }
 # a few edits through estimate and launch too (the same checks)
-OTHER_COMMANDS = ["cost-reserve_gib=-100", "cost-two-byte-counts-zeroed", "cost-reserve_gib=0.25",
+OTHER_COMMANDS = ["cluster-gpu-memory-raised", "cost-reserve_gib=-100", "cost-two-byte-counts-zeroed", "cost-reserve_gib=0.25",
                   "predicted-max_memory_gib-halved", "cluster-gpu-tflops", "strategy-ckpt-full", "cost-eff_max=0.9"]
 
 

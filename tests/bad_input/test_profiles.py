@@ -72,6 +72,9 @@ PPLAN_EDITS = {  # a profiled plan, validated with its profile at its recorded p
     "record-sha-and-cost": lambda doc: (doc["search"]["profile"].update(sha256="0" * 64),
                                         doc["search"]["cost_params"].update(reserve_gib=0.0)),
     "cluster-peak": setter("cluster.gpus.cpu.tflops", 50.0),
+    "cluster-memory-raised": setter("cluster.gpus.cpu.memory_gib", 800.0),
+    "cluster-memory-raised-profile-gone": lambda doc: (doc["cluster"]["gpus"]["cpu"].update(memory_gib=800.0),
+                                                       doc["search"]["profile"].update(path="/nonexistent.yaml")),
     "predicted-step": lambda doc: doc["predicted"].update(step_time_s=doc["predicted"]["step_time_s"] / 3),
 }
 MISMATCHED = {
