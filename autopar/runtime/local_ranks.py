@@ -54,6 +54,19 @@ def _child(rank: int, world_size: int, store_path: str, timeout_s: float, conn, 
     os._exit(0)  # skip the parent's atexit handlers (pytest) inherited through fork
 
 
+def _dead_rank(procs: list, readers: dict, grace_s: float = 0.5) -> int | None:
+    """A rank still awaited that was killed (a signal, no result), within ``grace_s``; None if none."""
+    end = time.monotonic() + grace_s
+    while True:
+        codes = {rank: procs[rank].exitcode for rank in sorted(readers.values())}
+        killed = [rank for rank, code in codes.items() if code is not None and code < 0]
+        if killed:
+            return killed[0]
+        if time.monotonic() >= end or all(code is not None for code in codes.values()):
+            return None
+        time.sleep(0.02)
+
+
 def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 30.0,
                     **kwargs: Any) -> list[Any]:
     """Run ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` gloo ranks; return the results by rank.
@@ -91,6 +104,10 @@ def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, timeout
                     procs[rank].join(1.0)
                     raise RankError(f"rank {rank} died without a result (exit code {procs[rank].exitcode})") from None
                 if status == "error":
+                    dead = _dead_rank(procs, readers)  # a peer's death is the cause its partners report
+                    if dead is not None:
+                        raise RankError(f"rank {dead} died without a result (exit code {procs[dead].exitcode}); "
+                                        f"rank {rank} of {world_size} then failed:\n{payload}")
                     raise RankError(f"rank {rank} of {world_size} failed:\n{payload}")
                 results[rank] = payload
         return [results[i] for i in range(world_size)]
