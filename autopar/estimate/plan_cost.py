@@ -86,9 +86,18 @@ def finish_estimate(plan: Plan, model: ModelSpec, pipes: list[list[StageEstimate
     tokens = plan.global_batch_size * model.tokens_per_sample
     tokens_per_s = tokens / step
     flops_per_s = plan.global_batch_size * model.model_flops_per_sample / step
-    peak_total = sum(cluster.gpu_of(d).flops for d in devices)
-    mem = {d: st.memory_bytes / GIB for p in pipes for st in p for d in st.devices}
-    budget = {d: device_budget_bytes(cluster, d, plan.memory_budget_gib) / GIB for d in devices}
+    nodes = cluster.nodes_of(devices)
+    node_flops = [nd.gpu.flops for nd in cluster.nodes]
+    peak_total = sum(map(node_flops.__getitem__, nodes))
+    mem: dict[int, float] = {}
+    for p in pipes:
+        for st in p:
+            mem.update(dict.fromkeys(st.devices, st.memory_bytes / GIB))
+    by_gpu: dict[int, float] = {}  # a device's budget depends only on its GPU type
+    for d in dict(zip(nodes, devices)).values():  # one device per node
+        by_gpu.setdefault(id(cluster.gpu_of(d)), device_budget_bytes(cluster, d, plan.memory_budget_gib) / GIB)
+    node_cap = {n: by_gpu[id(cluster.nodes[n].gpu)] for n in set(nodes)}
+    budget = dict(zip(devices, map(node_cap.__getitem__, nodes)))
     return PlanEstimate(
         step_time_s=step,
         tokens_per_s=tokens_per_s,

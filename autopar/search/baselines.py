@@ -5,6 +5,7 @@ layers). Each is the fastest member of its family that fits, or None.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 from autopar.cluster.cluster import Cluster
@@ -81,16 +82,20 @@ def _families(model: ModelSpec, cluster: Cluster) -> Iterator[tuple[str, int, ob
                         yield "megatron", p, strat
 
 
-def baselines(model: ModelSpec, cluster: Cluster, B: int, opts: SearchOptions, cache: CostCache | None = None
-              ) -> dict[str, tuple[Plan, PlanEstimate] | None]:
+def baselines(model: ModelSpec, cluster: Cluster, B: int, opts: SearchOptions, cache: CostCache | None = None,
+              deadline: float | None = None) -> dict[str, tuple[Plan, PlanEstimate] | None]:
     """name -> (plan, estimate) of the fastest fitting member of each family, or None.
 
-    ``cache``: the cost model's memo to score them with (a fresh one by default).
+    ``cache``: the cost model's memo to score them with (a fresh one by default). ``deadline``
+    (``time.perf_counter()`` value): past it, each family keeps the best member scored so far.
     """
     cache = cache if cache is not None else CostCache()
     best: dict[str, tuple[Plan, PlanEstimate] | None] = {"ddp": None, "zero3": None, "megatron": None}
+    ms = divisors(B)
     for name, p, strat in _families(model, cluster):
-        for m in divisors(B):
+        if deadline is not None and time.perf_counter() > deadline and best[name] is not None:
+            continue
+        for m in ms:
             try:
                 plan = _uniform_plan(model, cluster, B, opts, p, m, strat, name)
                 if plan is None or not _divides(plan):
