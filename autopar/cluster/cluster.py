@@ -140,6 +140,10 @@ class Cluster:
     def node_of(self, device: int) -> int:
         return self._dev_node[device]
 
+    def first_devices(self) -> list[int]:
+        """Each node's first device."""
+        return list(self._node_first)
+
     def nodes_of(self, devices: list[int]) -> list[int]:
         """``node_of`` of each device, in order."""
         return list(map(self._dev_node.__getitem__, devices))

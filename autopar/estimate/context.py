@@ -55,11 +55,11 @@ class StageContext:
     @cached_property
     def peak_flops(self) -> float:
         """The stage runs in lock step, so its slowest device sets the pace."""
-        return min(self.cluster.gpu_of(d).flops for d in self.devices)
+        return min(self.cluster.nodes[n].gpu.flops for n in set(self.cluster.nodes_of(self.devices)))
 
     @cached_property
     def hbm_bw(self) -> float:
-        return min(self.cluster.gpu_of(d).hbm_gbps for d in self.devices) * 1e9
+        return min(self.cluster.nodes[n].gpu.hbm_gbps for n in set(self.cluster.nodes_of(self.devices))) * 1e9
 
     @cached_property
     def collectives(self) -> Collectives:
@@ -108,8 +108,8 @@ class StageContext:
 
 def stage_link(cluster: Cluster, src_devices: list[int], dst_devices: list[int]) -> tuple[float, float]:
     """(bandwidth bytes/s, latency s) of the slowest link between two stages."""
-    src_nodes = {cluster.node_of(d) for d in src_devices}
-    dst_nodes = {cluster.node_of(d) for d in dst_devices}
+    src_nodes = set(cluster.nodes_of(src_devices))
+    dst_nodes = set(cluster.nodes_of(dst_devices))
     if cluster.bw_matrix_gbps is None and cluster.lat_matrix_us is None:  # every node pair alike
         a, b = min(src_nodes), max(dst_nodes)
         pair = (a, b) if a != b else (max(src_nodes), min(dst_nodes))

@@ -6,6 +6,8 @@ the same order, so ``estimate_plan(search_result.plan)`` returns the very number
 
 from __future__ import annotations
 
+import itertools
+import operator
 from dataclasses import dataclass, field
 
 from autopar.cluster.cluster import GIB
@@ -36,7 +38,8 @@ class PlanEstimate:
 
     @property
     def fits(self) -> bool:
-        return all(self.memory_gib[d] <= self.budget_gib[d] + 1e-9 for d in self.memory_gib)
+        caps = map(operator.add, map(self.budget_gib.__getitem__, self.memory_gib), itertools.repeat(1e-9))
+        return all(map(operator.le, self.memory_gib.values(), caps))
 
     def predicted(self) -> dict:
         """The ``predicted`` block of a plan file (torchtitan's metric names)."""
@@ -87,16 +90,15 @@ def finish_estimate(plan: Plan, model: ModelSpec, pipes: list[list[StageEstimate
     tokens_per_s = tokens / step
     flops_per_s = plan.global_batch_size * model.model_flops_per_sample / step
     nodes = cluster.nodes_of(devices)
-    node_flops = [nd.gpu.flops for nd in cluster.nodes]
+    node_flops = cluster.memoised(("node_flops",), lambda: [nd.gpu.flops for nd in cluster.nodes])
     peak_total = sum(map(node_flops.__getitem__, nodes))
     mem: dict[int, float] = {}
     for p in pipes:
         for st in p:
             mem.update(dict.fromkeys(st.devices, st.memory_bytes / GIB))
-    by_gpu: dict[int, float] = {}  # a device's budget depends only on its GPU type
-    for d in dict(zip(nodes, devices)).values():  # one device per node
-        by_gpu.setdefault(id(cluster.gpu_of(d)), device_budget_bytes(cluster, d, plan.memory_budget_gib) / GIB)
-    node_cap = {n: by_gpu[id(cluster.nodes[n].gpu)] for n in set(nodes)}
+    node_cap = cluster.memoised(("node_budget_gib", plan.memory_budget_gib),
+                                lambda: [device_budget_bytes(cluster, first, plan.memory_budget_gib) / GIB
+                                         for first in cluster.first_devices()])
     budget = dict(zip(devices, map(node_cap.__getitem__, nodes)))
     return PlanEstimate(
         step_time_s=step,
