@@ -202,6 +202,10 @@ class Cluster:
             return nd.intra_bw, nd.intra_lat_us * 1e-6
         return self.node_link(na, nb)
 
+    def intern(self, kind: str, value: tuple) -> int:
+        """A small id, equal for equal ``value`` of one ``kind`` (device groups, node patterns): cheap memo keys."""
+        return self._memo.setdefault((kind, value), len(self._memo))
+
     def memoised(self, key: tuple, compute):
         """``compute()`` once per ``key`` for this cluster (facts of device groups: links, layouts)."""
         if key not in self._memo:

@@ -29,6 +29,11 @@ class StageContext:
         return len(self.devices)
 
     @cached_property
+    def group(self) -> int:
+        """The cluster's id of this device group (the key of what the cluster memoises about it)."""
+        return self.cluster.intern("devices", self.devices)
+
+    @cached_property
     def shape_key(self) -> tuple:
         """Equal for stages whose costs are equal.
 
@@ -38,8 +43,8 @@ class StageContext:
         links differ, each involved node's properties and the links between them.
         """
         c = self.cluster
-        pattern, nodes = c.memoised(("pattern", self.devices), self._node_pattern)
-        key: tuple = (id(c), pattern, self.micro_batch_size, self.num_microbatches, self.params)
+        pattern, nodes = c.memoised(("pattern", self.group), self._node_pattern)
+        key: tuple = (id(c), c.intern("pattern", pattern), self.micro_batch_size, self.num_microbatches, self.params)
         if not c.is_homogeneous:
             props = tuple((c.nodes[n].gpu, c.nodes[n].intra_bw, c.nodes[n].intra_lat_us) for n in nodes)
             links = tuple(c.node_link(a, b) for a in nodes for b in nodes if a != b)
@@ -69,7 +74,7 @@ class StageContext:
     @cached_property
     def ranks_per_node(self) -> int:
         """Most stage devices sharing one node's network interface."""
-        return self.cluster.memoised(("ranks_per_node", self.devices),
+        return self.cluster.memoised(("ranks_per_node", self.group),
                                      lambda: self.cluster.group_layout(list(self.devices))[0])
 
     def _links(self, groups: list[list[int]]) -> GroupLinks:
@@ -98,12 +103,12 @@ class StageContext:
                 return self._links([devs[i:i + tp] for i in range(0, len(devs), tp)])
             return self._links([devs[j::tp] for j in range(tp)])
 
-        return self.cluster.memoised((kind, tp, self.devices), compute)
+        return self.cluster.memoised((kind, tp, self.group), compute)
 
     @cached_property
     def stage_links(self) -> GroupLinks:
         """The whole stage as one group (activation redistribution between layouts)."""
-        return self.cluster.memoised(("stage", self.devices), lambda: self._links([list(self.devices)]))
+        return self.cluster.memoised(("stage", self.group), lambda: self._links([list(self.devices)]))
 
 
 def stage_link(cluster: Cluster, src_devices: list[int], dst_devices: list[int]) -> tuple[float, float]:

@@ -50,7 +50,7 @@ def tp_degrees(ctx: StageContext, pruned: Counter) -> list[int]:
     if ctx.n > len(degrees):
         pruned[Rule.TP_NOT_DIVIDING_STAGE] += ctx.n - len(degrees)
     for tp in degrees:
-        if ctx.cluster.memoised(("tp_crosses_node", tp, ctx.devices), lambda tp=tp: _crosses_node(ctx, tp)):
+        if ctx.cluster.memoised(("tp_crosses_node", tp, ctx.group), lambda tp=tp: _crosses_node(ctx, tp)):
             pruned[Rule.TP_CROSSES_NODE] += 1
             continue
         out.append(tp)
@@ -60,7 +60,7 @@ def tp_degrees(ctx: StageContext, pruned: Counter) -> list[int]:
 def _crosses_node(ctx: StageContext, tp: int) -> bool:
     """Whether some TP group of degree ``tp`` (consecutive stage devices) spans two nodes."""
     c = ctx.cluster
-    nodes = c.memoised(("node_array", ctx.devices), lambda: np.array([c.node_of(d) for d in ctx.devices]))
+    nodes = c.memoised(("node_array", ctx.group), lambda: np.array([c.node_of(d) for d in ctx.devices]))
     nodes = nodes.reshape(-1, tp)
     return bool((nodes.min(axis=1) != nodes.max(axis=1)).any())
 
