@@ -73,9 +73,25 @@ def test_a_huge_batch_answers():
     assert r.plan.global_batch_size == 10**7 and time.perf_counter() - t0 < 20
 
 
-def test_the_time_budget_bounds_the_baselines():
-    opts = SearchOptions(time_budget_s=0.5)
-    t0 = time.perf_counter()
-    r = search(from_zoo("llama2-70b"), load_cluster("128x8xA100-80G"), 1024, opts)
-    full = time.perf_counter() - t0
-    assert r.timed_out and full < 6  # search + baselines take about 8 s without a budget
+def test_the_time_budget_bounds_the_baselines(monkeypatch):
+    """Past the deadline each baseline family stops at its first fitting member."""
+    from autopar.search import baselines as bl
+
+    calls = []
+    real = bl.estimate_plan
+    monkeypatch.setattr(bl, "estimate_plan", lambda *a, **k: calls.append(1) or real(*a, **k))
+    m, c = from_zoo("llama2-7b"), load_cluster("2x8xA100")
+    full = bl.baselines(m, c, 64, SearchOptions())
+    n_full = len(calls)
+    calls.clear()
+    cut = bl.baselines(m, c, 64, SearchOptions(), deadline=time.perf_counter())
+    assert 0 < len(calls) < n_full
+    assert {k for k, v in full.items() if v} == {k for k, v in cut.items() if v}
+
+
+def test_the_time_budget_covers_scoring():
+    opts = SearchOptions(time_budget_s=1e-9)
+    r = search(from_zoo("llama2-7b"), load_cluster("2x8xA100"), 512, opts, with_baselines=False)
+    assert r.timed_out and r.plan.pipelines
+    assert len(r.configs) < len(search(from_zoo("llama2-7b"), load_cluster("2x8xA100"), 512,
+                                       with_baselines=False).configs)
