@@ -12,6 +12,19 @@ from dataclasses import dataclass, field
 from autopar.errors import AutoparError
 
 GIB = 1024**3
+# Past these sizes no search can finish: refused up front, before any per-device or per-pair list.
+MAX_DEVICES = 1_000_000
+MAX_MATRIX_NODES = 4096  # nodes of a cluster whose links differ per node pair (a node x node matrix)
+
+
+def check_size(where: str, devices: int, matrix_nodes: int = 0) -> None:
+    """One-line AutoparError when a cluster has more devices (or matrix nodes) than the planner takes."""
+    if devices > MAX_DEVICES:
+        raise AutoparError(where, f"too large: {devices} devices (at most {MAX_DEVICES})",
+                           "check the node and GPU counts")
+    if matrix_nodes > MAX_MATRIX_NODES:
+        raise AutoparError(where, f"too large: {matrix_nodes} nodes with per-pair links (at most "
+                           f"{MAX_MATRIX_NODES})", "use nodes of one class and one inter-node network")
 
 
 @dataclass(frozen=True)
@@ -90,6 +103,8 @@ class Cluster:
         if not self.nodes:
             raise AutoparError("cluster.nodes", "is empty", "give at least one node with GPUs")
         n = len(self.nodes)
+        check_size("cluster", sum(nd.count for nd in self.nodes),
+                   n if self.bw_matrix_gbps is not None or self.lat_matrix_us is not None else 0)
         if len(self.nodes) > 1 and self.bw_matrix_gbps is None and self.inter_bw_gbps <= 0:
             raise AutoparError("cluster.inter_bw_gbps", f"must be positive, got {self.inter_bw_gbps}",
                                "give the inter-node bandwidth in GB/s")
@@ -105,6 +120,7 @@ class Cluster:
                         raise AutoparError(f"cluster.{key}[{i}][{j}]", f"is {mat[i][j]}",
                                            "bandwidths must be > 0 and latencies >= 0")
         self._homogeneous: bool | None = None
+        self._memo: dict = {}
         self._dev_node: list[int] = [i for i, nd in enumerate(self.nodes) for _ in range(nd.count)]
         self._node_first: list[int] = []
         start = 0
@@ -123,6 +139,14 @@ class Cluster:
 
     def node_of(self, device: int) -> int:
         return self._dev_node[device]
+
+    def first_devices(self) -> list[int]:
+        """Each node's first device."""
+        return list(self._node_first)
+
+    def nodes_of(self, devices: list[int]) -> list[int]:
+        """``node_of`` of each device, in order."""
+        return list(map(self._dev_node.__getitem__, devices))
 
     def gpu_of(self, device: int) -> GPUType:
         return self.nodes[self._dev_node[device]].gpu
@@ -178,6 +202,16 @@ class Cluster:
             return nd.intra_bw, nd.intra_lat_us * 1e-6
         return self.node_link(na, nb)
 
+    def intern(self, kind: str, value: tuple) -> int:
+        """A small id, equal for equal ``value`` of one ``kind`` (device groups, node patterns): cheap memo keys."""
+        return self._memo.setdefault((kind, value), len(self._memo))
+
+    def memoised(self, key: tuple, compute):
+        """``compute()`` once per ``key`` for this cluster (facts of device groups: links, layouts)."""
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]
+
     def group_layout(self, devices: list[int]) -> tuple[int, int]:
         """(members per node, nodes spanned) of a device group, taking the largest per-node share."""
         per_node: dict[int, int] = {}
@@ -196,6 +230,9 @@ class Cluster:
         intra_lat = max(self.nodes[n].intra_lat_us for n in nodes) * 1e-6
         if len(nodes) == 1:
             return intra_bw, intra_lat, float("inf"), 0.0
+        if self.bw_matrix_gbps is None and self.lat_matrix_us is None:
+            bw, lat = self.node_link(nodes[0], nodes[1])  # every node pair alike
+            return intra_bw, intra_lat, bw, lat
         links = [self.node_link(a, b) for a in nodes for b in nodes if a != b]
         return intra_bw, intra_lat, min(b for b, _ in links), max(lt for _, lt in links)
 

@@ -37,6 +37,7 @@ Every field is read by ``autopar.fields``: errors are one line naming the field 
 
 from __future__ import annotations
 
+import collections
 import difflib
 import functools
 import os
@@ -46,7 +47,7 @@ from pathlib import Path
 import yaml
 
 from autopar.cluster import catalogue
-from autopar.cluster.cluster import Cluster, GPUType, Node
+from autopar.cluster.cluster import Cluster, GPUType, Node, check_size
 from autopar.errors import AutoparError
 from autopar.fields import Fields, as_list, as_matrix, as_name, as_str, join
 
@@ -70,10 +71,13 @@ def _inline_nodes(spec: str) -> list[Node] | None:
     if not all(matches):
         return None
     nodes: list[Node] = []
+    total = 0
     for term, m in zip(terms, matches):
         n_nodes, count, name = m.group(1), int(m.group(2)), m.group(3)
         if count < 1 or (n_nodes is not None and int(n_nodes) < 1):
             raise AutoparError("cluster", f"term {term!r} has no GPUs", "counts must be at least 1, e.g. 2x8xA100-80G")
+        total += count * (1 if n_nodes is None else int(n_nodes))
+        check_size("cluster", total)
         gpu = catalogue.gpu(name)
         d = catalogue.node_defaults(gpu)
         if n_nodes is not None:
@@ -93,8 +97,11 @@ def _default_network(nodes: list[Node], defaults: list[catalogue.NodeDefaults]) 
     lats = [d.inter_lat_us for d in defaults]
     out: dict = {"inter_bw_gbps": min(bws), "inter_lat_us": max(lats)}
     n = len(nodes)
-    pairs = [(a, b) for a in range(n) for b in range(n) if a != b]
-    if len({(min(bws[a], bws[b]), max(lats[a], lats[b])) for a, b in pairs}) > 1:
+    # The node pairs' links, from the distinct (bw, lat) kinds: quadratic in kinds, not in nodes.
+    kinds = collections.Counter(zip(bws, lats))
+    pair_links = {(min(a[0], b[0]), max(a[1], b[1])) for a in kinds for b in kinds if a != b or kinds[a] > 1}
+    if len(pair_links) > 1:
+        check_size("cluster", sum(nd.count for nd in nodes), n)
         out["bw_matrix_gbps"] = [[min(bws[a], bws[b]) for b in range(n)] for a in range(n)]
         out["lat_matrix_us"] = [[max(lats[a], lats[b]) for b in range(n)] for a in range(n)]
     return out
@@ -144,12 +151,15 @@ def _doc_nodes(f: Fields, standalone: bool) -> tuple[list[Node], list[catalogue.
     custom = _custom_gpus(f, standalone)
     nodes: list[Node] = []
     defaults: list[catalogue.NodeDefaults] = []
+    total = 0
     for i, rn in enumerate(raw):
         nf = Fields(rn, f"{f.at('nodes')}[{i}]", kind="node", keys=NODE_KEYS)
         gpu, d = _resolve_gpu(nf.raw("gpu", what="a GPU name, e.g. gpu: A100-80G"), custom, nf.at("gpu"),
                               f.at("gpus"), standalone)
         count = nf.req_int("count", low=1)
         repeat = nf.opt_int("repeat", 1, low=1)
+        total += count * repeat
+        check_size(nf.at("repeat") if repeat > 1 else nf.at("count"), total)
         # Standalone, a field left out takes the Node's own default (intra 0: the GPU's own fabric),
         # exactly what the plan writer leaves out; in a cluster file the catalogue class's default.
         intra = nf.opt_num("intra_bw_gbps", Node.intra_bw_gbps if standalone else d.intra_bw_gbps, gt=0, fix=NET_FIX)
@@ -235,6 +245,7 @@ def cluster_from_doc(doc: object, name: str | None, where: str = "", *, standalo
         if f.has(mat):
             net[mat] = as_matrix(f.raw(mat), f.at(mat), n, symmetric=True, **bound)
     if f.has("zones"):
+        check_size(f.at("zones"), sum(nd.count for nd in nodes), n)
         net["bw_matrix_gbps"], net["lat_matrix_us"] = _zone_matrices(
             f.sub("zones", kind="zones", keys=("links", "default")), nodes,
             net.get("bw_matrix_gbps") or [[net["inter_bw_gbps"]] * n for _ in range(n)],

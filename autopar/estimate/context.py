@@ -29,6 +29,11 @@ class StageContext:
         return len(self.devices)
 
     @cached_property
+    def group(self) -> int:
+        """The cluster's id of this device group (the key of what the cluster memoises about it)."""
+        return self.cluster.intern("devices", self.devices)
+
+    @cached_property
     def shape_key(self) -> tuple:
         """Equal for stages whose costs are equal.
 
@@ -38,24 +43,28 @@ class StageContext:
         links differ, each involved node's properties and the links between them.
         """
         c = self.cluster
-        relabel: dict[int, int] = {}
-        pattern = tuple(relabel.setdefault(c.node_of(d), len(relabel)) for d in self.devices)
-        key: tuple = (id(c), pattern, self.micro_batch_size, self.num_microbatches, self.params)
+        pattern, nodes = c.memoised(("pattern", self.group), self._node_pattern)
+        key: tuple = (id(c), c.intern("pattern", pattern), self.micro_batch_size, self.num_microbatches, self.params)
         if not c.is_homogeneous:
-            nodes = list(relabel)
             props = tuple((c.nodes[n].gpu, c.nodes[n].intra_bw, c.nodes[n].intra_lat_us) for n in nodes)
             links = tuple(c.node_link(a, b) for a in nodes for b in nodes if a != b)
             key += (props, links)
         return key
 
+    def _node_pattern(self) -> tuple[tuple[int, ...], list[int]]:
+        """Each device's node, relabelled in order of appearance; and those nodes in that order."""
+        relabel: dict[int, int] = {}
+        pattern = tuple(relabel.setdefault(self.cluster.node_of(d), len(relabel)) for d in self.devices)
+        return pattern, list(relabel)
+
     @cached_property
     def peak_flops(self) -> float:
         """The stage runs in lock step, so its slowest device sets the pace."""
-        return min(self.cluster.gpu_of(d).flops for d in self.devices)
+        return min(self.cluster.nodes[n].gpu.flops for n in set(self.cluster.nodes_of(self.devices)))
 
     @cached_property
     def hbm_bw(self) -> float:
-        return min(self.cluster.gpu_of(d).hbm_gbps for d in self.devices) * 1e9
+        return min(self.cluster.nodes[n].gpu.hbm_gbps for n in set(self.cluster.nodes_of(self.devices))) * 1e9
 
     @cached_property
     def collectives(self) -> Collectives:
@@ -65,7 +74,8 @@ class StageContext:
     @cached_property
     def ranks_per_node(self) -> int:
         """Most stage devices sharing one node's network interface."""
-        return self.cluster.group_layout(list(self.devices))[0]
+        return self.cluster.memoised(("ranks_per_node", self.group),
+                                     lambda: self.cluster.group_layout(list(self.devices))[0])
 
     def _links(self, groups: list[list[int]]) -> GroupLinks:
         worst = None
@@ -87,28 +97,30 @@ class StageContext:
         return self._links_cached("dp", tp)
 
     def _links_cached(self, kind: str, tp: int) -> GroupLinks:
-        cache = self.__dict__.setdefault("_link_cache", {})
-        key = (kind, tp)
-        if key not in cache:
+        def compute() -> GroupLinks:
             devs = list(self.devices)
             if kind == "tp":
-                groups = [devs[i:i + tp] for i in range(0, len(devs), tp)]
-            else:
-                groups = [devs[j::tp] for j in range(tp)]
-            cache[key] = self._links(groups)
-        return cache[key]
+                return self._links([devs[i:i + tp] for i in range(0, len(devs), tp)])
+            return self._links([devs[j::tp] for j in range(tp)])
+
+        return self.cluster.memoised((kind, tp, self.group), compute)
 
     @cached_property
     def stage_links(self) -> GroupLinks:
         """The whole stage as one group (activation redistribution between layouts)."""
-        return self._links([list(self.devices)])
+        return self.cluster.memoised(("stage", self.group), lambda: self._links([list(self.devices)]))
 
 
 def stage_link(cluster: Cluster, src_devices: list[int], dst_devices: list[int]) -> tuple[float, float]:
     """(bandwidth bytes/s, latency s) of the slowest link between two stages."""
-    src_nodes = {cluster.node_of(d) for d in src_devices}
-    dst_nodes = {cluster.node_of(d) for d in dst_devices}
-    links = [cluster.node_link(a, b) for a in src_nodes for b in dst_nodes if a != b]
+    src_nodes = set(cluster.nodes_of(src_devices))
+    dst_nodes = set(cluster.nodes_of(dst_devices))
+    if cluster.bw_matrix_gbps is None and cluster.lat_matrix_us is None:  # every node pair alike
+        a, b = min(src_nodes), max(dst_nodes)
+        pair = (a, b) if a != b else (max(src_nodes), min(dst_nodes))
+        links = [cluster.node_link(*pair)] if pair[0] != pair[1] else []
+    else:
+        links = [cluster.node_link(a, b) for a in src_nodes for b in dst_nodes if a != b]
     for nd in src_nodes & dst_nodes:
         links.append((cluster.nodes[nd].intra_bw, cluster.nodes[nd].intra_lat_us * 1e-6))
     return min(links, key=lambda x: (x[0], -x[1]))

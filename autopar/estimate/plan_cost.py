@@ -6,6 +6,8 @@ the same order, so ``estimate_plan(search_result.plan)`` returns the very number
 
 from __future__ import annotations
 
+import itertools
+import operator
 from dataclasses import dataclass, field
 
 from autopar.cluster.cluster import GIB
@@ -36,7 +38,8 @@ class PlanEstimate:
 
     @property
     def fits(self) -> bool:
-        return all(self.memory_gib[d] <= self.budget_gib[d] + 1e-9 for d in self.memory_gib)
+        caps = map(operator.add, map(self.budget_gib.__getitem__, self.memory_gib), itertools.repeat(1e-9))
+        return all(map(operator.le, self.memory_gib.values(), caps))
 
     def predicted(self) -> dict:
         """The ``predicted`` block of a plan file (torchtitan's metric names)."""
@@ -86,9 +89,17 @@ def finish_estimate(plan: Plan, model: ModelSpec, pipes: list[list[StageEstimate
     tokens = plan.global_batch_size * model.tokens_per_sample
     tokens_per_s = tokens / step
     flops_per_s = plan.global_batch_size * model.model_flops_per_sample / step
-    peak_total = sum(cluster.gpu_of(d).flops for d in devices)
-    mem = {d: st.memory_bytes / GIB for p in pipes for st in p for d in st.devices}
-    budget = {d: device_budget_bytes(cluster, d, plan.memory_budget_gib) / GIB for d in devices}
+    nodes = cluster.nodes_of(devices)
+    node_flops = cluster.memoised(("node_flops",), lambda: [nd.gpu.flops for nd in cluster.nodes])
+    peak_total = sum(map(node_flops.__getitem__, nodes))
+    mem: dict[int, float] = {}
+    for p in pipes:
+        for st in p:
+            mem.update(dict.fromkeys(st.devices, st.memory_bytes / GIB))
+    node_cap = cluster.memoised(("node_budget_gib", plan.memory_budget_gib),
+                                lambda: [device_budget_bytes(cluster, first, plan.memory_budget_gib) / GIB
+                                         for first in cluster.first_devices()])
+    budget = dict(zip(devices, map(node_cap.__getitem__, nodes)))
     return PlanEstimate(
         step_time_s=step,
         tokens_per_s=tokens_per_s,

@@ -54,6 +54,8 @@ HEAD_KIND = {"decoder": "lm", "encoder": "mlm", "vit": "cls"}
 CHOICES = {"arch": tuple(EMBED_KIND), "norm": tuple(NORM_PARAMS), "mlp": tuple(MLP_MATRICES),
            "pos": ("learned", "rope", "none")}
 REQUIRED = ("layers", "hidden", "heads", "ffn")
+# The planner's partition tables are (layers + 2)^2 per stage kind: past this a search cannot finish.
+MAX_LAYERS = 4096
 
 
 @cache
@@ -232,6 +234,9 @@ def spec_from_entry(entry: dict, seq_len: int | None = None, dtype_bytes: int | 
     if e["arch"] == "vit" and s < 2:
         raise AutoparError("seq_len", f"a ViT needs at least the CLS token and one patch, got {s}",
                            "use --seq-len >= 2 (patches + 1)")
+    if e["layers"] > MAX_LAYERS:
+        raise AutoparError("layers", f"too large: {e['layers']} transformer layers (at most {MAX_LAYERS})",
+                           "check the model's layer count (num_hidden_layers / n_layer)")
     d = e["dtype_bytes"] if dtype_bytes is None else dtype_bytes
     if d not in (1, 2, 4, 8):
         raise AutoparError("dtype_bytes", f"must be 1, 2, 4 or 8, got {d!r}", "use 2 for bf16/fp16 training")

@@ -18,6 +18,7 @@ Conventions the search, the cost model and the runtime share:
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 from autopar.cluster.cluster import Cluster
@@ -89,7 +90,7 @@ class Pipeline:
 
     @property
     def devices(self) -> list[int]:
-        return [d for st in self.stages for d in st.devices]
+        return list(itertools.chain.from_iterable(st.devices for st in self.stages))
 
 
 @dataclass
@@ -124,7 +125,7 @@ class Plan:
 
     @property
     def devices(self) -> list[int]:
-        return [d for p in self.pipelines for d in p.devices]
+        return list(itertools.chain.from_iterable(p.devices for p in self.pipelines))
 
     @property
     def world_size(self) -> int:

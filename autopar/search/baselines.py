@@ -5,6 +5,7 @@ layers). Each is the fastest member of its family that fits, or None.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 from autopar.cluster.cluster import Cluster
@@ -38,10 +39,9 @@ def even_split(model: ModelSpec, p: int) -> list[list[int]]:
     return out
 
 
-def _uniform_plan(model: ModelSpec, cluster: Cluster, B: int, opts: SearchOptions, p: int, m: int,
-                  strategy_for, name: str) -> Plan | None:
-    N = cluster.num_devices
-    n = N // p
+def _uniform_stages(model: ModelSpec, cluster: Cluster, p: int, strategy_for) -> list[Stage] | None:
+    """The even split over ``p`` stages with ``strategy_for`` on every layer (None: not expressible)."""
+    n = cluster.num_devices // p
     split = even_split(model, p)
     if not split:
         return None
@@ -54,6 +54,11 @@ def _uniform_plan(model: ModelSpec, cluster: Cluster, B: int, opts: SearchOption
                 return None
             layers.append(StageLayer(model.layers[j].name, s))
         stages.append(Stage(list(range(i * n, (i + 1) * n)), layers))
+    return stages
+
+
+def _uniform_plan(model: ModelSpec, B: int, opts: SearchOptions, cluster: Cluster, stages: list[Stage], m: int,
+                  name: str) -> Plan:
     pipe = Pipeline(B, B // m, m, stages)
     return Plan(ModelRef(model.name, model.seq_len, model.num_layers, model.source), cluster, B, [pipe],
                 schedule=opts.schedule, memory_budget_gib=opts.memory_budget_gib, search={"baseline": name})
@@ -81,19 +86,29 @@ def _families(model: ModelSpec, cluster: Cluster) -> Iterator[tuple[str, int, ob
                         yield "megatron", p, strat
 
 
-def baselines(model: ModelSpec, cluster: Cluster, B: int, opts: SearchOptions, cache: CostCache | None = None
-              ) -> dict[str, tuple[Plan, PlanEstimate] | None]:
+def baselines(model: ModelSpec, cluster: Cluster, B: int, opts: SearchOptions, cache: CostCache | None = None,
+              deadline: float | None = None) -> dict[str, tuple[Plan, PlanEstimate] | None]:
     """name -> (plan, estimate) of the fastest fitting member of each family, or None.
 
-    ``cache``: the cost model's memo to score them with (a fresh one by default).
+    ``cache``: the cost model's memo to score them with (a fresh one by default). ``deadline``
+    (``time.perf_counter()`` value): past it, each family keeps the best member scored so far.
     """
     cache = cache if cache is not None else CostCache()
     best: dict[str, tuple[Plan, PlanEstimate] | None] = {"ddp": None, "zero3": None, "megatron": None}
+    ms = divisors(B)
     for name, p, strat in _families(model, cluster):
-        for m in divisors(B):
+        if deadline is not None and time.perf_counter() > deadline and best[name] is not None:
+            continue
+        try:
+            stages = _uniform_stages(model, cluster, p, strat)  # the same for every m
+        except AutoparError:
+            continue
+        if stages is None:
+            continue
+        for m in ms:
             try:
-                plan = _uniform_plan(model, cluster, B, opts, p, m, strat, name)
-                if plan is None or not _divides(plan):
+                plan = _uniform_plan(model, B, opts, cluster, stages, m, name)
+                if not _divides(plan):
                     continue
                 est = estimate_plan(plan, model, opts.params, cache)
             except AutoparError:

@@ -185,15 +185,30 @@ class HomogeneousSearch:
         return res
 
     # -- the loop --------------------------------------------------------------------------
+    def over_budget(self, start: float) -> bool:
+        return self.opts.time_budget_s is not None and time.perf_counter() - start > self.opts.time_budget_s
+
     def run(self) -> tuple[ConfigResult | None, list[ConfigResult]]:
+        """The best configuration and every visited one. The time budget covers scoring too: past it,
+        the configurations scored so far are searched (the rest only while none of them gave a plan)."""
         start = time.perf_counter()
-        scored = []
-        for p, m in self.configs():
-            ctx, cands, layouts = self.candidates_for(p, m)
-            scored.append((self.lower_bound(p, m, cands), p, m, ctx, cands, layouts))
-        scored.sort(key=lambda x: x[0])
+        pending = self.configs()
         best: ConfigResult | None = None
         results: list[ConfigResult] = []
+        while pending and best is None:
+            scored = []
+            while pending and not (scored and self.over_budget(start)):
+                p, m = pending.pop(0)
+                ctx, cands, layouts = self.candidates_for(p, m)
+                scored.append((self.lower_bound(p, m, cands), p, m, ctx, cands, layouts))
+            self.timed_out = self.timed_out or bool(pending)
+            best = self.search_scored(scored, start, best, results)
+        return best, results
+
+    def search_scored(self, scored: list, start: float, best: ConfigResult | None,
+                      results: list[ConfigResult]) -> ConfigResult | None:
+        """Evaluate scored configurations in order of their bound; returns the best plan so far."""
+        scored.sort(key=lambda x: x[0])
         bar = _progress(len(scored), self.opts.progress)
         for lb, p, m, ctx, cands, layouts in scored:
             if best is not None and lb >= best.step_time:
@@ -207,8 +222,7 @@ class HomogeneousSearch:
                 bar.update(1)
                 continue
             # The budget stops the search only once it has a plan: an answer beats none.
-            if (best is not None and self.opts.time_budget_s is not None
-                    and time.perf_counter() - start > self.opts.time_budget_s):
+            if best is not None and self.over_budget(start):
                 self.timed_out = True
                 break
             r = self.evaluate(p, m, ctx, cands, layouts, lb, best.step_time if best else float("inf"))
@@ -217,7 +231,7 @@ class HomogeneousSearch:
                 best = r
             bar.update(1)
         bar.close()
-        return best, results
+        return best
 
     def pipeline_of(self, r: ConfigResult) -> Pipeline:
         return Pipeline(self.global_batch_size, r.micro_batch_size, r.num_microbatches, r.stages)
@@ -256,7 +270,8 @@ def search_homogeneous(model: ModelSpec, cluster: Cluster, global_batch_size: in
         "timed_out": hs.timed_out,
         "cost_params": opts.params.to_dict(),
     }
-    base = baselines(model, cluster, global_batch_size, opts) if with_baselines else {}
+    deadline = start + opts.time_budget_s if opts.time_budget_s is not None else None
+    base = baselines(model, cluster, global_batch_size, opts, deadline=deadline) if with_baselines else {}
     return SearchResult(HOMOGENEOUS, plan, est, seconds, hs.candidates, dict(pruned), results, hs.timed_out, base)
 
 

@@ -15,6 +15,8 @@ from autopar.search.homogeneous import search_homogeneous
 from autopar.search.options import SearchOptions
 from autopar.search.result import SearchResult
 
+MAX_GLOBAL_BATCH = 10**9  # samples; its divisors are the micro-batch counts tried
+
 
 def search(model: ModelSpec, cluster: Cluster, global_batch_size: int, opts: SearchOptions | None = None,
            with_baselines: bool = True) -> SearchResult:
@@ -27,5 +29,8 @@ def search(model: ModelSpec, cluster: Cluster, global_batch_size: int, opts: Sea
     if not isinstance(global_batch_size, int) or global_batch_size < 1:
         raise AutoparError("global_batch_size", f"must be a positive integer, got {global_batch_size!r}",
                            "pass --global-batch-size N with N >= 1")
+    if global_batch_size > MAX_GLOBAL_BATCH:
+        raise AutoparError("global_batch_size", f"too large: {global_batch_size} (at most {MAX_GLOBAL_BATCH})",
+                           "give the batch in samples (sequences), e.g. --global-batch-size 2048")
     planner = search_homogeneous if cluster.is_homogeneous else search_heterogeneous
     return planner(model, cluster, global_batch_size, opts, with_baselines)

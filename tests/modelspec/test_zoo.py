@@ -13,6 +13,7 @@ EXACT_PARAMS = {
     "llama2-70b": 68_976_648_192,
     "llama3-8b": 8_030_261_248,
     "llama3-70b": 70_553_706_496,
+    "llama3-405b": 405_853_388_800,
     "bert-base": 109_514_298,  # BertForMaskedLM, bert-base-uncased
 }
 # Nominal sizes from the papers (GPT-3 table 2.1, BERT, ViT table 1): within 2%.

@@ -1,0 +1,97 @@
+"""Bounded work on huge inputs: absurd sizes are refused up front in one line, large clusters answer
+fast, and the time budget covers every phase (scoring and baselines included)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from autopar.cluster.cluster import MAX_DEVICES, Cluster, GPUType, Node
+from autopar.cluster.parse import cluster_from_doc, load_cluster
+from autopar.errors import AutoparError
+from autopar.modelspec.zoo import MAX_LAYERS, from_zoo, spec_from_entry, zoo_entry
+from autopar.search import SearchOptions, search
+from autopar.search.run import MAX_GLOBAL_BATCH
+from autopar.search.space import divisors
+
+
+@pytest.mark.parametrize("spec", ["99999999999999999999xA100", "1000000000xcpu", "200000x8xH100"])
+def test_absurd_inline_clusters_are_refused_before_allocating(spec):
+    t0 = time.perf_counter()
+    with pytest.raises(AutoparError, match="too large"):
+        load_cluster(spec)
+    assert time.perf_counter() - t0 < 1.0
+
+
+def test_repeat_past_the_device_limit_is_refused():
+    doc = {"nodes": [{"gpu": "A100", "count": 8, "repeat": 1_000_000}]}
+    with pytest.raises(AutoparError, match=r"nodes\[0\]\.repeat.*too large"):
+        cluster_from_doc(doc, "big")
+
+
+def test_cluster_object_past_the_limit_is_refused():
+    gpu = GPUType("g", 80, 100, 1000)
+    with pytest.raises(AutoparError, match="too large"):
+        Cluster([Node(gpu, MAX_DEVICES + 1)])
+
+
+def test_mixed_cluster_too_many_matrix_nodes_is_refused():
+    with pytest.raises(AutoparError, match="per-pair links"):
+        load_cluster("3000x8xA100+3000x8x4090")
+
+
+def test_batch_past_the_limit_is_refused():
+    with pytest.raises(AutoparError, match="global_batch_size: too large"):
+        search(from_zoo("llama2-7b"), load_cluster("8xA100"), MAX_GLOBAL_BATCH + 1)
+
+
+def test_layers_past_the_limit_are_refused():
+    e = dict(zoo_entry("llama2-7b"), layers=MAX_LAYERS + 1)
+    with pytest.raises(AutoparError, match="layers: too large"):
+        spec_from_entry(e)
+
+
+def test_divisors_match_the_definition():
+    for n in [*range(1, 300), 2048, 10**7, 735134400]:
+        assert divisors(n) == [d for d in range(1, n + 1) if n % d == 0]
+    assert len(divisors(10**12)) == 169
+
+
+def test_a_large_uniform_cluster_answers_fast():
+    """4096 nodes: setup per node class, not per node pair (was 26 s with a 5 s budget)."""
+    t0 = time.perf_counter()
+    r = search(from_zoo("llama2-70b"), load_cluster("4096x8xH100"), 2048, SearchOptions(time_budget_s=2),
+               with_baselines=False)
+    assert r.plan.pipelines and time.perf_counter() - t0 < 20
+
+
+def test_a_huge_batch_answers():
+    t0 = time.perf_counter()
+    r = search(from_zoo("gpt3-1.3b", 2048), load_cluster("2x8xA100"), 10**7, SearchOptions(time_budget_s=2),
+               with_baselines=False)
+    assert r.plan.global_batch_size == 10**7 and time.perf_counter() - t0 < 20
+
+
+def test_the_time_budget_bounds_the_baselines(monkeypatch):
+    """Past the deadline each baseline family stops at its first fitting member."""
+    from autopar.search import baselines as bl
+
+    calls = []
+    real = bl.estimate_plan
+    monkeypatch.setattr(bl, "estimate_plan", lambda *a, **k: calls.append(1) or real(*a, **k))
+    m, c = from_zoo("llama2-7b"), load_cluster("2x8xA100")
+    full = bl.baselines(m, c, 64, SearchOptions())
+    n_full = len(calls)
+    calls.clear()
+    cut = bl.baselines(m, c, 64, SearchOptions(), deadline=time.perf_counter())
+    assert 0 < len(calls) < n_full
+    assert {k for k, v in full.items() if v} == {k for k, v in cut.items() if v}
+
+
+def test_the_time_budget_covers_scoring():
+    opts = SearchOptions(time_budget_s=1e-9)
+    r = search(from_zoo("llama2-7b"), load_cluster("2x8xA100"), 512, opts, with_baselines=False)
+    assert r.timed_out and r.plan.pipelines
+    assert len(r.configs) < len(search(from_zoo("llama2-7b"), load_cluster("2x8xA100"), 512,
+                                       with_baselines=False).configs)
