@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from autopar.cli import main
+from tests.bad_input.harness import check_refused, edited, setter
 
 SEARCH = ["search", "--model", "gpt3-1.3b", "--cluster", "2x4xA100-80G", "--global-batch-size", "16",
           "--seq-len", "512", "--no-baselines"]
@@ -21,24 +22,6 @@ def plan_doc(tmp_path_factory) -> dict:
     path = tmp_path_factory.mktemp("bad") / "plan.yaml"
     assert main(SEARCH + ["-o", str(path), "--json"]) == 0
     return yaml.safe_load(path.read_text())
-
-
-def _plan(d: Path, doc: dict, edit) -> str:
-    doc = yaml.safe_load(yaml.safe_dump(doc))  # a deep copy
-    edit(doc)
-    path = d / "in" / "bad.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return str(path)
-
-
-def _set(path: str, value):
-    def edit(doc):
-        *keys, last = path.split(".")
-        node = doc
-        for k in keys:
-            node = node[int(k)] if isinstance(node, list) else node[k]
-        node[int(last) if isinstance(node, list) else last] = value
-    return edit
 
 
 def _hostile_gpu(doc):
@@ -141,31 +124,31 @@ CASES = {
     "plan-not-yaml": lambda d, p: ["validate", _file(d, "p.yaml", "autopar_plan: [1\n")],
     "plan-empty": lambda d, p: ["estimate", _file(d, "p.yaml", "")],
     "plan-a-list": lambda d, p: ["validate", _file(d, "p.yaml", "- 1\n- 2\n")],
-    "validate-tp-over-stage": lambda d, p: ["validate", _plan(d, p, _set("pipelines.0.stages.0.layers.0.tp", 16))],
-    "estimate-tp-over-stage": lambda d, p: ["estimate", _plan(d, p, _set("pipelines.0.stages.0.layers.0.tp", 16))],
-    "validate-devices-out-of-range": lambda d, p: ["validate", _plan(d, p, _set("pipelines.0.stages.0.devices",
+    "validate-tp-over-stage": lambda d, p: ["validate", edited(d, p, setter("pipelines.0.stages.0.layers.0.tp", 16))],
+    "estimate-tp-over-stage": lambda d, p: ["estimate", edited(d, p, setter("pipelines.0.stages.0.layers.0.tp", 16))],
+    "validate-devices-out-of-range": lambda d, p: ["validate", edited(d, p, setter("pipelines.0.stages.0.devices",
                                                                                 "0-11"))],
-    "validate-cluster-lost-a-node": lambda d, p: ["validate", _plan(d, p, lambda doc: doc["cluster"]["nodes"].pop())],
-    "validate-hostile-gpu-name": lambda d, p: ["validate", _plan(d, p, _hostile_gpu)],
-    "validate-hostile-cluster-name": lambda d, p: ["validate", _plan(d, p, _set("cluster.name", "c\ntouch PWNED"))],
-    "validate-hostile-node-name": lambda d, p: ["validate", _plan(d, p, _set("cluster.nodes.0.name", "`touch x`"))],
-    "validate-over-budget": lambda d, p: ["validate", _plan(d, p, _over_budget)],
-    "estimate-unknown-profile": lambda d, p: ["estimate", _plan(d, p, lambda doc: None), "--profile",
+    "validate-cluster-lost-a-node": lambda d, p: ["validate", edited(d, p, lambda doc: doc["cluster"]["nodes"].pop())],
+    "validate-hostile-gpu-name": lambda d, p: ["validate", edited(d, p, _hostile_gpu)],
+    "validate-hostile-cluster-name": lambda d, p: ["validate", edited(d, p, setter("cluster.name", "c\ntouch PWNED"))],
+    "validate-hostile-node-name": lambda d, p: ["validate", edited(d, p, setter("cluster.nodes.0.name", "`touch x`"))],
+    "validate-over-budget": lambda d, p: ["validate", edited(d, p, _over_budget)],
+    "estimate-unknown-profile": lambda d, p: ["estimate", edited(d, p, lambda doc: None), "--profile",
                                               str(d / "none.yaml")],
     # launch inputs
-    "launch-hostile-gpu-name": lambda d, p: ["launch", _plan(d, p, _hostile_gpu), "--script", _file(d, "t.py", ""),
+    "launch-hostile-gpu-name": lambda d, p: ["launch", edited(d, p, _hostile_gpu), "--script", _file(d, "t.py", ""),
                                              "-o", "OUT"],
-    "launch-over-budget": lambda d, p: ["launch", _plan(d, p, _over_budget), "--script", _file(d, "t.py", ""),
+    "launch-over-budget": lambda d, p: ["launch", edited(d, p, _over_budget), "--script", _file(d, "t.py", ""),
                                         "-o", "OUT"],
-    "launch-tp-over-stage-forced": lambda d, p: ["launch", _plan(d, p, _set("pipelines.0.stages.0.layers.0.tp", 16)),
+    "launch-tp-over-stage-forced": lambda d, p: ["launch", edited(d, p, setter("pipelines.0.stages.0.layers.0.tp", 16)),
                                                  "--script", _file(d, "t.py", ""), "-o", "OUT", "--force"],
-    "launch-script-missing": lambda d, p: ["launch", _plan(d, p, lambda doc: None), "--script", str(d / "no.py"),
+    "launch-script-missing": lambda d, p: ["launch", edited(d, p, lambda doc: None), "--script", str(d / "no.py"),
                                            "-o", "OUT"],
-    "launch-out-dir-newline": lambda d, p: ["launch", _plan(d, p, lambda doc: None), "--script",
+    "launch-out-dir-newline": lambda d, p: ["launch", edited(d, p, lambda doc: None), "--script",
                                             _file(d, "t.py", ""), "-o", str(d / "out" / "l\nx")],
-    "launch-out-dir-is-a-file": lambda d, p: ["launch", _plan(d, p, lambda doc: None), "--script",
+    "launch-out-dir-is-a-file": lambda d, p: ["launch", edited(d, p, lambda doc: None), "--script",
                                               _file(d, "t.py", ""), "-o", _file(d, "f", "")],
-    "launch-out-plan-is-a-directory": lambda d, p: ["launch", _plan(d, p, lambda doc: None), "--script",
+    "launch-out-plan-is-a-directory": lambda d, p: ["launch", edited(d, p, lambda doc: None), "--script",
                                                     _file(d, "t.py", ""), "-o", str(_dir(d / "in" / "L" / "plan.yaml")
                                                                                     .parent)],
     # outputs
@@ -186,24 +169,6 @@ def _link(path: Path, target: Path) -> str:
     return str(path)
 
 
-def _listing(d: Path) -> dict[str, float]:
-    return {str(p): p.stat().st_mtime for p in d.rglob("*") if not p.is_symlink()}
-
-
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_bad_input_is_one_line_exit_2_nothing_written(case, plan_doc, tmp_path, capsys, monkeypatch):
-    (tmp_path / "in").mkdir()
-    (tmp_path / "out").mkdir()
-    monkeypatch.chdir(tmp_path / "in")
-    monkeypatch.syspath_prepend(str(tmp_path / "in"))
-    argv = [a.replace("OUT", str(tmp_path / "out" / "x")) for a in CASES[case](tmp_path, plan_doc)]
-    before = _listing(tmp_path)
-    capsys.readouterr()
-    rc = main(argv)
-    got = capsys.readouterr()
-    lines = got.err.splitlines()
-    assert rc == 2, (rc, got.err)
-    assert len(lines) == 1 and lines[0].startswith("autopar: error: "), got.err
-    assert got.out == ""
-    assert _listing(tmp_path) == before, "a refused command wrote or changed a file"
-    assert not (tmp_path / "in" / "PWNED").exists()
+    check_refused(CASES[case], plan_doc, tmp_path, capsys, monkeypatch)
