@@ -164,8 +164,10 @@ def cmd_estimate(args) -> int:
 def _checked(path: str, memory: bool = True, force_hint: bool = False):
     """The plan at ``path`` after the plan rules: structure first (the estimate needs a well-formed plan:
     devices in range, TP dividing its stage), then, with ``memory``, every device's predicted peak
-    against its budget (``force_hint``: that refusal mentions ``--force``). Returns (plan, estimate or None)."""
+    against its budget (``force_hint``: that refusal mentions ``--force``).
+    Returns (plan, estimate or None, notes to print)."""
     from autopar.estimate import estimate_plan
+    from autopar.plan.rules import memory_rules
     from autopar.plan.validate import validate_plan
     from autopar.planned import check_predicted, check_stored_params, load_planned
 
@@ -181,12 +183,10 @@ def _checked(path: str, memory: bool = True, force_hint: bool = False):
     validate_plan(plan, model)
     est = estimate_plan(plan, model, params)
     check_predicted(plan, est)  # the stored figures must be what the plan estimates to now
-    try:
-        validate_plan(plan, model, est.memory_gib)
-    except AutoparError as e:
-        if not force_hint:
-            raise
-        raise AutoparError(e.field, e.problem, f"{e.fix}; or pass --force to write the scripts anyway") from None
+    over = next(memory_rules(plan, est.memory_gib), None)  # structure passed above: memory alone is left
+    if over is not None:
+        field, problem, fix = over
+        raise AutoparError(field, problem, f"{fix}; or pass --force to write the scripts anyway" if force_hint else fix)
     return plan, est, planned.notes
 
 
