@@ -3,19 +3,8 @@
 from __future__ import annotations
 
 from autopar.estimate.plan_cost import PlanEstimate
+from autopar.plan.rules import id_ranges
 from autopar.plan.schema import Plan, Stage
-
-
-def _ranges(devs: list[int]) -> str:
-    """[0,1,2,3,8] -> '0-3,8'."""
-    out, start = [], None
-    for i, d in enumerate(devs):
-        if start is None:
-            start = d
-        if i + 1 == len(devs) or devs[i + 1] != d + 1:
-            out.append(f"{start}" if start == d else f"{start}-{d}")
-            start = None
-    return ",".join(out)
 
 
 def stage_strategies(stage: Stage) -> str:
@@ -48,7 +37,7 @@ def plan_table(plan: Plan, est: PlanEstimate) -> str:
     rows = [("pipe", "stage", "devices", "layers", "strategies", "ms/mb", "GiB")]
     for pi, (pipe, stages) in enumerate(zip(plan.pipelines, est.pipelines)):
         for si, (st, se) in enumerate(zip(pipe.stages, stages)):
-            rows.append((str(pi), str(si), _ranges(st.devices), str(len(st.layers)), stage_strategies(st),
+            rows.append((str(pi), str(si), id_ranges(st.devices, ","), str(len(st.layers)), stage_strategies(st),
                          f"{se.cost_per_microbatch_s * 1e3:.1f}", f"{se.memory_gib:.1f}"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     widths[4] = min(widths[4], 70)

@@ -194,7 +194,7 @@ def device_rules(plan: Plan, world: WorldFacts | None) -> Problems:
     unused = [d for d in range(n) if d not in first]
     if unused:
         yield ("pipelines", f"the plan uses {len(first)} of the cluster's {n} devices (unused: "
-               f"{_ranges(unused)}); ranks are device ids, so the world size must equal the cluster's devices",
+               f"{id_ranges(unused)}); ranks are device ids, so the world size must equal the cluster's devices",
                "place the unused devices in a stage, or remove their nodes from the cluster")
     if world is not None and world.size != n:
         yield ("world size", f"the plan's cluster has {n} device{'s' * (n != 1)} (one process each) but the world "
@@ -268,11 +268,12 @@ def memory_rules(plan: Plan, peak_gib: dict[int, float]) -> Problems:
                    f"budget {budget:.2f} GiB ({source})", "raise zero or ckpt, lower micro_batch_size, or use more stages")
 
 
-def _ranges(ids: list[int]) -> str:
-    """[0, 1, 2, 5] -> '0-2, 5'."""
-    parts, start = [], ids[0]
-    for a, b in zip(ids, ids[1:] + [None]):
-        if b != a + 1:
-            parts.append(f"{start}-{a}" if a != start else f"{a}")
-            start = b
-    return ", ".join(parts)
+def id_ranges(ids: list[int], sep: str = ", ") -> str:
+    """Consecutive runs compressed, in the given order: ``[0, 1, 2, 5]`` -> ``'0-2, 5'`` ('' when empty)."""
+    parts, start = [], None
+    for i, d in enumerate(ids):
+        start = d if start is None else start
+        if i + 1 == len(ids) or ids[i + 1] != d + 1:
+            parts.append(f"{start}" if start == d else f"{start}-{d}")
+            start = None
+    return sep.join(parts)

@@ -30,6 +30,7 @@ import torch.distributed as dist
 from torch import nn
 
 from autopar.errors import AutoparError
+from autopar.plan.rules import id_ranges
 from autopar.plan.schema import Plan
 from autopar.runtime.checks import check_plan, check_untied
 from autopar.units import UnitTPInfo, unit_tp_info, units
@@ -41,14 +42,7 @@ _ABSENT = "absent"
 
 def rank_list(ranks: list[int]) -> str:
     """``rank 3`` or ``ranks 0-2, 5``: consecutive runs compressed."""
-    runs: list[list[int]] = []
-    for r in sorted(ranks):
-        if runs and r == runs[-1][-1] + 1:
-            runs[-1].append(r)
-        else:
-            runs.append([r])
-    text = ", ".join(str(g[0]) if len(g) == 1 else f"{g[0]}-{g[-1]}" for g in runs)
-    return f"rank{'s' if len(ranks) > 1 else ''} {text}"
+    return f"rank{'s' if len(ranks) > 1 else ''} {id_ranges(sorted(ranks))}"
 
 
 def plan_doc(plan: Plan) -> dict:
