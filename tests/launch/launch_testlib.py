@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from autopar.cluster.cluster import Cluster, GPUType, Node
 from autopar.plan.schema import ModelRef, Pipeline, Plan, Stage, StageLayer, Strategy
 
@@ -39,3 +41,13 @@ def cpu_plan(counts: list[int]) -> Plan:
     cluster = Cluster(nodes=[Node(CPU, c) for c in counts], name="+".join(f"{c}xcpu" for c in counts))
     n = sum(counts)
     return Plan(_model(), cluster, 2 * n, [Pipeline(2 * n, n, 2, [Stage(list(range(n)), _layers(UNITS))])])
+
+
+def fake_tools(bin_dir: Path, tools: dict[str, str]) -> Path:
+    """``bin_dir`` holding an executable bash script per ``{name: body}`` (stand-ins for torchrun, srun, ...)."""
+    bin_dir.mkdir()
+    for name, body in tools.items():
+        path = bin_dir / name
+        path.write_text("#!/usr/bin/env bash\n" + body)
+        path.chmod(0o755)
+    return bin_dir

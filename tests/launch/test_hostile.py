@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from launch_testlib import UNITS, _layers, _model
+from launch_testlib import UNITS, _layers, _model, fake_tools
 
 from autopar.cluster.cluster import Cluster, GPUType, Node
 from autopar.errors import AutoparError
@@ -39,19 +39,13 @@ def _plan(gpu_name: str, cluster_name: str, nodes: int) -> Plan:
 
 def _fake_bin(root: Path) -> Path:
     """torchrun records its argv (NUL-separated, one file per call); srun/scontrol stand in for SLURM."""
-    bin_dir = root / "fakebin"
-    bin_dir.mkdir()
     tools = {
         "torchrun": 'printf "%s\\0" "$@" > "$RECORD_DIR/torchrun.$$"\n',
         "srun": 'while [[ $1 == --* ]]; do shift; done\nfor ((k = 0; k < ${FAKE_NODES:-1}; k++)); do '
                 'SLURM_NODEID=$k "$@" || exit $?; done\n',
         "scontrol": 'echo head\n',
     }
-    for name, body in tools.items():
-        path = bin_dir / name
-        path.write_text("#!/usr/bin/env bash\n" + body)
-        path.chmod(0o755)
-    return bin_dir
+    return fake_tools(root / "fakebin", tools)
 
 
 def _run(script: Path, root: Path, record: Path, nodes: int, extra: list[str]) -> list[list[str]]:

@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from launch_testlib import cpu_plan, mixed_plan, two_node_plan
+from launch_testlib import cpu_plan, fake_tools, mixed_plan, two_node_plan
 
 from autopar.errors import AutoparError
 from autopar.launch import write_launch_scripts
@@ -100,8 +100,6 @@ def test_mixed_cluster_slurm_is_a_hetjob(tmp_path, train):
 
 def _fake_bin(tmp_path: Path) -> Path:
     """Stand-ins for the cluster tools absent here: they record what the real ones would have been given."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
     tools = {
         # One write per call (cat of a small file is one write(2), atomic on a pipe): het-group sruns
         # run concurrently, and whole blocks must not interleave.
@@ -115,11 +113,7 @@ def _fake_bin(tmp_path: Path) -> Path:
         "scontrol": 'echo "head-$3"; echo other\n',  # first host of the list it is given
         "scancel": 'echo "CANCELLED $1"\n',
     }
-    for name, body in tools.items():
-        path = bin_dir / name
-        path.write_text("#!/usr/bin/env bash\n" + body)
-        path.chmod(0o755)
-    return bin_dir
+    return fake_tools(tmp_path / "bin", tools)
 
 
 def _blocks(stdout: str) -> list[list[str]]:
