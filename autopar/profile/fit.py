@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 from scipy.optimize import nnls
 
+from autopar.plan.cost_params import EFF_HIGH
+
 
 def weighted_nnls(design: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float]:
     """Non-negative x minimising sum(((design @ x) - y) / y)^2; returns (x, rel_rms)."""
@@ -110,7 +112,9 @@ def fit_efficiency(samples: list[dict], peak_flops: float) -> dict | None:
     Samples with zero FLOPs are left out (the model charges them nothing). A sample's F is
     ``flops_per_rank`` when given (TP splits the work), and its ``tp_comm_s`` (the communication the
     model charges apart from compute: TP collectives, exposed ZeRO traffic; see charged.py) is taken
-    off its time. None if nothing to fit.
+    off its time. None if nothing to fit. ``eff_max`` is at most ``EFF_HIGH`` (what a stored profile may
+    hold): when the charged communication explains nearly all of a kind's time, the samples say little
+    about its compute and the bound is recorded with a note.
     """
     rows, ys = [], []
     for s in samples:
@@ -131,7 +135,11 @@ def fit_efficiency(samples: list[dict], peak_flops: float) -> dict | None:
         v, note = 0.0, "no FLOPs slope in the samples: fitted without the overhead term"
     if u <= 0:
         return None
-    out = {"eff_max": float(1.0 / (peak_flops * u)), "layer_overhead_s": float(v), "rel_rms": err,
+    eff = float(1.0 / (peak_flops * u))
+    if eff > EFF_HIGH:  # the charged communication explains (nearly) all the measured time
+        capped = f"capped at {EFF_HIGH:g}x the matmul peak: the communication charged apart explains nearly all the time"
+        eff, note = EFF_HIGH, f"{note}; {capped}" if note else capped
+    out = {"eff_max": eff, "layer_overhead_s": float(v), "rel_rms": err,
            "samples": len(rows), "outliers_dropped": dropped}
     if note:
         out["note"] = note
