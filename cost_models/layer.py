@@ -11,8 +11,8 @@ pipeline sees ``cost = fwd + bwd + step / m``: every micro-batch carries 1/m of 
 which is exact for one stage and keeps the stage cost additive over layers (so dynamic programming
 over layers is exact under this model).
 
-The terms are separate functions (``compute_times``, ``tp_comm_times``, ``dp_comm_times``,
-``zero_exposed``) so that the profiler can take off a measured layer time exactly what this adds.
+The terms are separate functions (``compute_times``, ``activation_traffic_times``, ``tp_comm_times``,
+``dp_comm_times``, ``zero_exposed``) so that the profiler can take off a measured layer time exactly what this adds.
 """
 
 from __future__ import annotations
@@ -151,6 +151,22 @@ def compute_times(layer: Layer, tp: np.ndarray, zero: np.ndarray, ckpt: np.ndarr
     return f_comp, b_comp
 
 
+def activation_traffic_times(saved_none: np.ndarray, saved_kept: np.ndarray, ckpt: np.ndarray, b_local: np.ndarray,
+                             hbm_bw: float, p: CostParams) -> tuple[np.ndarray, np.ndarray]:
+    """(forward, backward) seconds of a layer's memory-bound kernels for one micro-batch, per strategy.
+
+    ``saved_none``: activation bytes per sample the layer saves without checkpointing (per rank, after
+    its TP/SP split), ``saved_kept``: what it keeps under its own checkpoint mode. The traffic is
+    ``act_traffic`` times the saved bytes, a third in forward and two thirds in backward; backward
+    also reruns the forward traffic of what checkpointing dropped (all of it under full recompute,
+    the attention core under selective).
+    """
+    unit = p.act_traffic * saved_none * b_local / hbm_bw
+    fwd = unit / 3.0
+    dropped = np.where(ckpt == 0, 0.0, np.maximum(0.0, 1.0 - saved_kept / np.maximum(saved_none, 1e-30)))
+    return fwd, 2.0 * fwd + dropped * fwd
+
+
 def tp_comm_times(layer: Layer, tp: np.ndarray, sp: np.ndarray, ckpt: np.ndarray, b_local: np.ndarray,
                   tp_links: Callable[[int], GroupLinks], coll: Collectives) -> tuple[np.ndarray, np.ndarray]:
     """(forward, backward) seconds of TP collectives of one micro-batch, per strategy.
@@ -229,6 +245,11 @@ def layer_costs(layer: Layer, strategies: list[Strategy], stage: Stage) -> Layer
     b_local = stage.micro_batch_size / dp  # samples per rank per micro-batch
 
     f_comp, b_comp = compute_times(layer, tp, zero, ckpt, dp, b_local, stage.peak_flops, p)
+    saved = np.array([layer.saved_bytes(s.ckpt, s.tp, s.sp) for s in strategies], dtype=float)
+    if p.act_traffic > 0:
+        saved_none = np.array([layer.saved_bytes("none", s.tp, s.sp) for s in strategies], dtype=float)
+        m_fwd, m_bwd = activation_traffic_times(saved_none, saved, ckpt, b_local, stage.hbm_bw, p)
+        f_comp, b_comp = f_comp + m_fwd, b_comp + m_bwd
     tp_fwd, tp_bwd = tp_comm_times(layer, tp, sp, ckpt, b_local, stage.tp_links, coll)
     ar, ag_param, rs_grad = dp_comm_times(layer, tp, stage.dp_links, coll, p)
     z_fwd, z_bwd = zero_exposed(f_comp, b_comp, ag_param, rs_grad, zero, p.overlap_zero3)
@@ -243,7 +264,6 @@ def layer_costs(layer: Layer, strategies: list[Strategy], stage: Stage) -> Layer
     step = exposed + memory_bound_time(owned * p.opt_bytes_touched, stage.hbm_bw) + p.step_overhead_per_unit_s
 
     mem_states = model_state_bytes(shard, zero, dp, p.state_bytes, p.param_bytes, p.state_table)
-    saved = np.array([layer.saved_bytes(s.ckpt, s.tp, s.sp) for s in strategies], dtype=float)
     mem_act = saved * b_local
     cost = fwd + bwd + step / stage.num_microbatches
     return LayerCosts(fwd, bwd, step, cost, mem_states, mem_act)

@@ -25,6 +25,13 @@ class CostParams:
     overlap_sync: fraction of a layer's backward that can hide its step-level gradient sync.
     overlap_zero3: fraction of compute that can hide ZeRO-3 parameter gathers (prefetch).
     reserve_gib: framework reserve per device (CUDA context, NCCL buffers, allocator fragmentation).
+    act_traffic: HBM bytes the memory-bound kernels of a layer (norms, activations, softmax, dropout,
+        residual adds, their gradients) move per byte of activations the layer saves for backward,
+        forward and backward together (a third in forward, two thirds in backward, like FLOPs). Each
+        saved byte is written once in forward and read once in backward, and its gradient is written
+        and read once: about 3. This is what makes a small model on a low-bandwidth GPU (GPT-2 medium
+        on a T4: 320 GB/s) and eager attention's s x s scores slow beyond their FLOPs; GEMMs are
+        ``eff_max``'s business. A measured profile times whole units, so it sets this to 0.
 
     Measured refinements (empty by default; ``autopar profile`` fills them, see autopar/profile):
     eff_by_kind: ((layer kind, tp, zero, eff_max, layer_overhead_s), ...): the compute curve of one
@@ -49,6 +56,7 @@ class CostParams:
     overlap_sync: float = 1.0
     overlap_zero3: float = 1.0
     reserve_gib: float = 1.0
+    act_traffic: float = 3.0
     eff_by_kind: tuple = ()
     comm_fit: tuple = ()
     state_table: tuple = ()

@@ -23,7 +23,8 @@ def _as_gpt2(f: Fields, seq_len: int) -> dict:
     h = f.req_int("hidden_size", low=1)
     return {"model_type": "gpt2", "n_layer": f.req_int("n_layer", low=1), "n_embd": h,
             "n_head": f.req_int("n_head", low=1), "n_inner": 4 * h, "vocab_size": f.req_int("vocab_size", low=1),
-            "n_positions": seq_len, "tie_word_embeddings": bool(f.raw("tie_word_embeddings", True))}
+            "n_positions": seq_len, "tie_word_embeddings": bool(f.raw("tie_word_embeddings", True)),
+            **({"attn_implementation": f.raw("attn_implementation")} if f.has("attn_implementation") else {})}
 
 
 def model_from_config(cfg: object, seq_len: int, where: str, cache: dict) -> tuple[ModelSpec, list[str]]:

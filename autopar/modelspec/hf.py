@@ -2,7 +2,9 @@
 
 Supported ``model_type``: llama, mistral, gpt2, gpt_neox, bert, vit. The default sequence length is
 ``max_position_embeddings`` capped at ``DEFAULT_SEQ_CAP`` (long-context maxima are rarely the training
-length; pass ``--seq-len``). Flash attention is assumed, as for the zoo's modern models. Mistral's
+length; pass ``--seq-len``). The attention implementation comes from ``attn_implementation``
+(``ATTN_IMPLEMENTATIONS``): ``eager`` materialises the s x s scores (their memory, and their HBM traffic
+in the cost model); absent, flash/SDPA is assumed, as transformers picks SDPA by default. Mistral's
 sliding window is ignored (full attention is counted).
 """
 
@@ -16,6 +18,9 @@ from autopar.modelspec.spec import ModelSpec
 from autopar.modelspec.zoo import normalize_entry, spec_from_entry
 
 DEFAULT_SEQ_CAP = 8192
+# attn_implementation -> whether the kernel keeps the s x s scores out of memory (flash-style).
+ATTN_IMPLEMENTATIONS = {"eager": False, "sdpa": True, "flash_attention_2": True, "flash_attention_3": True,
+                        "flex_attention": True}
 _LLAMA = {
     "shape": {"layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
               "kv_heads": "num_key_value_heads", "ffn": "intermediate_size", "vocab": "vocab_size",
@@ -85,7 +90,11 @@ def entry_from_hf_config(cfg: dict, name: str) -> dict:
         raise AutoparError("model", f"config model_type {mtype!r} is not supported",
                            f"use one of {', '.join(HF_TYPES)}, or trace the module with pkg.module:factory")
     table = HF_TYPES[mtype]
-    entry = {"name": name, "family": mtype, "flash": True, "pad_vocab_to": 1, **table["fixed"]}
+    impl = cfg.get("attn_implementation", cfg.get("_attn_implementation")) or "sdpa"
+    if impl not in ATTN_IMPLEMENTATIONS:
+        raise AutoparError("model.attn_implementation", f"unknown attention implementation {impl!r}",
+                           f"use one of {', '.join(ATTN_IMPLEMENTATIONS)}")
+    entry = {"name": name, "family": mtype, "flash": ATTN_IMPLEMENTATIONS[impl], "pad_vocab_to": 1, **table["fixed"]}
     for field, key in table["shape"].items():
         if cfg.get(key) is not None:
             entry[field] = cfg[key]

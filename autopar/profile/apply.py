@@ -63,7 +63,9 @@ def apply_profile(cluster: Cluster, params: CostParams, profile: Profile) -> tup
     new_cluster = Cluster(nodes=nodes, inter_bw_gbps=cluster.inter_bw_gbps, inter_lat_us=cluster.inter_lat_us,
                           bw_matrix_gbps=cluster.bw_matrix_gbps, lat_matrix_us=cluster.lat_matrix_us,
                           name=cluster.name, meta=dict(cluster.meta))
-    measured = {k: v for k, v in profile["cost_params"].items() if k in PARAM_FIELDS}
+    # Measured unit times include their memory-bound kernels: a profile written before act_traffic
+    # existed must not have them added again.
+    measured = {"act_traffic": 0.0, **{k: v for k, v in profile["cost_params"].items() if k in PARAM_FIELDS}}
     return new_cluster, replace(params, **measured)
 
 

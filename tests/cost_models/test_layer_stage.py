@@ -1,5 +1,7 @@
 """layer_costs and stage_cost against hand-computed values on a plain stage (no autopar)."""
 
+from dataclasses import replace
+
 import pytest
 
 from cost_models import CostParams
@@ -8,7 +10,8 @@ from cost_models.layer import LayerCost, layer_costs, layout_switch_time, one_la
 from cost_models.stage import stage_cost
 from tests.cost_models.fakes import BW, HBM, LAT, OneNodeStage, Strat, Unit
 
-P = CostParams(eff_max=0.5, layer_overhead_s=1e-4, overlap_sync=0.0, overlap_zero3=0.0, reserve_gib=1.0)
+P = CostParams(eff_max=0.5, layer_overhead_s=1e-4, overlap_sync=0.0, overlap_zero3=0.0, reserve_gib=1.0,
+               act_traffic=0.0)  # the memory-bound term has its own hand test below
 U = Unit()
 EXACT = {"rel": 1e-12}
 
@@ -26,6 +29,21 @@ def test_ddp_layer_hand_value():
     assert lc.mem_states[0] == 16e6 and lc.mem_act[0] == 3e6 * 2
 
 
+def test_memory_bound_traffic_hand_value():
+    """act_traffic x the saved bytes at HBM speed: a third in forward, two thirds in backward, and
+    backward reruns the forward's traffic of whatever checkpointing dropped."""
+    p = replace(P, act_traffic=3.0)
+    st = OneNodeStage(n=2, micro_batch_size=4, num_microbatches=4, params=p)  # dp 2, 2 samples per rank
+    base = layer_costs(U, [Strat(), Strat(ckpt="full")], OneNodeStage(n=2, micro_batch_size=4, params=P))
+    lc = layer_costs(U, [Strat(), Strat(ckpt="full")], st)
+    traffic_fwd = 3.0 * U.saved_bytes("none") * 2 / HBM / 3
+    assert lc.fwd[0] - base.fwd[0] == pytest.approx(traffic_fwd, **EXACT)
+    assert lc.bwd[0] - base.bwd[0] == pytest.approx(2 * traffic_fwd, **EXACT)
+    dropped = 1 - U.saved_bytes("full") / U.saved_bytes("none")
+    assert lc.bwd[1] - base.bwd[1] == pytest.approx((2 + dropped) * traffic_fwd, **EXACT)
+    assert (lc.mem_act == base.mem_act).all()  # traffic is time, not memory
+
+
 def test_tp_sp_full_recompute_hand_value():
     st = OneNodeStage(n=2, micro_batch_size=4, params=P)  # tp 2: dp 1, 4 samples per rank
     lc = layer_costs(U, [Strat(tp=2, ckpt="full", sp=True)], st)
@@ -40,7 +58,7 @@ def test_tp_sp_full_recompute_hand_value():
 
 
 def test_zero3_overlap_hand_value():
-    p = CostParams(eff_max=0.5, layer_overhead_s=1e-4, overlap_zero3=0.5)
+    p = CostParams(eff_max=0.5, layer_overhead_s=1e-4, overlap_zero3=0.5, act_traffic=0.0)
     st = OneNodeStage(n=4, micro_batch_size=4, params=p)  # dp 4, 1 sample per rank
     lc = layer_costs(U, [Strat(zero=3)], st)
     f = 1e9 / (1e14 * 0.5) + 1e-4

@@ -210,3 +210,20 @@ def test_bad_configs(tmp_path, content, problem):
 def test_unknown_names(spec):
     with pytest.raises(AutoparError, match="^model: .*autopar list models"):
         load_model(spec)
+
+
+def test_attn_implementation_decides_the_score_memory(tmp_path):
+    """eager keeps the s x s scores (memory, and the cost model's traffic); sdpa/flash and the default don't."""
+    cfg = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 128, "n_positions": 256}
+
+    def block(impl):
+        doc = {**cfg, "attn_implementation": impl} if impl else cfg
+        path = tmp_path / f"{impl}.json"
+        path.write_text(json.dumps(doc))
+        return load_model(str(path)).layers[1]
+
+    eager, sdpa, default = block("eager"), block("sdpa"), block(None)
+    assert default.act_attn_bytes == sdpa.act_attn_bytes == block("flash_attention_2").act_attn_bytes
+    assert eager.act_attn_bytes >= 4 * 256 * 256 * 2 > sdpa.act_attn_bytes  # heads x s^2 at 2 bytes at least
+    with pytest.raises(AutoparError, match="attn_implementation.*unknown attention implementation 'magic'"):
+        block("magic")

@@ -30,7 +30,8 @@ COMM = {"fits": FITS, "link": {"bw_gbps": LINK_GBPS, "lat_us": LINK_US}}
 
 def _model_sample(strategy: Strategy, rows: int, world: int, device: str, fits=FITS) -> tuple[dict, float]:
     """(sample row as the model predicts it, the model's compute seconds) on the profiled machine."""
-    params = CostParams(eff_max=0.3, layer_overhead_s=2e-4, **comm_fields(fits, 4, device))
+    params = CostParams(eff_max=0.3, layer_overhead_s=2e-4, act_traffic=0.0,  # as a profile sets it
+                        **comm_fields(fits, 4, device))
     gpu = GPUType("cpu", memory_gib=64, tflops=10.0, hbm_gbps=HBM / 1e9)
     cluster = Cluster([Node(gpu, world, intra_bw_gbps=LINK_GBPS, intra_lat_us=LINK_US)])
     dp = world // strategy.tp

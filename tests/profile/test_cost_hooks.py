@@ -62,14 +62,14 @@ def test_measured_collectives_replace_the_formula_for_covered_groups():
 
 
 def test_per_kind_curve_is_used_for_its_kind_only():
-    p = CostParams(eff_max=0.5, layer_overhead_s=0.0, eff_by_kind=(("block", 1, 0, 0.25, 0.0), ("block", 2, 0, 0.5, 1e-3)))
-    fast = _costs(CostParams(eff_max=0.5, layer_overhead_s=0.0), Strategy(zero=0)).fwd[0]
+    p = CostParams(act_traffic=0.0, eff_max=0.5, layer_overhead_s=0.0, eff_by_kind=(("block", 1, 0, 0.25, 0.0), ("block", 2, 0, 0.5, 1e-3)))
+    fast = _costs(CostParams(act_traffic=0.0, eff_max=0.5, layer_overhead_s=0.0), Strategy(zero=0)).fwd[0]
     assert _costs(p, Strategy(zero=0)).fwd[0] == pytest.approx(2 * fast)
-    other = CostParams(eff_max=0.5, layer_overhead_s=0.0, eff_by_kind=(("head", 1, 0, 0.25, 0.0),))
+    other = CostParams(act_traffic=0.0, eff_max=0.5, layer_overhead_s=0.0, eff_by_kind=(("head", 1, 0, 0.25, 0.0),))
     assert _costs(other, Strategy(zero=0)).fwd[0] == pytest.approx(fast)
     # one call, both TP degrees: each strategy gets its own curve
     both = layer_costs(BLOCK, [Strategy(tp=1), Strategy(tp=2)], StageContext(load_cluster("2xcpu"), (0, 1), 2, 1, p))
-    tp2 = _costs(CostParams(eff_max=0.5, layer_overhead_s=1e-3), Strategy(tp=2)).fwd[0]
+    tp2 = _costs(CostParams(act_traffic=0.0, eff_max=0.5, layer_overhead_s=1e-3), Strategy(tp=2)).fwd[0]
     assert both.fwd[0] == pytest.approx(2 * fast) and both.fwd[1] == pytest.approx(tp2)
 
 

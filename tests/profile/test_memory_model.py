@@ -56,3 +56,19 @@ def test_memory_model_matches_the_runtime(tiny_profile, case):
     for r in ranks:
         assert r.state_bytes == pred[r.rank]["states"], (r.rank, r.param_bytes, r.grad_bytes, r.opt_bytes)
         assert r.saved_peak_bytes == pytest.approx(pred[r.rank]["saved"], rel=0.10)
+
+
+def test_a_profile_never_adds_memory_bound_traffic_on_top_of_its_measured_units(tiny_profile, tmp_path):
+    """Measured unit times include their memory-bound kernels: a profile's params carry act_traffic 0,
+    and one written before the field existed applies as 0 too (not the default 3)."""
+    import yaml
+
+    assert CostParams().act_traffic > 0
+    _, params = apply_profile(load_cluster("2xcpu"), CostParams(), load_profile(tiny_profile))
+    assert params.act_traffic == 0.0
+    doc = yaml.safe_load(tiny_profile.read_text())
+    del doc["cost_params"]["act_traffic"]
+    old = tmp_path / "old.yaml"
+    old.write_text(yaml.safe_dump(doc))
+    _, params = apply_profile(load_cluster("2xcpu"), CostParams(), load_profile(old))
+    assert params.act_traffic == 0.0
