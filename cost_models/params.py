@@ -22,7 +22,11 @@ class CostParams:
     state_bytes: model-state bytes per parameter with mixed-precision Adam, unsharded
         (2 param + 2 grad + 4 master + 4 m + 4 v = 16; ZeRO divides the shardable parts).
     opt_bytes_touched: bytes read+written per owned parameter by the optimizer step (memory bound).
-    overlap_sync: fraction of a layer's backward that can hide its step-level gradient sync.
+    overlap_sync: fraction of a layer's backward that can hide its step-level gradient sync. 0 by
+        default: autopar's runtime sums each unit's gradients once, after the step's last backward
+        (runtime/grad_sync.py), and so did Megatron-LM before ``--overlap-grad-reduce`` (2023) and
+        DeepSpeed's BF16 optimizer (BLOOM); frameworks that reduce gradient buckets during backward
+        (PyTorch DDP, Megatron-core with overlap) hide part of it: calibrate it for them.
     overlap_zero3: fraction of compute that can hide ZeRO-3 parameter gathers (prefetch).
     reserve_gib: framework reserve per device (CUDA context, NCCL buffers, allocator fragmentation).
     act_traffic: HBM bytes the memory-bound kernels of a layer (norms, activations, softmax, dropout,
@@ -53,7 +57,7 @@ class CostParams:
     grad_comm_bytes: int = 4
     state_bytes: int = 16
     opt_bytes_touched: int = 36
-    overlap_sync: float = 1.0
+    overlap_sync: float = 0.0
     overlap_zero3: float = 1.0
     reserve_gib: float = 1.0
     act_traffic: float = 3.0

@@ -20,6 +20,7 @@ COST_EDITS = [
     ("eff_max", 0), ("eff_max", -0.6), ("eff_max", 1.5), ("eff_max", 0.9), ("eff_max", "fast"),
     ("layer_overhead_s", -1), ("layer_overhead_s", 0.0),
     ("overlap_sync", -0.1), ("overlap_sync", 1.5), ("overlap_sync", 0.5),
+    ("act_traffic", -1), ("act_traffic", 0.0), ("act_traffic", "3"),
     ("overlap_zero3", 2), ("overlap_zero3", 0.0),
     ("step_overhead_per_unit_s", -1), ("step_overhead_per_unit_s", 0.5),
     ("eff_by_kind", [["block", 1, 0, 0.9, 0.0]]), ("eff_by_kind", [["block", 0, 0, 0.5, 0.0]]),
@@ -33,7 +34,7 @@ COST_EDITS = [
 ]
 FIELDS = ["eff_max", "layer_overhead_s", "param_bytes", "grad_comm_bytes", "state_bytes", "opt_bytes_touched",
           "overlap_sync", "overlap_zero3", "reserve_gib", "eff_by_kind", "comm_fit", "state_table",
-          "step_overhead_per_unit_s"]
+          "step_overhead_per_unit_s", "act_traffic"]
 PREDICTED = ["step_time_s", "tokens_per_s", "tps", "tflops", "mfu", "max_memory_gib"]
 LAYERS = "pipelines.0.stages.0.layers"
 
@@ -53,6 +54,11 @@ def _both(*edits):
 
 def _zero_two_byte_counts(doc):  # the example: 560 GiB/device made to look like 44.5
     doc["search"]["cost_params"].update(state_bytes=1, param_bytes=1)
+
+
+def _other_zero(doc):  # whatever stage the search picked for layers.1, another one
+    layer = doc["pipelines"][0]["stages"][0]["layers"][1]
+    layer["zero"] = 0 if layer["zero"] else 3
 
 
 PLAN_EDITS = {
@@ -88,7 +94,7 @@ PLAN_EDITS = {
     "cluster-matrix-asymmetric": setter("cluster.bw_matrix_gbps", [[0, 200.0], [100.0, 0]]),
     "cluster-node-count": setter("cluster.nodes.0.count", 8),
     "strategy-zero-lowered": setter(f"{LAYERS}.1.zero", 1),
-    "strategy-zero-raised": setter(f"{LAYERS}.1.zero", 3),
+    "strategy-zero-changed": _other_zero,
     "strategy-zero-5": setter(f"{LAYERS}.1.zero", 5),
     "strategy-ckpt-full": setter(f"{LAYERS}.1.ckpt", "full"),
     "strategy-ckpt-unknown": setter(f"{LAYERS}.1.ckpt", "some"),
