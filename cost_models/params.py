@@ -38,6 +38,11 @@ class CostParams:
         ``eff_max``'s business. A measured profile times whole units, so it sets this to 0.
 
     Measured refinements (empty by default; ``autopar profile`` fills them, see autopar/profile):
+    slot_overhead_s: fixed cost of one micro-batch on one stage, a slot of the pipeline schedule: its
+        step of the schedule, the p2p handshake and synchronisation, the framework's dispatch. The
+        critical path has m + pp - 1 of them. 0 by default: it is the framework's, not the hardware's,
+        and differs by orders of magnitude (DeepSpeed's pipeline engine costs tens of ms a slot in the
+        public AMP and BLOOM runs); ``autopar calibrate`` fits it from measured runs.
     eff_by_kind: ((layer kind, tp, zero, eff_max, layer_overhead_s), ...): the compute curve of one
         kind of layer unit (embedding, block, head, ...) at one TP degree, run plainly (zero 0) or
         sharded by ZeRO-3 (zero 3: the framework's per-call cost besides the gathers), where it was
@@ -61,6 +66,7 @@ class CostParams:
     overlap_zero3: float = 1.0
     reserve_gib: float = 1.0
     act_traffic: float = 3.0
+    slot_overhead_s: float = 0.0
     eff_by_kind: tuple = ()
     comm_fit: tuple = ()
     state_table: tuple = ()

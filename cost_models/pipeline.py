@@ -14,14 +14,17 @@ def boundary_p2p_time(boundary_bytes: ArrayLike, micro_batch_size: int, bw: floa
     return comm.p2p_time(boundary_bytes * micro_batch_size, bw, lat)
 
 
-def pipeline_time(stage_costs: Sequence[float], round_trips: Sequence[float], num_microbatches: int) -> float:
+def pipeline_time(stage_costs: Sequence[float], round_trips: Sequence[float], num_microbatches: int,
+                  slot_overhead_s: float = 0.0) -> float:
     """Step time of a synchronous pipeline with per-micro-batch stage costs ``c_i`` (fwd + bwd + step / m).
 
-    T = (m - 1) * max_i c_i + sum_i (c_i + P_i)
+    T = (m - 1) * max_i c_i + sum_i (c_i + P_i) + o * (m + p - 1)
 
     ``P_i``: stage i's boundary send, both directions (0 for the last stage). The slowest stage runs
     m micro-batches back to back; the others add their fill and drain once; each boundary is
-    crossed once forward and once backward on the critical path. Exact for equal stages, the
+    crossed once forward and once backward on the critical path. ``o`` (``CostParams.slot_overhead_s``)
+    is the fixed cost of each of the m + p - 1 slots on that path; for a given number of stages it is
+    a constant, so it never changes which split of the layers is best. Exact for equal stages, the
     standard bound (Narayanan et al., Galvatron, Metis) for uneven ones. Summed in stage order:
     the search's partition DP and the plan estimate both call this, so they agree to the last bit.
     """
@@ -30,4 +33,4 @@ def pipeline_time(stage_costs: Sequence[float], round_trips: Sequence[float], nu
     for c, p in zip(stage_costs, round_trips):
         total = total + (c + p)
         worst = max(worst, c)
-    return (num_microbatches - 1) * worst + total
+    return (num_microbatches - 1) * worst + total + slot_overhead_s * (num_microbatches + len(stage_costs) - 1)

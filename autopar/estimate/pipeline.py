@@ -51,10 +51,10 @@ def boundary_p2p_time(cluster: Cluster, src_devices: list[int], dst_devices: lis
     return float(pipe_model.boundary_p2p_time(boundary_bytes, micro_batch_size, bw, lat))
 
 
-def pipeline_time(stages: list[StageEstimate], num_microbatches: int) -> float:
-    """``cost_models.pipeline.pipeline_time`` of the stages: (m - 1) max_i c_i + sum_i (c_i + 2 p2p_i)."""
+def pipeline_time(stages: list[StageEstimate], num_microbatches: int, params: CostParams) -> float:
+    """``cost_models.pipeline.pipeline_time`` of the stages: (m - 1) max_i c_i + sum_i (c_i + 2 p2p_i) + slots."""
     return pipe_model.pipeline_time([st.cost_per_microbatch_s for st in stages],
-                                    [2.0 * st.p2p_s for st in stages], num_microbatches)
+                                    [2.0 * st.p2p_s for st in stages], num_microbatches, params.slot_overhead_s)
 
 
 def spec_layers(model: ModelSpec, index: dict[str, int], names: list[str]) -> list[LayerSpec]:
@@ -83,4 +83,4 @@ def estimate_pipeline(pipe: Pipeline, model: ModelSpec, cluster: Cluster, schedu
             p2p = boundary_p2p_time(cluster, st.devices, pipe.stages[i + 1].devices, layers[-1].boundary_bytes,
                                     pipe.micro_batch_size)
         out.append(StageEstimate(list(st.devices), [ly.name for ly in st.layers], cost, fwd, bwd, step, k, peak, p2p))
-    return out, pipeline_time(out, pipe.num_microbatches)
+    return out, pipeline_time(out, pipe.num_microbatches, params)

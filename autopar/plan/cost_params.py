@@ -20,7 +20,7 @@ COLLECTIVES = ("allreduce", "allgather", "reduce_scatter")
 _BYTES = ("param_bytes", "grad_comm_bytes", "state_bytes", "opt_bytes_touched")
 _EFF = ("eff_max",)
 _FRACTIONS = ("overlap_sync", "overlap_zero3")
-_NONNEG = ("layer_overhead_s", "reserve_gib", "step_overhead_per_unit_s", "act_traffic")
+_NONNEG = ("layer_overhead_s", "reserve_gib", "step_overhead_per_unit_s", "act_traffic", "slot_overhead_s")
 EFF_HIGH = 4.0
 
 

@@ -166,7 +166,7 @@ class HomogeneousSearch:
                 Pi = 2.0 * boundary_p2p_time(bb, mbs, bw, lat)
                 Pi[0] = 0.0
             P.append(Pi)
-        part = best_partition([C_by_k[k] for k in ks], P, m)
+        part = best_partition([C_by_k[k] for k in ks], P, m, self.opts.params.slot_overhead_s)
         if part is None:
             fits = res.min_memory_gib * GIB <= budget
             res.note = "cannot beat the best plan" if fits else f"needs {res.min_memory_gib:.3g} GiB per device"

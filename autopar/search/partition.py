@@ -58,19 +58,23 @@ def _backtrack(back: list[np.ndarray], L: int) -> list[int]:
     return bounds[::-1]
 
 
-def _step_time(C: list[np.ndarray], P: list[np.ndarray], bounds: list[int], m: int) -> tuple[float, float]:
+def _step_time(C: list[np.ndarray], P: list[np.ndarray], bounds: list[int], m: int,
+               slot_s: float) -> tuple[float, float]:
     """(T, bottleneck) of one partition: ``pipeline_time``, the very formula ``estimate_plan`` uses."""
     costs = [float(Ci[bounds[i], bounds[i + 1]]) for i, Ci in enumerate(C)]
     sends = [float(Pi[bounds[i + 1]]) for i, Pi in enumerate(P)]
-    return pipeline_time(costs, sends, m), max(costs)
+    return pipeline_time(costs, sends, m, slot_s), max(costs)
 
 
-def best_partition(C: list[np.ndarray], P: list[np.ndarray], m: int) -> PartitionResult | None:
-    """Exact minimiser of T over partitions into len(C) non-empty stages; None if none fits."""
+def best_partition(C: list[np.ndarray], P: list[np.ndarray], m: int, slot_s: float = 0.0) -> PartitionResult | None:
+    """Exact minimiser of T over partitions into len(C) non-empty stages; None if none fits.
+
+    ``slot_s``: ``CostParams.slot_overhead_s``, a constant per (stages, m), so only T carries it.
+    """
     s_lb, bounds = _min_sum(C, P, INF)
     if not bounds:
         return None
-    T, worst = _step_time(C, P, bounds, m)
+    T, worst = _step_time(C, P, bounds, m, slot_s)
     best = PartitionResult(T, bounds, worst, 1)
     if m == 1:
         return best
@@ -85,12 +89,12 @@ def best_partition(C: list[np.ndarray], P: list[np.ndarray], m: int) -> Partitio
             lo = mid + 1
     iters = 1
     for tau in taus[lo:]:
-        if (m - 1) * tau + s_lb >= best.step_time:
+        if (m - 1) * tau + s_lb + slot_s * (m + len(C) - 1) >= best.step_time:
             break
         s, bnds = _min_sum(C, P, float(tau))
         iters += 1
         if bnds:
-            T, worst = _step_time(C, P, bnds, m)
+            T, worst = _step_time(C, P, bnds, m, slot_s)
             if T < best.step_time:
                 best = PartitionResult(T, bnds, worst, iters)
     best.iterations = iters

@@ -55,3 +55,9 @@ def test_boundary_p2p_hand_value_and_vectorised():
     assert boundary_p2p_time(1e6, 4, 10e9, 5e-6) == pytest.approx(5e-6 + 4e6 / 10e9)
     out = boundary_p2p_time(np.array([0.0, 1e6]), 4, 10e9, 5e-6)
     assert out[0] == 0.0 and out[1] == pytest.approx(5e-6 + 4e6 / 10e9)
+
+
+def test_slot_overhead_is_paid_by_each_slot_of_the_critical_path():
+    # m + p - 1 slots: 10 + 3 - 1 = 12
+    assert pipeline_time([1.0, 3.0, 1.0], [0.0, 0.0, 0.0], 10, 0.5) == pytest.approx(9 * 3.0 + 5.0 + 12 * 0.5)
+    assert pipeline_time([2.0], [0.0], 4, 0.25) == pytest.approx(4 * 2.0 + 4 * 0.25)

@@ -39,7 +39,7 @@ def raw_strategies(layer, ctx):
     return out
 
 
-def best_stage(layers, ctx, inflight, budget):
+def best_stage(layers, ctx, inflight, budget, params=PARAMS):
     """Least stage cost over the full product of strategies (numpy broadcasting), inf if nothing fits."""
     per = [raw_strategies(ly, ctx) for ly in layers]
     if any(not s for s in per):
@@ -57,12 +57,12 @@ def best_stage(layers, ctx, inflight, budget):
             shp = [1] * len(layers)
             shp[j - 1], shp[j] = sw.shape
             total_c = total_c + sw.reshape(shp)
-    room = budget - PARAMS.reserve_bytes - max(transient_bytes(ly, ctx) for ly in layers)
+    room = budget - params.reserve_bytes - max(transient_bytes(ly, ctx) for ly in layers)
     ok = total_m <= room
     return float(total_c[ok].min()) if ok.any() else np.inf
 
 
-def brute_force(model, cluster, B, budget_gib):
+def brute_force(model, cluster, B, budget_gib, params=PARAMS):
     N, L = cluster.num_devices, model.num_layers
     best = np.inf
     for p in (1, 2, 4):
@@ -76,17 +76,18 @@ def brute_force(model, cluster, B, budget_gib):
                 C, P = [], []
                 for i in range(p):
                     devs = list(range(i * n, (i + 1) * n))
-                    ctx = StageContext(cluster, tuple(devs), mbs, m, PARAMS)
+                    ctx = StageContext(cluster, tuple(devs), mbs, m, params)
                     budget = device_budget_bytes(cluster, 0, budget_gib)
                     k = inflight_microbatches("1f1b", p, i, m)
-                    C.append(best_stage(model.layers[bounds[i]:bounds[i + 1]], ctx, k, budget))
+                    C.append(best_stage(model.layers[bounds[i]:bounds[i + 1]], ctx, k, budget, params))
                     if i + 1 < p:
                         bw, lat = stage_link(cluster, devs, list(range((i + 1) * n, (i + 2) * n)))
                         P.append(2 * float(comm.p2p_time(model.layers[bounds[i + 1] - 1].boundary_bytes * mbs, bw, lat)))
                     else:
                         P.append(0.0)
                 if all(np.isfinite(C)):
-                    best = min(best, (m - 1) * max(C) + sum(c + q for c, q in zip(C, P)))
+                    slots = params.slot_overhead_s * (m + p - 1)
+                    best = min(best, (m - 1) * max(C) + sum(c + q for c, q in zip(C, P)) + slots)
     return best
 
 
@@ -105,6 +106,19 @@ def test_search_matches_brute_force(budget_gib, inter_gbps):
     again = estimate_plan(res.plan, model, PARAMS)
     assert again.step_time_s == res.estimate.step_time_s
     assert again.fits
+
+
+def test_search_matches_brute_force_with_a_slot_overhead():
+    """A fixed cost per pipeline slot (m + p - 1 of them) moves the optimum to fewer micro-batches and
+    stages; the search still finds the brute-force optimum, and the plan's estimate is that number."""
+    model, cluster, B = gpt_like(blocks=2), small_cluster(inter_gbps=0.05), 8
+    plain = search(model, cluster, B, SearchOptions(params=PARAMS), with_baselines=False)
+    params = CostParams(reserve_gib=0.0, slot_overhead_s=plain.estimate.step_time_s)
+    res = search(model, cluster, B, SearchOptions(params=params), with_baselines=False)
+    assert res.estimate.step_time_s == pytest.approx(brute_force(model, cluster, B, None, params), rel=1e-9)
+    assert estimate_plan(res.plan, model, params).step_time_s == res.estimate.step_time_s
+    slots = lambda r: r.plan.pipelines[0].num_microbatches + len(r.plan.stages) - 1  # noqa: E731
+    assert slots(res) < slots(plain)
 
 
 def test_tight_memory_forces_memory_saving_strategies():

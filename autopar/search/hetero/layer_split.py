@@ -293,7 +293,7 @@ class LayerSplitter:
             return None
         ks = [inflight_microbatches(self.opts.schedule, p, i, m) for i in range(p)]
         tabs = [self.table(st, mbs, m, k, role(i, p)) for i, (st, k) in enumerate(zip(stages, ks))]
-        part = best_partition([t.C for t in tabs], self.p2p_costs(stages, mbs), m)
+        part = best_partition([t.C for t in tabs], self.p2p_costs(stages, mbs), m, self.opts.params.slot_overhead_s)
         if part is None or not np.isfinite(part.step_time):
             return None
         res = PipelineSplit(list(stages), mbs, m, part.step_time, part.bounds)

@@ -162,7 +162,7 @@ class Realiser:
             if i + 1 < p:
                 p2p += 2.0 * boundary_p2p_time(self.cluster, list(devs), list(sp.stages[i + 1]),
                                                specs[-1].boundary_bytes, sp.micro_batch_size)
-        rate = PipelineRate(sp.micro_batch_size, fb, st, p2p, max_m=self.B)
+        rate = PipelineRate(sp.micro_batch_size, fb, st, p2p, max_m=self.B, slot_s=self.opts.params.slot_overhead_s)
         if sp.key:
             self._rates[sp.key] = rate
         return rate

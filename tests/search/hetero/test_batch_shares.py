@@ -47,7 +47,8 @@ def test_allocate_is_the_exact_minimax(seed):
     for _ in range(P):
         p = rnd.randint(1, 4)
         rates.append(PipelineRate(rnd.choice([1, 2, 4]), [rnd.uniform(0.5, 3.0) for _ in range(p)],
-                                  [rnd.uniform(0.0, 1.0) for _ in range(p)], rnd.uniform(0, 0.2), max_m=total))
+                                  [rnd.uniform(0.0, 1.0) for _ in range(p)], rnd.uniform(0, 0.2), max_m=total,
+                                  slot_s=rnd.choice([0.0, rnd.uniform(0.0, 1.0)])))  # brute uses time(): the one formula
     expected, _ = brute(total, rates)
     got = allocate(total, rates)
     if expected == float("inf"):
