@@ -290,13 +290,22 @@ def layout_switch_time(boundary_bytes: float, prev: tuple[int, bool], new: tuple
     return 2.0 * float(comm.p2p_time(nbytes, bw, lat))
 
 
-def transient_bytes(layer: Layer, stage: Stage) -> float:
-    """Working set beyond saved activations while the layer runs, whatever its strategy.
+def transient_bytes(layer: Layer, stage: Stage, strategy: Strategy) -> float:
+    """Working set beyond saved activations while the layer runs under ``strategy``, per rank.
 
-    Room for two unsharded copies of its parameters (ZeRO-3 gather + prefetch, or gradient
-    buckets) and for its full activations of one micro-batch share (recompute under checkpointing,
-    and the activation gradients of backward). Strategy-independent, so the stage's memory stays
-    additive plus a max over its layers.
+    Its full activations of one micro-batch share (recompute under checkpointing, and the
+    activation gradients of backward), and under ZeRO-3 two unsharded copies of its TP shard of the
+    parameters (the gathered layer and the prefetched next one). Without ZeRO-3 the parameters are
+    resident and counted in the model states: a TP-8 layer of a 1T model holds no extra copy.
     """
-    p = stage.params
-    return 2.0 * layer.params * p.param_bytes + layer.saved_bytes("none") * stage.micro_batch_size / stage.n
+    b_local = stage.micro_batch_size * strategy.tp / stage.n
+    act = layer.saved_bytes("none", strategy.tp, strategy.sp) * b_local
+    if strategy.zero != 3 or strategy.tp >= stage.n:  # ZeRO-3 without data parallelism gathers nothing
+        return act
+    return act + 2.0 * float(shard_params(layer, np.array([float(strategy.tp)]))[0]) * stage.params.param_bytes
+
+
+def transient_bound(layer: Layer, stage: Stage, strategies: list[Strategy]) -> float:
+    """The most ``transient_bytes`` any of ``strategies`` needs: what a search reserves for the layer
+    before it has chosen, so every plan it accepts fits under the plan's own estimate too."""
+    return max((transient_bytes(layer, stage, s) for s in strategies), default=0.0)

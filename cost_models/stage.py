@@ -51,6 +51,6 @@ def stage_cost(layers: Sequence[Layer], strategies: Sequence[Strategy], stage: S
         fwd += f + sw / 2
         bwd += b + sw / 2
         step += st
-        transient = max(transient, transient_bytes(ly, stage))
+        transient = max(transient, transient_bytes(ly, stage, s))
         prev_layout = layout
     return StageCost(cost, fwd, bwd, step, mem + transient + stage.params.reserve_bytes)

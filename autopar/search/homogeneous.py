@@ -26,7 +26,6 @@ from autopar.estimate import (
     estimate_plan,
     layout_switch_time,
     stage_link,
-    transient_bytes,
 )
 from autopar.modelspec.spec import ModelSpec
 from autopar.plan.schema import ModelRef, Pipeline, Plan, Stage, StageLayer
@@ -125,7 +124,7 @@ class HomogeneousSearch:
             switch[s] = sw
         budget = device_budget_bytes(self.cluster, ctx.devices[0], self.opts.memory_budget_gib)
         reserve = self.opts.params.reserve_bytes
-        transient = np.array([transient_bytes(ly, ctx) for ly in self.model.layers])
+        transient = np.array([cands[s].transient for s in self.sigs])
         ks = [inflight_microbatches(self.opts.schedule, p, i, m) for i in range(p)]
         C_by_k, trie_by_k, nodes_by_k, M_by_k = {}, {}, {}, {}
         for k in sorted(set(ks)):

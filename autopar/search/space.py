@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autopar.estimate import LayerCosts, StageContext, layer_costs
+from autopar.estimate import LayerCosts, StageContext, layer_costs, transient_bound
 from autopar.modelspec.spec import CKPT_MODES, LayerSpec
 from autopar.plan.schema import Strategy
 from autopar.search.rules import Rule
@@ -41,6 +41,7 @@ class LayerCandidates:
     strategies: list[Strategy]
     costs: LayerCosts
     layouts: np.ndarray  # index into the layout table, per strategy
+    transient: float  # transient_bound over every legal strategy (before pruning): what the search reserves
 
 
 def tp_degrees(ctx: StageContext, pruned: Counter) -> list[int]:
@@ -126,11 +127,12 @@ def layer_candidates(layer: LayerSpec, ctx: StageContext, tps: list[int], layout
     """Strategies of ``layer`` after pruning, scored in ``ctx``. ``layout_index`` maps (tp, sp) -> id."""
     strategies = enumerate_strategies(layer, ctx, tps, pruned)
     if not strategies:
-        return LayerCandidates([], LayerCosts(*(np.zeros(0) for _ in range(6))), np.zeros(0, dtype=int))
+        return LayerCandidates([], LayerCosts(*(np.zeros(0) for _ in range(6))), np.zeros(0, dtype=int), 0.0)
     costs = layer_costs(layer, strategies, ctx)
+    transient = transient_bound(layer, ctx, strategies)
     if prune:
         keep = prune_dominated(strategies, costs, pruned)
         strategies = [strategies[i] for i in keep]
         costs = LayerCosts(*(getattr(costs, f)[keep] for f in ("fwd", "bwd", "step", "cost", "mem_states", "mem_act")))
     layouts = np.array([layout_index.setdefault((s.tp, s.sp), len(layout_index)) for s in strategies], dtype=int)
-    return LayerCandidates(strategies, costs, layouts)
+    return LayerCandidates(strategies, costs, layouts, transient)

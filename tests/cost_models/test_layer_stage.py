@@ -6,7 +6,14 @@ import pytest
 
 from cost_models import CostParams
 from cost_models import communication as comm
-from cost_models.layer import LayerCost, layer_costs, layout_switch_time, one_layer_cost, transient_bytes
+from cost_models.layer import (
+    LayerCost,
+    layer_costs,
+    layout_switch_time,
+    one_layer_cost,
+    transient_bound,
+    transient_bytes,
+)
 from cost_models.stage import stage_cost
 from tests.cost_models.fakes import BW, HBM, LAT, OneNodeStage, Strat, Unit
 
@@ -84,7 +91,14 @@ def test_layout_switch_and_transient_hand_values():
     assert layout_switch_time(1e5, (2, False), (2, False), st) == 0.0
     # to tp 4: dp 1, each rank gets the 1e5 * 8-byte boundary, forward and backward
     assert layout_switch_time(1e5, (1, False), (4, True), st) == pytest.approx(2 * (LAT + 8e5 / BW), **EXACT)
-    assert transient_bytes(U, st) == pytest.approx(2 * 1e6 * 2 + 3e6 * 8 / 4, **EXACT)
+    # dp 4: 2 samples per rank of the layer's full activations; ZeRO-3 adds two gathered copies of
+    # its TP shard of the parameters (bf16); without ZeRO-3 the parameters are resident states
+    assert transient_bytes(U, st, Strat()) == pytest.approx(U.saved_bytes("none") * 2, **EXACT)
+    assert transient_bytes(U, st, Strat(zero=3)) == pytest.approx(2 * 1e6 * 2 + U.saved_bytes("none") * 2, **EXACT)
+    z3_tp2 = transient_bytes(U, st, Strat(tp=2, zero=3))  # tp 2: dp 2, 4 samples per rank, half the TP part
+    assert z3_tp2 == pytest.approx(2 * (800_000 / 2 + 200_000) * 2 + U.saved_bytes("none", 2) * 4, **EXACT)
+    assert transient_bound(U, st, [Strat(), Strat(zero=3), Strat(tp=2, zero=3)]) == max(
+        transient_bytes(U, st, s) for s in (Strat(), Strat(zero=3), Strat(tp=2, zero=3)))
 
 
 def test_stage_sums_layers_switches_and_memory():
@@ -105,4 +119,5 @@ def test_stage_sums_layers_switches_and_memory():
     assert got.bwd == pytest.approx(ca.bwd + cb.bwd + sw / 2, **EXACT)
     assert got.step == pytest.approx(ca.step + cb.step, **EXACT)
     mem = ca.mem_states + 3 * ca.mem_act + cb.mem_states + 3 * cb.mem_act
-    assert got.peak_bytes == pytest.approx(mem + transient_bytes(U, st) + P.reserve_bytes, **EXACT)
+    transient = max(transient_bytes(U, st, a), transient_bytes(U, st, b))
+    assert got.peak_bytes == pytest.approx(mem + transient + P.reserve_bytes, **EXACT)

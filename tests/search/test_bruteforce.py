@@ -14,7 +14,7 @@ from autopar.estimate import (
     layer_costs,
     layout_switch_time,
     stage_link,
-    transient_bytes,
+    transient_bound,
 )
 from autopar.modelspec.spec import CKPT_MODES
 from autopar.plan.schema import Strategy
@@ -57,7 +57,7 @@ def best_stage(layers, ctx, inflight, budget, params=PARAMS):
             shp = [1] * len(layers)
             shp[j - 1], shp[j] = sw.shape
             total_c = total_c + sw.reshape(shp)
-    room = budget - params.reserve_bytes - max(transient_bytes(ly, ctx) for ly in layers)
+    room = budget - params.reserve_bytes - max(transient_bound(ly, ctx, raw_strategies(ly, ctx)) for ly in layers)
     ok = total_m <= room
     return float(total_c[ok].min()) if ok.any() else np.inf
 

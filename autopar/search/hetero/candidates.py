@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autopar.estimate import LayerCosts, StageContext, layer_costs, layout_switch_time
+from autopar.estimate import LayerCosts, StageContext, layer_costs, layout_switch_time, transient_bound
 from autopar.modelspec.spec import LayerSpec
 from autopar.plan.schema import Strategy
 from autopar.search.rules import Rule
@@ -28,6 +28,7 @@ class ScoredLayer:
     strategies: list[Strategy]
     costs: LayerCosts  # computed with some m; ``cost`` is re-priced per m
     layouts: np.ndarray
+    transient: float  # transient_bound over the strategies: independent of m
 
 
 @dataclass
@@ -51,7 +52,7 @@ def score_kind(sig_layer: dict[int, LayerSpec], ctx: StageContext, pruned: Count
         else:
             costs = LayerCosts(*(np.zeros(0) for _ in range(6)))
         lay = np.array([layouts.setdefault((st.tp, st.sp), len(layouts)) for st in strategies], dtype=int)
-        layers[s] = ScoredLayer(strategies, costs, lay)
+        layers[s] = ScoredLayer(strategies, costs, lay, transient_bound(ly, ctx, strategies))
     order = sorted(layouts, key=layouts.get)
     switch = {s: np.array([[layout_switch_time(ly.boundary_bytes, a, b, ctx) for b in order] for a in order],
                           dtype=float).reshape(len(order), len(order)) for s, ly in sig_layer.items()}
@@ -69,7 +70,7 @@ def candidates_at(kb: KindBatch, m: int, prune: bool, pruned: Counter) -> dict[i
             keep = _undominated(cost, c.mem_states, c.mem_act, sl.layouts)
             pruned[Rule.DOMINATED] += len(cost) - len(keep)
         costs = LayerCosts(c.fwd[keep], c.bwd[keep], c.step[keep], cost[keep], c.mem_states[keep], c.mem_act[keep])
-        out[s] = LayerCandidates([sl.strategies[i] for i in keep], costs, sl.layouts[keep])
+        out[s] = LayerCandidates([sl.strategies[i] for i in keep], costs, sl.layouts[keep], sl.transient)
     return out
 
 

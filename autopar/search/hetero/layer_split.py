@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from autopar.cluster.cluster import Cluster
-from autopar.estimate import StageContext, device_budget_bytes, stage_link, transient_bytes
+from autopar.estimate import StageContext, device_budget_bytes, stage_link
 from autopar.modelspec.spec import ModelSpec
 from autopar.plan.schema import Stage, StageLayer
 from autopar.search.frontier import Frontier, RangeTrie, pareto_by_group
@@ -190,7 +190,7 @@ class LayerSplitter:
         else:
             trie = RangeTrie(cands, switch, k, room)
         L = self.L
-        transient = [transient_bytes(ly, ctx) for ly in self.model.layers]
+        transient = [cands[s].transient for s in self.sigs]
         C = np.full((L + 1, L + 1), np.inf)
         node_of: dict = {}
         memo: dict = {}
@@ -242,7 +242,7 @@ class LayerSplitter:
         L = self.L
         least = np.array([float(cands[s].costs.mem(k).min()) if len(cands[s].strategies) else np.inf
                           for s in self.sigs])
-        trans = np.array([transient_bytes(ly, ctx) for ly in self.model.layers])
+        trans = np.array([cands[s].transient for s in self.sigs])
         room = min(device_budget_bytes(self.cluster, d, self.opts.memory_budget_gib) for d in devices) \
             - self.opts.params.reserve_bytes
         cs = np.r_[0.0, np.cumsum(least)]
