@@ -184,7 +184,7 @@ def node_defaults(gpu_type: GPUType, cls: str | None = None, overrides: dict | N
 def describe_gpu(name: str) -> str:
     """One line for ``autopar list gpus``: name, memory, TFLOPS (bf16, then the other precisions'), HBM, links, aliases."""
     g = gpu(name)
-    link = (f"NVLink {g.nvlink_gbps:g}" if g.nvlink_gbps else
+    link = (f"{'xGMI' if g.vendor == 'amd' else 'NVLink'} {g.nvlink_gbps:g}" if g.nvlink_gbps else
             f"{'IPC' if g.vendor == 'cpu' else 'PCIe'} {g.pcie_gbps:g}")
     aliases = gpu_aliases(g.name)
     alias_txt = f"  (also {', '.join(aliases)})" if aliases else ""

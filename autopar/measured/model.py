@@ -26,10 +26,10 @@ def _as_gpt2(f: Fields, seq_len: int) -> dict:
             "n_positions": seq_len, "tie_word_embeddings": bool(f.raw("tie_word_embeddings", True))}
 
 
-def model_from_config(cfg: object, seq_len: int, where: str, cache: dict, dtype_bytes: int = 2
+def model_from_config(cfg: object, seq_len: int, where: str, cache: dict, dtype_bytes: int | None = None
                       ) -> tuple[ModelSpec, list[str]]:
     """(ModelSpec, notes) of the HF-style config ``cfg`` at ``seq_len`` with activations of ``dtype_bytes``
-    (the case's precision); errors name ``where`` (the field).
+    (the case's precision; None: the reader's default, 2); errors name ``where`` (the field).
 
     ``cache`` maps a config (seq_len, dtype) to its result, so a file of many cases builds each model once.
     """

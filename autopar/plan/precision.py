@@ -4,7 +4,7 @@ estimate's inputs, so the search, ``autopar estimate``, ``validate`` and the mea
 The precision rides on three inputs, each from the table ``cost_models.precision``: the cluster's GPUs
 (``Cluster.at_precision``: the peak their GEMMs run at), the cost parameters (``with_precision``:
 parameter, gradient-on-the-wire and model-state bytes; a plan stores them so, in ``search.cost_params``)
-and the model spec (``activation_bytes``: ``ModelSpec.dtype_bytes``). A profile measures the runtime
+and the model spec (``activation_bytes``: ``ModelSpec.dtype_bytes``; the default keeps the model's own). A profile measures the runtime
 in its own dtype, so a profiled search or estimate keeps the default precision and the profile's numbers.
 """
 
@@ -28,9 +28,14 @@ def precision_params(name: str, params: CostParams | None = None) -> CostParams:
     return with_precision(params if params is not None else CostParams(), PRECISIONS[check_precision(name)])
 
 
-def activation_bytes(name: str) -> int:
-    """Bytes of an activation element at precision ``name`` (the model spec's ``dtype_bytes``)."""
-    return PRECISIONS[check_precision(name)].act_bytes
+def activation_bytes(name: str) -> int | None:
+    """The model spec's ``dtype_bytes`` at precision ``name`` (``load_model(..., dtype_bytes=...)``).
+
+    The row's activation bytes, except for the default precision: None, the model's own (2 bytes for
+    zoo models and HF configs, the parameters' dtype for a traced module), as every plan written
+    before precisions existed was estimated, so that their figures stay what they were.
+    """
+    return None if check_precision(name) == DEFAULT else PRECISIONS[name].act_bytes
 
 
 def at_precision(cluster: Cluster, params: CostParams, name: str, *, profiled: bool = False

@@ -50,7 +50,8 @@ def test_the_inputs_at_a_precision():
     cluster = base_plan().cluster
     assert at_precision(cluster, CostParams(), "bf16") == (cluster, CostParams())
     assert precision_params("fp32") == CostParams(param_bytes=4, grad_comm_bytes=4, state_bytes=16)
-    assert (activation_bytes("bf16"), activation_bytes("fp32"), activation_bytes("fp8")) == (2, 4, 2)
+    assert (activation_bytes("fp16"), activation_bytes("fp32"), activation_bytes("fp8")) == (2, 4, 2)
+    assert activation_bytes("bf16") is None  # the default keeps the model's own dtype, as before precisions
     assert check_precision("fp16") == "fp16"
     with pytest.raises(AutoparError, match="^search.precision: unknown precision"):
         check_precision("int4", "search.precision")
