@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 import functools
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import yaml
@@ -152,11 +152,17 @@ def gpu(name: str, field: str = "gpu") -> GPUType:
                        f"{hint}run `autopar list gpus` for the catalogue, or define it under gpus: in a cluster file")
 
 
+def _entry(gpu_type: GPUType) -> tuple[GPUType, str, dict] | None:
+    """The catalogue row of ``gpu_type`` (the same GPU at any precision), or None for a custom GPU."""
+    own = _catalogue()[0].get(gpu_type.name)
+    return own if own is not None and own[0] == replace(gpu_type, precision=own[0].precision) else None
+
+
 def gpu_class(gpu_type: GPUType) -> str:
     """The node class of a catalogue GPU (``sxm``, ``pcie``, ``geforce``, ``cpu``)."""
-    entries = _catalogue()[0]
-    if gpu_type.name in entries and entries[gpu_type.name][0] == gpu_type:
-        return entries[gpu_type.name][1]
+    own = _entry(gpu_type)
+    if own is not None:
+        return own[1]
     return "cpu" if gpu_type.vendor == "cpu" else "sxm" if gpu_type.nvlink_gbps > 0 else "pcie"
 
 
@@ -167,8 +173,8 @@ def node_defaults(gpu_type: GPUType, cls: str | None = None, overrides: dict | N
     pass ``cls`` and ``overrides``. "nvlink" / "pcie" intra values resolve to the GPU's own figure.
     """
     if cls is None:
-        own = _catalogue()[0].get(gpu_type.name)
-        if own is not None and own[0] == gpu_type:
+        own = _entry(gpu_type)
+        if own is not None:
             cls, overrides = own[1], own[2]
     values = {**_classes()[cls or gpu_class(gpu_type)], **(overrides or {})}
     intra = values["intra_bw_gbps"]

@@ -80,3 +80,10 @@ def test_list_gpus_shows_the_new_gpus_and_their_columns(capsys):
                  "H100-96G-HBM2e"):
         assert f"\n{name} " in f"\n{out}"
     assert "fp8 1979" in out and set(PEAK_FIELDS) == {"tflops_fp32", "tflops_tf32", "tflops_fp8"}
+
+
+def test_a_catalogue_gpu_keeps_its_node_class_at_any_precision():
+    g = catalogue.gpu("RTX4090")
+    fp32 = load_cluster("8x4090").at_precision("fp32").nodes[0].gpu
+    assert fp32 != g and catalogue.gpu_class(fp32) == catalogue.gpu_class(g) == "geforce"
+    assert catalogue.node_defaults(fp32) == catalogue.node_defaults(g)
