@@ -131,11 +131,13 @@ def load_runs(path: str | Path, *, strict: bool = False) -> RunSet:
     rs = RunSet(name=top.req_str("name"), path=str(path),
                 source=" ".join(str(src.raw(k)) for k in ("repo", "path", "commit") if src.has(k)))
     model = top.sub("model")
-    if not model.has("precision_mode"):  # say once for the file what its cases assume
+    cases = as_list(top.raw("cases"), top.at("cases"), nonempty=True)
+    if not model.has("precision_mode") and any(not (isinstance(r, dict) and {"precision", "precision_mode"} & set(r))
+                                               for r in cases):  # say once what the cases that state none assume
         rs.notes += _precision(model, Fields({}, model.path))[1]
     cache: dict = {}
     seen: set[str] = set()
-    for i, raw in enumerate(as_list(top.raw("cases"), top.at("cases"), nonempty=True)):
+    for i, raw in enumerate(cases):
         cid = Fields(raw, f"{top.at('cases')}[{i}]").req_str("id")
         if cid in seen:
             raise AutoparError(f"{top.at('cases')}[{i}].id", f"duplicate case id {cid!r}", "give every case its own id")
