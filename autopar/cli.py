@@ -98,7 +98,7 @@ def cmd_search(args) -> int:
         return 0
     print(f"autopar: {model.name} (seq {model.seq_len}, {model.num_params / 1e9:.2f}B params, "
           f"{model.num_layers} units) on {cluster.describe()} ({cluster.num_devices} devices), "
-          f"global batch {args.global_batch_size}")
+          f"global batch {args.global_batch_size}, {res.plan.precision}")
     print(f"plan: {plan_shape(res.plan)}")
     print(plan_table(res.plan, est))
     print(f"predicted: {figures_line(est)}")
@@ -155,7 +155,7 @@ def cmd_estimate(args) -> int:
     if args.json:
         print(json.dumps({"plan": args.plan, "predicted": est.predicted(), "fits": est.fits}))
         return 0
-    print(f"autopar estimate: {model.name} on {plan.cluster.describe()}: {plan_shape(plan)}")
+    print(f"autopar estimate: {model.name} on {plan.cluster.describe()}: {plan_shape(plan)}, {plan.precision}")
     print(plan_table(plan, est))
     print(f"predicted: {figures_line(est)}")
     if not est.fits:
