@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 
 from autopar.errors import AutoparError
+from cost_models.precision import NAMES as PRECISIONS
 
 EXIT_BAD_INPUT = 2
 
@@ -58,15 +59,17 @@ def _positive_float(field: str):
 def cmd_search(args) -> int:
     from autopar.cluster.parse import load_cluster
     from autopar.plan.io import save_plan
+    from autopar.plan.precision import activation_bytes, at_precision
     from autopar.plan.validate import validate_plan
     from autopar.report import baseline_table, figures_line, plan_shape, plan_table
     from autopar.search import SearchOptions, search
 
     profile = _load_profile(args.profile)
-    model = _load_model(args.model, args.seq_len, profile.dtype_bytes if profile else None)
-    cluster = load_cluster(args.cluster)
+    model = _load_model(args.model, args.seq_len, profile.dtype_bytes if profile else activation_bytes(args.precision))
     opts = SearchOptions(memory_budget_gib=args.memory_budget, time_budget_s=args.time_budget,
                          schedule=args.schedule, progress=not args.json and sys.stderr.isatty())
+    cluster, opts.params = at_precision(load_cluster(args.cluster), opts.params, args.precision,
+                                        profiled=profile is not None)
     if profile is not None:  # measured numbers in place of catalogue figures (autopar/profile/apply.py)
         from autopar.profile import apply_profile, apply_profile_model
 
@@ -95,7 +98,7 @@ def cmd_search(args) -> int:
         return 0
     print(f"autopar: {model.name} (seq {model.seq_len}, {model.num_params / 1e9:.2f}B params, "
           f"{model.num_layers} units) on {cluster.describe()} ({cluster.num_devices} devices), "
-          f"global batch {args.global_batch_size}")
+          f"global batch {args.global_batch_size}, {res.plan.precision}")
     print(f"plan: {plan_shape(res.plan)}")
     print(plan_table(res.plan, est))
     print(f"predicted: {figures_line(est)}")
@@ -141,18 +144,18 @@ def cmd_estimate(args) -> int:
     from autopar.planned import check_predicted, load_planned
     from autopar.report import figures_line, plan_shape, plan_table
 
-    planned = load_planned(args.plan, args.profile, check=True)
+    planned = load_planned(args.plan, args.profile, check=True, precision=args.precision)
     plan, model, params = planned
     validate_plan(plan, model)  # structure only: an over-budget plan is still estimated (and flagged)
     est = estimate_plan(plan, model, params)
-    if args.profile is None:
+    if args.profile is None and args.precision is None:  # re-based figures differ from the stored ones
         check_predicted(plan, est)
     for note in planned.notes:  # stderr: --json keeps one object on stdout
         print(f"autopar: {note}", file=sys.stderr)
     if args.json:
         print(json.dumps({"plan": args.plan, "predicted": est.predicted(), "fits": est.fits}))
         return 0
-    print(f"autopar estimate: {model.name} on {plan.cluster.describe()}: {plan_shape(plan)}")
+    print(f"autopar estimate: {model.name} on {plan.cluster.describe()}: {plan_shape(plan)}, {plan.precision}")
     print(plan_table(plan, est))
     print(f"predicted: {figures_line(est)}")
     if not est.fits:
@@ -278,12 +281,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--explain", action="store_true", help="show the pruning rules and the configurations")
     s.add_argument("--no-baselines", action="store_true")
     s.add_argument("--profile", metavar="FILE", help="measured numbers from `autopar profile` instead of catalogue ones")
+    s.add_argument("--precision", choices=PRECISIONS, default="bf16", help="training precision (default bf16)")
     s.set_defaults(func=cmd_search)
 
     e = sub.add_parser("estimate", help="predicted figures of a plan")
     e.add_argument("plan")
     e.add_argument("--json", action="store_true")
     e.add_argument("--profile", metavar="FILE", help="estimate with this profile's measured numbers")
+    e.add_argument("--precision", choices=PRECISIONS, help="estimate at this precision (default: the plan's)")
     e.set_defaults(func=cmd_estimate)
 
     pr = sub.add_parser("profile", help="measure this machine (compute, communication, memory) for a model")

@@ -22,12 +22,14 @@ import math
 import os
 from dataclasses import dataclass, field, fields, replace
 
+from autopar.cluster.cluster import PEAK_FIELDS
 from autopar.cluster.parse import load_cluster
 from autopar.errors import AutoparError
 from autopar.estimate.plan_cost import PlanEstimate, plan_cost_params
 from autopar.modelspec.load import load_model
 from autopar.modelspec.spec import ModelSpec
 from autopar.plan.io import load_plan
+from autopar.plan.precision import activation_bytes, at_precision, precision_params
 from autopar.plan.schema import Plan
 from autopar.profile import (
     Profile,
@@ -55,17 +57,25 @@ class Planned:
 
 
 def load_planned(path: str | os.PathLike, profile: str | os.PathLike | Profile | None = None, *,
-                 check: bool = False) -> Planned:
+                 check: bool = False, precision: str | None = None) -> Planned:
     """The plan at ``path``, its model spec and cost parameters; re-based on ``profile`` when given.
 
     ``check``: refuse stored cost parameters that are not what this autopar searches with
     (``check_stored_params``). ``notes`` of the result: a profile that could not be re-checked, or a
     ``profile`` other than the one the plan was searched with (its figures are then the profile's).
-    Raises AutoparError (one line) for a plan, model or profile that cannot be read or does not match.
+    ``precision``: estimate the plan at this precision instead of its own (``autopar estimate
+    --precision``): its GPUs, cost parameters and the model's activations at that precision.
+    The model's activations are at the plan's precision (``activation_bytes``), a profiled plan's at
+    the profile's dtype. Raises AutoparError (one line) for a plan, model or profile that cannot be
+    read or does not match.
     """
     plan = load_plan(path)
     prof = None if profile is None else profile if isinstance(profile, Profile) else load_profile(profile)
     notes = [check_stored_params(plan, prof)] if check else []
+    if precision is not None and precision != plan.precision:
+        cluster, params = at_precision(plan.cluster, plan_cost_params(plan), precision,
+                                       profiled=prof is not None or plan.search.get("profile") is not None)
+        plan = replace(plan, cluster=cluster, search={**plan.search, "cost_params": params.to_dict()})
     record = plan.search.get("profile")
     if prof is not None and isinstance(record, dict) and record.get("sha256") != prof.sha256:
         notes.append(f"plan.search.profile: the plan was searched with profile {record.get('path', '?')} "
@@ -75,10 +85,11 @@ def load_planned(path: str | os.PathLike, profile: str | os.PathLike | Profile |
     source = plan.model.source or plan.model.name
     if prof is None:
         dtype = record.get("model", {}).get("dtype_bytes") if isinstance(record, dict) else None
-        model = load_model(source, plan.model.seq_len, dtype_bytes=dtype)
+        model = load_model(source, plan.model.seq_len, dtype_bytes=dtype or activation_bytes(plan.precision))
         if record is not None:
             model = model_from_record(model, record)
         return Planned(plan, model, plan_cost_params(plan), notes)
+    at_precision(plan.cluster, plan_cost_params(plan), plan.precision, profiled=True)  # a profile: bf16 only
     model = apply_profile_model(load_model(source, plan.model.seq_len, dtype_bytes=prof.dtype_bytes), prof)
     cluster, params = apply_profile(plan.cluster, plan_cost_params(plan), prof)
     plan = replace(plan, cluster=cluster, search={**plan.search, "profile": profile_record(prof)})
@@ -112,10 +123,11 @@ def check_stored_params(plan: Plan, profile: Profile | None = None) -> str:
     Returns a note when the recorded profile is not at hand (then the fields' ranges alone were checked)."""
     stored, record = plan_cost_params(plan), plan.search.get("profile")
     if record is None:
-        expected, what, word, prof = CostParams(), "this autopar's defaults", "default", None
+        expected, what, word, prof = precision_params(plan.precision), "this autopar's defaults", "default", None
     else:
         if not isinstance(record, dict):
             raise AutoparError("plan.search.profile", "is not a mapping", "search the plan again with --profile")
+        at_precision(plan.cluster, stored, plan.precision, profiled=True)  # a profiled plan is at bf16
         prof = profile if profile is not None and profile.sha256 == record.get("sha256") else _recorded_profile(record)
         if prof is None:
             _check_cluster_source(plan, None, measured=True)
@@ -164,6 +176,10 @@ def _check_cluster_source(plan: Plan, profile: Profile | None, measured: bool = 
     stored, fresh = plan.cluster.to_dict(), rebuilt.to_dict()
     stored.pop("meta", None)
     fresh.pop("meta", None)
+    for old, new in zip(stored["nodes"], fresh["nodes"]):  # plans written before a peak column existed lack it
+        for key in PEAK_FIELDS:
+            if key not in old["gpu"]:
+                new["gpu"].pop(key, None)
     diff = _first_difference(stored, fresh, "cluster")
     if diff:
         raise AutoparError("plan.cluster", f"differs from what {name!r} gives ({diff}): tampered or written by "

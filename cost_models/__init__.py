@@ -7,7 +7,8 @@ a model, cluster and plan into these numbers (``autopar.estimate``).
 
 Modules, bottom up: ``params`` (the tunable constants), ``communication`` (alpha-beta-gamma
 formulas), ``collectives`` (measured fit or formula, per group), ``compute``, ``memory``, ``layer``
-(one layer under a table of strategies), ``stage``, ``pipeline``, ``cross_pipeline``.
+(one layer under a table of strategies), ``stage``, ``pipeline``, ``cross_pipeline``; beside them
+``precision`` (the training precisions as a table: peak column and byte counts).
 """
 
 from cost_models.params import CostParams

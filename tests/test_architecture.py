@@ -23,7 +23,7 @@ ALLOWED: dict[str, set[str]] = {
     "autopar.fileio": {"autopar.errors"},
     "autopar.fields": {"autopar.errors"},
     "autopar.units": {"autopar.errors"},
-    "autopar.cluster": {"autopar.errors", "autopar.fileio", "autopar.fields"},
+    "autopar.cluster": {"autopar.errors", "autopar.fileio", "autopar.fields", "cost_models"},
     "autopar.modelspec": {"autopar.errors", "autopar.fileio", "autopar.fields", "autopar.units", "cost_models"},
     "autopar.plan": {"autopar.errors", "autopar.fileio", "autopar.fields", "autopar.units", "autopar.cluster",
                      "autopar.modelspec", "cost_models"},

@@ -64,6 +64,20 @@ def test_human_output_has_table_figures_and_baselines(tmp_path, capsys):
     assert explained_rules(out), "--explain printed no pruning counts"
 
 
+def test_precision_flag_round_trip(searched, tmp_path, capsys):
+    """--precision reaches the plan file, the printed header and estimate; the default plan says bf16."""
+    assert yaml.safe_load(searched.read_text())["precision"] == "bf16"
+    path = tmp_path / "tf32.yaml"
+    rc, out, _ = run(SEARCH + ["--precision", "tf32", "--no-baselines", "-o", str(path)], capsys)
+    assert rc == 0 and out.splitlines()[0].endswith("global batch 512, tf32")
+    doc = yaml.safe_load(path.read_text())
+    assert doc["precision"] == "tf32" and doc["search"]["cost_params"]["param_bytes"] == 4
+    rc, out, _ = run(["estimate", str(path)], capsys)
+    assert rc == 0 and out.splitlines()[0].endswith(", tf32")
+    rc, out, _ = run(["validate", str(path)], capsys)
+    assert rc == 0 and "valid" in out
+
+
 def explained_rules(out: str) -> dict[str, str]:
     """``--explain``'s pruning lines as {rule: description}; every line must carry a description."""
     lines = out.splitlines()

@@ -10,17 +10,17 @@ from __future__ import annotations
 import difflib
 import functools
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import yaml
 
-from autopar.cluster.cluster import GPUType
+from autopar.cluster.cluster import PEAK_FIELDS, GPUType
 from autopar.errors import AutoparError
 from autopar.fields import Fields, as_list, as_name
 
 CATALOGUE_PATH = Path(__file__).with_name("catalogue.yaml")
-GPU_FIELDS = ("memory_gib", "tflops", "hbm_gbps", "nvlink_gbps", "pcie_gbps", "vendor")
+GPU_FIELDS = ("memory_gib", "tflops", "hbm_gbps", "nvlink_gbps", "pcie_gbps", "vendor", *PEAK_FIELDS)
 ENTRY_KEYS = set(GPU_FIELDS) | {"aliases", "class", "node"}
 NODE_KEYS = ("gpus_per_node", "intra_bw_gbps", "intra_lat_us", "inter_bw_gbps", "inter_lat_us")
 
@@ -51,7 +51,9 @@ def gpu_from_entry(name: str | None, entry: object, where: str) -> tuple[GPUType
     The one reader of GPU fields: catalogue entries, custom GPUs of cluster files and the GPUs of a
     plan's cluster all come through here, with one set of defaults. Needs memory_gib, tflops and
     hbm_gbps (> 0); nvlink_gbps (0: no NVLink), pcie_gbps (32: PCIe Gen4 x16, one direction), vendor
-    (nvidia), class and node (overrides of the class defaults) are optional; ``name`` is read from
+    (nvidia), the per-precision dense peaks tflops_fp32 / tflops_tf32 / tflops_fp8 (0: not known, so
+    planning that precision on the GPU is refused, naming the field), class and node (overrides of
+    the class defaults) are optional; ``name`` is read from
     the mapping when ``name`` is None (an inline GPU). The default class is ``sxm`` when the GPU has
     NVLink, ``cpu`` for vendor ``cpu``, else ``pcie``.
     """
@@ -64,6 +66,7 @@ def gpu_from_entry(name: str | None, entry: object, where: str) -> tuple[GPUType
     nums = {k: f.req_num(k, gt=0, fix=fix) for k in ("memory_gib", "tflops", "hbm_gbps")}
     nums["nvlink_gbps"] = f.opt_num("nvlink_gbps", 0.0, ge=0)
     nums["pcie_gbps"] = f.opt_num("pcie_gbps", 32.0, gt=0)
+    nums.update({k: f.opt_num(k, 0.0, ge=0) for k in PEAK_FIELDS})
     vendor = f.opt_str("vendor", "nvidia")
     gpu = GPUType(name=str(name), vendor=vendor, **nums)
     default_cls = "cpu" if vendor == "cpu" else "sxm" if gpu.nvlink_gbps > 0 else "pcie"
@@ -149,11 +152,17 @@ def gpu(name: str, field: str = "gpu") -> GPUType:
                        f"{hint}run `autopar list gpus` for the catalogue, or define it under gpus: in a cluster file")
 
 
+def _entry(gpu_type: GPUType) -> tuple[GPUType, str, dict] | None:
+    """The catalogue row of ``gpu_type`` (the same GPU at any precision), or None for a custom GPU."""
+    own = _catalogue()[0].get(gpu_type.name)
+    return own if own is not None and own[0] == replace(gpu_type, precision=own[0].precision) else None
+
+
 def gpu_class(gpu_type: GPUType) -> str:
     """The node class of a catalogue GPU (``sxm``, ``pcie``, ``geforce``, ``cpu``)."""
-    entries = _catalogue()[0]
-    if gpu_type.name in entries and entries[gpu_type.name][0] == gpu_type:
-        return entries[gpu_type.name][1]
+    own = _entry(gpu_type)
+    if own is not None:
+        return own[1]
     return "cpu" if gpu_type.vendor == "cpu" else "sxm" if gpu_type.nvlink_gbps > 0 else "pcie"
 
 
@@ -164,8 +173,8 @@ def node_defaults(gpu_type: GPUType, cls: str | None = None, overrides: dict | N
     pass ``cls`` and ``overrides``. "nvlink" / "pcie" intra values resolve to the GPU's own figure.
     """
     if cls is None:
-        own = _catalogue()[0].get(gpu_type.name)
-        if own is not None and own[0] == gpu_type:
+        own = _entry(gpu_type)
+        if own is not None:
             cls, overrides = own[1], own[2]
     values = {**_classes()[cls or gpu_class(gpu_type)], **(overrides or {})}
     intra = values["intra_bw_gbps"]
@@ -179,11 +188,12 @@ def node_defaults(gpu_type: GPUType, cls: str | None = None, overrides: dict | N
 
 
 def describe_gpu(name: str) -> str:
-    """One line for ``autopar list gpus``: name, memory, TFLOPS, HBM, links, aliases."""
+    """One line for ``autopar list gpus``: name, memory, TFLOPS (bf16, then the other precisions'), HBM, links, aliases."""
     g = gpu(name)
-    link = (f"NVLink {g.nvlink_gbps:g}" if g.nvlink_gbps else
+    link = (f"{'xGMI' if g.vendor == 'amd' else 'NVLink'} {g.nvlink_gbps:g}" if g.nvlink_gbps else
             f"{'IPC' if g.vendor == 'cpu' else 'PCIe'} {g.pcie_gbps:g}")
     aliases = gpu_aliases(g.name)
     alias_txt = f"  (also {', '.join(aliases)})" if aliases else ""
-    return (f"{g.name:<10} {g.memory_gib:>5g} GiB  {g.tflops:>6g} TFLOPS  {g.hbm_gbps:>5g} GB/s mem  "
-            f"{link} GB/s{alias_txt}")
+    others = " ".join(f"{k.split('_')[1]} {getattr(g, k):g}" for k in PEAK_FIELDS if getattr(g, k))
+    return (f"{g.name:<14} {g.memory_gib:>5g} GiB  {g.tflops:>6g} TFLOPS  {g.hbm_gbps:>5g} GB/s mem  "
+            f"{link} GB/s  [{others or 'bf16 only'}]{alias_txt}")

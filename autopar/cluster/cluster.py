@@ -1,19 +1,22 @@
 """GPUType, Node and Cluster: devices, their memory and speed, and the links between them.
 
-Units in files and fields: memory GiB, compute TFLOPS (dense bf16/fp16 peak), bandwidth GB/s
+Units in files and fields: memory GiB, compute TFLOPS (dense peaks: ``tflops`` bf16/fp16 tensor, and per
+precision ``tflops_fp32``, ``tflops_tf32``, ``tflops_fp8``; 0 = not known), bandwidth GB/s
 (1e9 bytes/s, one direction), latency microseconds. Methods that feed the cost model return SI
 units (bytes, bytes/s, seconds). Devices are numbered node by node: node 0's GPUs first.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from autopar.errors import AutoparError
+from cost_models.precision import DEFAULT, NAMES, PEAK_COLUMNS, precision
 
 GIB = 1024**3
 # Past these sizes no search can finish: refused up front, before any per-device or per-pair list.
 MAX_DEVICES = 1_000_000
+PEAK_FIELDS = tuple(c for c in PEAK_COLUMNS if c != "tflops")  # optional per-precision peaks (0: unknown)
 MAX_MATRIX_NODES = 4096  # nodes of a cluster whose links differ per node pair (a node x node matrix)
 
 
@@ -29,7 +32,13 @@ def check_size(where: str, devices: int, matrix_nodes: int = 0) -> None:
 
 @dataclass(frozen=True)
 class GPUType:
-    """One accelerator model from the catalogue."""
+    """One accelerator model from the catalogue, computing at one training precision.
+
+    ``tflops`` is the dense bf16/fp16 tensor peak; ``tflops_fp32`` / ``tflops_tf32`` / ``tflops_fp8`` the
+    dense peaks at those precisions (0: not known or not supported). ``precision`` names the row of
+    ``cost_models.precision`` the GPU's GEMMs run at (set for a whole cluster by ``Cluster.at_precision``);
+    a GPU without that row's peak is refused here, with one line naming the missing field.
+    """
 
     name: str
     memory_gib: float
@@ -38,12 +47,23 @@ class GPUType:
     nvlink_gbps: float = 0.0  # per-GPU intra-node bandwidth when the node has NVLink/NVSwitch; else PCIe
     pcie_gbps: float = 25.0
     vendor: str = "nvidia"
+    tflops_fp32: float = 0.0
+    tflops_tf32: float = 0.0
+    tflops_fp8: float = 0.0
+    precision: str = DEFAULT
 
     def __post_init__(self) -> None:
         for f in ("memory_gib", "tflops", "hbm_gbps"):
             if getattr(self, f) <= 0:
                 raise AutoparError(f"gpu {self.name}.{f}", f"must be positive, got {getattr(self, f)}",
                                    "fix the GPU catalogue entry")
+        prec = precision(self.precision)
+        if prec is None:
+            raise AutoparError("precision", f"unknown precision {self.precision!r}", f"use one of {', '.join(NAMES)}")
+        if not getattr(self, prec.peak) > 0:
+            raise AutoparError(f"gpu {self.name}.{prec.peak}", f"is not known (0), so precision {self.precision} "
+                               f"cannot be planned on {self.name}",
+                               f"pick another precision, or give the GPU's dense {prec.peak} in a cluster file")
 
     @property
     def memory_bytes(self) -> float:
@@ -51,7 +71,8 @@ class GPUType:
 
     @property
     def flops(self) -> float:
-        return self.tflops * 1e12
+        """Peak dense FLOP/s of its GEMMs at its ``precision`` (the catalogue column the precision names)."""
+        return getattr(self, precision(self.precision).peak) * 1e12
 
     @property
     def default_intra_bw_gbps(self) -> float:
@@ -236,6 +257,19 @@ class Cluster:
         links = [self.node_link(a, b) for a in nodes for b in nodes if a != b]
         return intra_bw, intra_lat, min(b for b, _ in links), max(lt for _, lt in links)
 
+    @property
+    def precision(self) -> str:
+        """The training precision its GPUs compute at (one for the whole cluster: ``at_precision``)."""
+        return self.nodes[0].gpu.precision
+
+    def at_precision(self, name: str) -> Cluster:
+        """This cluster with every GPU computing at precision ``name``; one-line AutoparError when a GPU
+        lacks that precision's peak (the refusal names the GPU's missing field)."""
+        if all(nd.gpu.precision == name for nd in self.nodes):
+            return self
+        nodes = [replace(nd, gpu=replace(nd.gpu, precision=name)) for nd in self.nodes]
+        return replace(self, nodes=nodes, meta=dict(self.meta))
+
     def describe(self) -> str:
         """Short text like ``2x8xA100-80G`` or ``8x3090+8x4090``."""
         if self.name:
@@ -253,7 +287,8 @@ class Cluster:
                 {
                     "gpu": {"name": nd.gpu.name, "memory_gib": nd.gpu.memory_gib, "tflops": nd.gpu.tflops,
                             "hbm_gbps": nd.gpu.hbm_gbps, "nvlink_gbps": nd.gpu.nvlink_gbps,
-                            "pcie_gbps": nd.gpu.pcie_gbps, "vendor": nd.gpu.vendor},
+                            "pcie_gbps": nd.gpu.pcie_gbps, "vendor": nd.gpu.vendor,
+                            **{k: getattr(nd.gpu, k) for k in PEAK_FIELDS if getattr(nd.gpu, k)}},
                     "count": nd.count,
                     "intra_bw_gbps": nd.intra_bw / 1e9,
                     "intra_lat_us": nd.intra_lat_us,

@@ -11,6 +11,8 @@ Cluster file (YAML), also the schema of every preset in presets.yaml::
 
   gpus:            # optional custom GPU types, catalogue fields (memory_gib, tflops, hbm_gbps, ...)
     MyGPU: {memory_gib: 32, tflops: 100, hbm_gbps: 1000, class: pcie}
+    # optional per-precision dense peaks: tflops_fp32, tflops_tf32, tflops_fp8 (absent: that precision
+    # is refused on the GPU, one line naming the field)
   nodes:           # or spec: 2x8xA100-80G
     - {gpu: A100, count: 8, repeat: 4, intra_bw_gbps: 300, intra_lat_us: 3, zone: east, name: a}
   inter_bw_gbps: 25        # one value for every node pair ...

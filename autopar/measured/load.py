@@ -18,13 +18,31 @@ from autopar.measured.cluster import UnknownGPU, cluster_for_case
 from autopar.measured.model import model_from_config
 from autopar.measured.plan import build_plan, read_shape, stage_sizes
 from autopar.measured.runs import Run, RunSet, Skip
+from autopar.plan.precision import DEFAULT, NAMES, activation_bytes
 from autopar.plan.validate import plan_problems
 
 FORMAT = "autopar-measured/1"
 STATUSES = ("ok", "failed", "inexpressible", "suspect")
 SCHEDULES = {"1f1b": "1f1b", "gpipe": "gpipe", "none": "1f1b"}  # none: pp = 1, any schedule is the same
 UNPUBLISHED = ("micro_batch_size", "num_microbatches", "ckpt")
-NOT_MODELLED = ("compile", "float8", "async_tp")  # case flags (torchtitan) the cost model has no term for
+NOT_MODELLED = ("compile", "async_tp")  # case flags (torchtitan) the cost model has no term for
+
+
+def _precision(c: Fields, model: Fields) -> tuple[str, list[str]]:
+    """(precision, notes) of case ``c``: its ``precision_mode``, else the file's ``model.precision_mode``,
+    else the first word of the free-text ``precision`` (the case's, else the file's) when that word names
+    a precision (``fp16 mixed precision ...`` -> fp16), else bf16. A free text of the case's own that
+    names none gives the note "precision not modelled". A case with ``float8: true`` must be fp8."""
+    found = next((f.req_str("precision_mode", choices=NAMES) for f in (c, model) if f.has("precision_mode")), None)
+    text = c.raw("precision", None) if c.has("precision") else model.raw("precision", None)
+    word = str(text).split(maxsplit=1)[0].strip("'\"(),;:").lower() if text else ""
+    mode = found or (word if word in NAMES else DEFAULT)
+    unread = c.has("precision") and not found and word not in NAMES
+    notes = [f"precision not modelled: {text} ({mode} assumed)"] if unread else []
+    if c.raw("float8", False) is True and mode != "fp8":
+        raise AutoparError(c.at("precision_mode"), f"is {mode} but the case has float8: true",
+                           "set precision_mode: fp8 on the case")
+    return mode, notes
 
 
 def _read(path: Path) -> dict:
@@ -70,14 +88,12 @@ def _case(c: Fields, top: Fields, strict: bool, cache: dict) -> Run | Skip:
     missing = [k for k in UNPUBLISHED if not c.has(k)]
     if missing:
         return Skip(cid, "unpublished", f"{c.at(missing[0])}: not published by the source ({', '.join(missing)})")
-    notes: list[str] = []
     seq = c.opt_int("seq_len", None, low=1) or top.sub("model").req_int("seq_len", low=1)
     cfg_at, cfg = (c.at("hf_config"), c.raw("hf_config")) if c.has("hf_config") else ("model.hf_config",
                                                                                      top.sub("model").raw("hf_config"))
-    model, model_notes = model_from_config(cfg, seq, cfg_at, cache)
+    precision, notes = _precision(c, top.sub("model"))
+    model, model_notes = model_from_config(cfg, seq, cfg_at, cache, activation_bytes(precision))
     notes += model_notes
-    if c.has("precision"):
-        notes.append(f"precision not modelled: {c.raw('precision')}")
     notes += [f"{c.at(k)}: not modelled" for k in NOT_MODELLED if c.raw(k, False) is True]
     shape = read_shape(c, _per_case_int(c, top, "global_batch_size"), _schedule(top))
     world = shape.pp * shape.tp * shape.dp
@@ -91,6 +107,10 @@ def _case(c: Fields, top: Fields, strict: bool, cache: dict) -> Run | Skip:
             raise
         return Skip(cid, "unknown GPU", str(err))
     notes += cluster_notes
+    try:
+        cluster = cluster.at_precision(precision)
+    except AutoparError as err:  # the GPU has no peak for it: name the case
+        raise AutoparError(c.at("precision_mode"), f"{err.field}: {err.problem}", err.fix) from err
     plan = build_plan(shape, sizes, model, cluster)
     problems = plan_problems(plan, model)
     if problems:
@@ -111,11 +131,13 @@ def load_runs(path: str | Path, *, strict: bool = False) -> RunSet:
     rs = RunSet(name=top.req_str("name"), path=str(path),
                 source=" ".join(str(src.raw(k)) for k in ("repo", "path", "commit") if src.has(k)))
     model = top.sub("model")
-    if model.has("precision"):
-        rs.notes.append(f"precision not modelled: {model.raw('precision')}")
+    cases = as_list(top.raw("cases"), top.at("cases"), nonempty=True)
+    if not model.has("precision_mode") and any(not (isinstance(r, dict) and {"precision", "precision_mode"} & set(r))
+                                               for r in cases):  # say once what the cases that state none assume
+        rs.notes += _precision(model, Fields({}, model.path))[1]
     cache: dict = {}
     seen: set[str] = set()
-    for i, raw in enumerate(as_list(top.raw("cases"), top.at("cases"), nonempty=True)):
+    for i, raw in enumerate(cases):
         cid = Fields(raw, f"{top.at('cases')}[{i}]").req_str("id")
         if cid in seen:
             raise AutoparError(f"{top.at('cases')}[{i}].id", f"duplicate case id {cid!r}", "give every case its own id")

@@ -27,13 +27,15 @@ def _as_gpt2(f: Fields, seq_len: int) -> dict:
             **({"attn_implementation": f.raw("attn_implementation")} if f.has("attn_implementation") else {})}
 
 
-def model_from_config(cfg: object, seq_len: int, where: str, cache: dict) -> tuple[ModelSpec, list[str]]:
-    """(ModelSpec, notes) of the HF-style config ``cfg`` at ``seq_len``; errors name ``where`` (the field).
+def model_from_config(cfg: object, seq_len: int, where: str, cache: dict, dtype_bytes: int | None = None
+                      ) -> tuple[ModelSpec, list[str]]:
+    """(ModelSpec, notes) of the HF-style config ``cfg`` at ``seq_len`` with activations of ``dtype_bytes``
+    (the case's precision; None: the reader's default, 2); errors name ``where`` (the field).
 
-    ``cache`` maps a config (and seq_len) to its result, so a file of many cases builds each model once.
+    ``cache`` maps a config (seq_len, dtype) to its result, so a file of many cases builds each model once.
     """
     f = Fields(cfg, where, kind="hf_config")
-    key = (json.dumps(f.doc, sort_keys=True, default=str), seq_len)
+    key = (json.dumps(f.doc, sort_keys=True, default=str), seq_len, dtype_bytes)
     if key in cache:
         return cache[key]
     mtype = f.req_str("model_type")
@@ -44,7 +46,7 @@ def model_from_config(cfg: object, seq_len: int, where: str, cache: dict) -> tup
         notes.append(BLOOM_NOTE)
     try:
         entry = entry_from_hf_config(doc, f"{mtype} {doc.get('n_layer') or doc.get('num_hidden_layers')}L")
-        model = spec_from_entry(entry, seq_len=seq_len)
+        model = spec_from_entry(entry, seq_len=seq_len, dtype_bytes=dtype_bytes)
     except AutoparError as err:
         raise AutoparError(where, f"{err.field}: {err.problem}", err.fix) from err
     cache[key] = (model, notes)

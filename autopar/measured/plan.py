@@ -1,5 +1,8 @@
 """One measured case into the Plan autopar estimates: one pipeline of ``pp`` stages of ``tp x dp`` devices.
 
+The plan is at the precision of its cluster (``Cluster.at_precision``), and records the default cost
+parameters at that precision, so ``estimate_plan(plan, model)`` estimates it as ``autopar estimate`` would.
+
 Devices are numbered as Megatron and AMP rank them (tp fastest, then dp, then pp), so stage k holds
 devices ``k*tp*dp ... (k+1)*tp*dp - 1``. Every unit runs ``Strategy(tp, zero, ckpt, sp)``, with the
 checkpointing on the transformer blocks only (what Megatron, DeepSpeed and torchtitan recompute).
@@ -15,6 +18,7 @@ from autopar.cluster.cluster import Cluster
 from autopar.errors import AutoparError
 from autopar.fields import Fields, as_int
 from autopar.modelspec.spec import CKPT_MODES, ModelSpec
+from autopar.plan.precision import precision_params
 from autopar.plan.schema import ModelRef, Pipeline, Plan, Stage, StageLayer, Strategy
 
 
@@ -83,4 +87,5 @@ def build_plan(shape: Shape, sizes: list[int], model: ModelSpec, cluster: Cluste
     pipe = Pipeline(batch_share=shape.global_batch_size, micro_batch_size=shape.micro_batch_size * shape.dp,
                     num_microbatches=shape.num_microbatches, stages=stages)
     return Plan(model=ModelRef(model.name, model.seq_len, model.num_layers, model.source), cluster=cluster,
-                global_batch_size=shape.global_batch_size, pipelines=[pipe], schedule=shape.schedule)
+                global_batch_size=shape.global_batch_size, pipelines=[pipe], schedule=shape.schedule,
+                search={"cost_params": precision_params(cluster.precision).to_dict()})

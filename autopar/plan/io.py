@@ -6,6 +6,7 @@ Format (``autopar_plan: 1``)::
     model: {name: llama2-7b, source: llama2-7b, seq_len: 4096, layers: 34}
     global_batch_size: 512
     schedule: 1f1b
+    precision: bf16                    # optional (absent: bf16); bf16 | fp16 | fp32 | tf32 | fp8
     memory_budget_gib: 70.0            # optional; absent: each device's own memory
     pipelines:
     - batch_share: 512
@@ -67,6 +68,7 @@ def plan_to_dict(plan: Plan) -> dict:
                   "layers": int(plan.model.num_layers)},
         "global_batch_size": int(plan.global_batch_size),
         "schedule": plan.schedule,
+        "precision": plan.precision,
     }
     if plan.memory_budget_gib is not None:
         d["memory_budget_gib"] = float(plan.memory_budget_gib)

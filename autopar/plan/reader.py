@@ -14,11 +14,13 @@ from autopar.cluster.parse import cluster_from_doc
 from autopar.errors import AutoparError
 from autopar.fields import Fields, as_int, as_list, as_str, kind_of
 from autopar.plan.cost_params import read_cost_params
+from autopar.plan.precision import check_precision
 from autopar.plan.schema import PLAN_VERSION, SCHEDULES, ModelRef, Pipeline, Plan, Stage, StageLayer, Strategy
+from cost_models.precision import DEFAULT
 
 VERSION_KEY = "autopar_plan"
-TOP_KEYS = (VERSION_KEY, "model", "global_batch_size", "schedule", "memory_budget_gib", "pipelines", "cluster",
-            "predicted", "search")
+TOP_KEYS = (VERSION_KEY, "model", "global_batch_size", "schedule", "precision", "memory_budget_gib", "pipelines",
+            "cluster", "predicted", "search")
 MODEL_KEYS = ("name", "source", "seq_len", "layers")
 PIPELINE_KEYS = ("batch_share", "micro_batch_size", "num_microbatches", "stages")
 STAGE_KEYS = ("devices", "layers")
@@ -41,7 +43,8 @@ def plan_from_dict(d: dict) -> Plan:
     m = top.sub("model", kind="model", keys=MODEL_KEYS)
     model = ModelRef(name=m.req_str("name"), seq_len=m.req_int("seq_len", low=1), num_layers=m.req_int("layers", low=1),
                      source=m.opt_str("source", ""))
-    cluster = cluster_from_doc(top.req_mapping("cluster"), None, "cluster", standalone=True)
+    precision = check_precision(top.opt_str("precision", DEFAULT), top.at("precision"))
+    cluster = cluster_from_doc(top.req_mapping("cluster"), None, "cluster", standalone=True).at_precision(precision)
     gbs = top.req_int("global_batch_size", low=1)
     schedule = top.opt_str("schedule", "1f1b", choices=SCHEDULES)
     budget = top.opt_num("memory_budget_gib", None, gt=0, fix="give GiB per device, or omit it")

@@ -120,6 +120,12 @@ class Plan:
             raise AutoparError("schedule", f"unknown schedule {self.schedule!r}", f"use one of {', '.join(SCHEDULES)}")
 
     @property
+    def precision(self) -> str:
+        """The training precision (``cost_models.precision``): the one its cluster's GPUs compute at, so a
+        plan derived from another (baselines, sub-clusters) keeps it; absent from a plan file = bf16."""
+        return self.cluster.precision
+
+    @property
     def stages(self) -> list[Stage]:
         return [st for p in self.pipelines for st in p.stages]
 

@@ -32,7 +32,7 @@ from torch import nn
 from autopar.errors import AutoparError
 from autopar.plan.rules import id_ranges
 from autopar.plan.schema import Plan
-from autopar.runtime.checks import check_plan, check_untied
+from autopar.runtime.checks import check_plan, check_precision, check_untied
 from autopar.units import UnitTPInfo, unit_tp_info, units
 
 _FIXES = {"plan": "give every rank the same plan file", "model": "build the same model on every rank",
@@ -150,6 +150,7 @@ def agreed_start(model: nn.Module, plan: Plan | str | os.PathLike, world_size: i
         doc = {"plan": plan_doc(plan), "model": model_doc(named), "wrap": settings}
         check_plan(plan, [n for n, _ in named], infos, world_size)
         check_untied(named)
+        check_precision(plan, named)
     except Exception as e:  # noqa: BLE001  (every rank must hear of it before anyone waits on a peer)
         error = e
     agree(doc, error)

@@ -9,6 +9,7 @@ every rank raises the same one-line AutoparError and nobody waits on a peer that
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from autopar.errors import AutoparError
@@ -45,3 +46,33 @@ def check_untied(named_units: list[tuple[str, nn.Module]]) -> None:
             if not other.startswith(f"{name}."):
                 raise AutoparError("model", f"{other} and {name}.{fqn} are the same tensor (tied weights across "
                                    "units)", "untie them (clone one) or keep both in one unit")
+
+
+# The runtime trains in the model's own parameter dtype and casts nothing (no autocast, no Float8
+# conversion): a plan's precision is what runs only when the model already is in it. bf16, the
+# default (and what plans written before precisions existed mean), is accepted on any model: CPU
+# runs train fp32 models under it, and its figures then describe bf16 mixed precision, not what runs.
+PRECISION_DTYPES: dict[str, tuple[torch.dtype, ...]] = {
+    "fp16": (torch.float16,),
+    "fp32": (torch.float32,),
+    "tf32": (torch.float32,),  # TF32 GEMMs are the caller's switch: torch.backends.cuda.matmul.allow_tf32
+    "fp8": (torch.bfloat16, torch.float32),  # with torchao Float8Linear layers (checked by class name)
+}
+
+
+def check_precision(plan: Plan, named_units: list[tuple[str, nn.Module]]) -> None:
+    """Refuse a plan whose precision is not what the runtime would run on this model (one line)."""
+    allowed = PRECISION_DTYPES.get(plan.precision)
+    if allowed is None:
+        return
+    modules = [m for _, unit in named_units for m in unit.modules()]
+    found = {p.dtype for m in modules for p in m.parameters(recurse=False) if p.is_floating_point()}
+    bad = sorted(str(d) for d in found - set(allowed))
+    if bad:
+        raise AutoparError("plan.precision", f"is {plan.precision} but the model's parameters are {', '.join(bad)} "
+                           "(wrap trains in the model's own dtype)",
+                           f"convert the model (e.g. model.to({allowed[0]})) or search the plan for its dtype")
+    if plan.precision == "fp8" and not any(type(m).__name__ == "Float8Linear" for m in modules):
+        raise AutoparError("plan.precision", "is fp8 but the model has no Float8Linear layers (wrap converts none)",
+                           "convert the linear layers with torchao (convert_to_float8_training) first, or "
+                           "search the plan with --precision bf16")

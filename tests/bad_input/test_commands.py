@@ -84,6 +84,13 @@ CASES = {
     "memory-budget-zero": lambda d, p: SEARCH + ["--memory-budget", "0", "-o", "OUT"],
     "time-budget-nan": lambda d, p: SEARCH + ["--time-budget", "nan", "-o", "OUT"],
     "schedule-unknown": lambda d, p: SEARCH + ["--schedule", "zb-v"],
+    "precision-unknown": lambda d, p: SEARCH + ["--precision", "fp64", "-o", "OUT"],
+    "precision-fp8-on-a100": lambda d, p: SEARCH + ["--precision", "fp8", "-o", "OUT"],
+    "precision-custom-gpu-without-fp32": lambda d, p: [*SEARCH[:3], "--cluster", _cluster(d, {
+        "gpus": {"X1": {"memory_gib": 80, "tflops": 300, "hbm_gbps": 2000}}, "nodes": [{"gpu": "X1", "count": 8}]}),
+        *SEARCH[5:], "--precision", "fp32", "-o", "OUT"],
+    "estimate-precision-unknown": lambda d, p: ["estimate", edited(d, p, lambda doc: None), "--precision", "int8"],
+    "estimate-precision-fp8-on-a100": lambda d, p: ["estimate", edited(d, p, lambda doc: None), "--precision", "fp8"],
     "unknown-flag": lambda d, p: ["estimate", "x.yaml", "--bogus"],
     "list-unknown": lambda d, p: ["list", "tpus"],
     "profile-nproc-zero": lambda d, p: ["profile", "--nproc", "0", "-o", "OUT"],

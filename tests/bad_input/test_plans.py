@@ -107,6 +107,9 @@ PLAN_EDITS = {
                                   setter("pipelines.0.micro_batch_size", 32)),
     "batch-share-mismatch": setter("pipelines.0.batch_share", 8),
     "schedule-unknown": setter("schedule", "zb-v"),
+    "precision-unknown": setter("precision", "fp64"),
+    "precision-fp8-on-a100": setter("precision", "fp8"),
+    "precision-changed": setter("precision", "fp32"),  # the stored cost parameters are bf16's: tampered
     "model-seq-len": setter("model.seq_len", 256),
     "model-other": setter("model", {"name": "gpt3-2.7b", "source": "gpt3-2.7b", "seq_len": 512, "layers": 26}),
     "version-2": setter("autopar_plan", 2),

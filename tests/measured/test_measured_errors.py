@@ -47,13 +47,13 @@ def test_batch_that_does_not_add_up(tmp_path):
 
 def test_unknown_gpu_is_skipped_or_raised_when_strict(tmp_path):
     def edit(doc):
-        doc["cluster"]["nodes"][0]["gpu"] = "H100 96GB HBM2e (500 W)"
+        doc["cluster"]["nodes"][0]["gpu"] = "Gaudi 3 (900 W)"
 
     rs = load_runs(write(tmp_path, edit))
     assert rs.runs == [] and rs.failed == []
     assert rs.skip_counts() == {"unknown GPU": 3, "inexpressible": 1, "unpublished": 1}
     detail = next(s.detail for s in rs.skipped if s.case_id == "pp2")
-    assert detail.startswith("tiny.yaml:case pp2 cluster.nodes[0].gpu: unknown GPU type 'H100 96GB HBM2e (500 W)'")
+    assert detail.startswith("tiny.yaml:case pp2 cluster.nodes[0].gpu: unknown GPU type 'Gaudi 3 (900 W)'")
     assert _error(tmp_path, edit, strict=True).startswith("tiny.yaml:case pp2 cluster.nodes[0].gpu: unknown GPU")
 
 

@@ -22,7 +22,8 @@ def test_small_file_builds_plans_models_and_clusters(tmp_path):
     assert [r.case_id for r in rs.failed] == ["oom"] and rs.failed[0].measured_s is None
     assert {s.case_id: s.reason for s in rs.skipped} == {"interleaved": "inexpressible", "no-mbs": "unpublished"}
     assert "micro_batch_size" in next(s.detail for s in rs.skipped if s.case_id == "no-mbs")
-    assert any("precision not modelled: fp16" in n for n in rs.notes)
+    assert not rs.notes  # "precision: fp16" names a precision: modelled, no note
+    assert {r.plan.precision for r in rs.runs + rs.failed} == {"fp16"}
 
     pp2, tp2 = rs.runs
     assert pp2.model.num_layers == 6 and pp2.model.seq_len == 512  # embed, 4 blocks, head

@@ -1,0 +1,78 @@
+"""Training precisions as data: which peak a precision's matrix multiplies run at, and its byte counts.
+
+One row per precision a plan may name. ``peak`` is the GPU catalogue column the GEMMs run at
+(``autopar/cluster/catalogue.yaml``: ``tflops`` is the dense bf16/fp16 tensor peak, ``tflops_tf32``
+the TF32 tensor peak, ``tflops_fp32`` plain FP32 without TF32, ``tflops_fp8`` the FP8 tensor peak).
+The byte counts are what ``CostParams`` (``param_bytes``, ``grad_comm_bytes``, ``state_bytes``) and a
+model spec's activations (``ModelSpec.dtype_bytes``) hold at that precision. The cost model times
+every FLOP of a layer at the row's peak (attention and elementwise kernels included: ``eff_max`` is
+the one factor for what a whole layer reaches of it).
+
+``CostParams``' defaults are the bf16 row (a test checks it): ``with_precision`` writes a row's byte
+counts into a CostParams, so the default precision leaves the defaults as they are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from cost_models.params import CostParams
+
+DEFAULT = "bf16"
+
+
+@dataclass(frozen=True)
+class Precision:
+    """What training in one precision means to the cost model.
+
+    peak: the catalogue column (GPUType field) of the dense TFLOPS its GEMMs run at.
+    act_bytes: bytes of an activation element saved for backward or sent between stages.
+    param_bytes: bytes of a parameter in the compute dtype (what ZeRO-3 gathers and a rank holds unsharded).
+    grad_comm_bytes: bytes of a gradient element on the wire (data-parallel reduction).
+    state_bytes: model-state bytes per parameter with Adam, unsharded (params, grads, master copy, m, v).
+    """
+
+    name: str
+    peak: str
+    act_bytes: int
+    param_bytes: int
+    grad_comm_bytes: int
+    state_bytes: int
+    what: str
+
+
+PRECISIONS: dict[str, Precision] = {p.name: p for p in (
+    # Mixed precision (Megatron --bf16, FSDP2 MixedPrecisionPolicy(bf16, reduce fp32)): bf16 GEMMs and
+    # activations, bf16 params for compute, gradients reduced in fp32, fp32 master + Adam m, v:
+    # 2 + 2 + 4 + 4 + 4 = 16 bytes per parameter.
+    Precision("bf16", "tflops", 2, 2, 4, 16, "bf16 mixed precision (fp32 master weights and reduction)"),
+    # The same with fp16 (Megatron --fp16, DeepSpeed fp16, torch autocast + GradScaler): the catalogue's
+    # ``tflops`` is the fp16 rate where a GPU has no bf16 (V100, T4, Turing) and equal to it elsewhere.
+    # Gradients are counted in fp32 on the wire as for bf16 (DeepSpeed fp32_allreduce; Megatron's fp16
+    # default reduces in fp16, which this overstates by 2x).
+    Precision("fp16", "tflops", 2, 2, 4, 16, "fp16 mixed precision (fp32 master weights, loss scaling)"),
+    # Plain fp32 (torch.backends.cuda.matmul.allow_tf32 = False, PyTorch's default): GEMMs on the FP32
+    # units, everything 4 bytes, no master copy: 4 param + 4 grad + 4 m + 4 v = 16 bytes per parameter.
+    Precision("fp32", "tflops_fp32", 4, 4, 4, 16, "fp32 throughout, GEMMs without TF32"),
+    # fp32 storage with TF32 tensor-core GEMMs (allow_tf32 = True; Ampere and later): bytes as fp32.
+    Precision("tf32", "tflops_tf32", 4, 4, 4, 16, "fp32 storage, TF32 tensor-core GEMMs"),
+    # torchao Float8 linear layers (torchtitan --model.converters float8): the linear layers' GEMMs at
+    # the fp8 peak with dynamic scaling; weights, activations, gradients and optimizer states as in
+    # bf16 mixed precision (Float8Linear keeps bf16/fp32 weights and casts per call; the float8
+    # all-gather of FSDP2 is an option, not counted). Attention and norms stay bf16 in torchao, but the
+    # cost model times a whole layer at one peak, so fp8 estimates are optimistic for attention-heavy layers.
+    Precision("fp8", "tflops_fp8", 2, 2, 4, 16, "Float8 linear layers (torchao), bf16 otherwise"),
+)}
+NAMES = tuple(PRECISIONS)
+PEAK_COLUMNS = tuple(dict.fromkeys(p.peak for p in PRECISIONS.values()))
+
+
+def precision(name: str) -> Precision | None:
+    """The row called ``name``, or None (the caller names the field in its error)."""
+    return PRECISIONS.get(name)
+
+
+def with_precision(params: CostParams, prec: Precision) -> CostParams:
+    """``params`` with the byte counts of ``prec`` (param, gradient on the wire, model state)."""
+    return replace(params, param_bytes=prec.param_bytes, grad_comm_bytes=prec.grad_comm_bytes,
+                   state_bytes=prec.state_bytes)

@@ -1,0 +1,70 @@
+"""A plan's precision in its estimate: GEMMs at the precision's peak, bytes by the table."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from autopar.cluster.parse import load_cluster
+from autopar.estimate import StageContext, estimate_plan
+from autopar.modelspec.load import load_model
+from autopar.plan.precision import activation_bytes, at_precision
+from autopar.plan.schema import ModelRef, Pipeline, Plan, Stage, StageLayer, Strategy
+from cost_models import CostParams
+from cost_models.layer import compute_times
+from cost_models.precision import PRECISIONS
+
+
+def _estimate(precision: str, zero: int = 0, gpus: int = 1, cluster: str = "A100"):
+    model = load_model("gpt3-1.3b", 512, dtype_bytes=activation_bytes(precision))
+    c, params = at_precision(load_cluster(f"{gpus}x{cluster}"), CostParams(layer_overhead_s=0.0), precision)
+    layers = [StageLayer(ly.name, Strategy(zero=zero)) for ly in model.layers]
+    plan = Plan(ModelRef(model.name, model.seq_len, model.num_layers, model.source), c, 4 * gpus,
+                [Pipeline(4 * gpus, 4 * gpus, 1, [Stage(list(range(gpus)), layers)])])
+    return plan, model, estimate_plan(plan, model, params)
+
+
+def _peak(precision: str, cluster: str = "A100") -> float:
+    """The peak a stage of the cluster at ``precision`` computes at (what every layer's compute time uses)."""
+    return StageContext(at_precision(load_cluster(f"1x{cluster}"), CostParams(), precision)[0], (0,), 4, 1).peak_flops
+
+
+@pytest.mark.parametrize("precision, factor", [("fp32", 312 / 19.5), ("tf32", 312 / 156), ("fp16", 1.0)])
+def test_compute_is_slower_by_the_ratio_of_peaks(precision, factor):
+    assert _peak("bf16") / _peak(precision) == pytest.approx(factor, rel=1e-12)
+    layer = load_model("gpt3-1.3b", 512).layers[1]
+    one = np.array([1])
+    times = {p: compute_times(layer, one, 0 * one, 0 * one, one, 4.0 * one, _peak(p),
+                              CostParams(layer_overhead_s=0.0)) for p in ("bf16", precision)}
+    assert times[precision][0][0] / times["bf16"][0][0] == pytest.approx(factor, rel=1e-12)
+    assert times[precision][1][0] / times["bf16"][1][0] == pytest.approx(factor, rel=1e-12)
+    _, _, bf16 = _estimate("bf16")
+    _, _, other = _estimate(precision)
+    assert other.step_time_s >= bf16.step_time_s
+    assert (other.step_time_s > 2 * bf16.step_time_s) == (factor > 2)  # compute dominates this plan
+
+
+def test_fp8_is_faster_by_the_ratio_of_peaks_on_a_gpu_with_fp8():
+    assert _peak("fp8", "H100") / _peak("bf16", "H100") == pytest.approx(1979 / 989, rel=1e-12)
+    _, _, bf16 = _estimate("bf16", cluster="H100")
+    _, _, fp8 = _estimate("fp8", cluster="H100")
+    assert fp8.step_time_s < bf16.step_time_s
+    assert fp8.max_memory_gib == pytest.approx(bf16.max_memory_gib, rel=1e-12)  # bytes as in bf16
+
+
+def test_fp32_holds_more_memory_by_the_tables_bytes():
+    """Activations and compute-dtype copies double; ZeRO-3 model states stay state_bytes / dp = 16 / dp."""
+    _, model, bf16 = _estimate("bf16", zero=0)
+    _, _, fp32 = _estimate("fp32", zero=0)
+    assert fp32.max_memory_gib > bf16.max_memory_gib
+    assert PRECISIONS["fp32"].state_bytes == PRECISIONS["bf16"].state_bytes  # the difference is activations
+    zero1 = [_estimate(p, zero=1, gpus=8)[2].max_memory_gib for p in ("bf16", "fp32")]
+    # ZeRO-1 keeps params + grads whole: 2 + 2 bytes in bf16, 4 + 4 in fp32 (the rest is sharded)
+    assert zero1[1] - zero1[0] > 4 * model.num_params / 2**30 - 1e-9
+
+
+def test_mfu_is_against_the_precisions_peak():
+    _, _, bf16 = _estimate("bf16")
+    _, _, fp32 = _estimate("fp32")
+    assert bf16.mfu == pytest.approx(bf16.tflops / 312)
+    assert fp32.mfu == pytest.approx(fp32.tflops / 19.5)
