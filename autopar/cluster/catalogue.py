@@ -20,7 +20,7 @@ from autopar.errors import AutoparError
 from autopar.fields import Fields, as_list, as_name
 
 CATALOGUE_PATH = Path(__file__).with_name("catalogue.yaml")
-GPU_FIELDS = ("memory_gib", "tflops", "hbm_gbps", "nvlink_gbps", "pcie_gbps", "vendor", *PEAK_FIELDS)
+GPU_FIELDS = ("memory_gib", "tflops", "hbm_gbps", "nvlink_gbps", "pcie_gbps", "vendor", "sustained", *PEAK_FIELDS)
 ENTRY_KEYS = set(GPU_FIELDS) | {"aliases", "class", "node"}
 NODE_KEYS = ("gpus_per_node", "intra_bw_gbps", "intra_lat_us", "inter_bw_gbps", "inter_lat_us")
 
@@ -52,7 +52,8 @@ def gpu_from_entry(name: str | None, entry: object, where: str) -> tuple[GPUType
     plan's cluster all come through here, with one set of defaults. Needs memory_gib, tflops and
     hbm_gbps (> 0); nvlink_gbps (0: no NVLink), pcie_gbps (32: PCIe Gen4 x16, one direction), vendor
     (nvidia), the per-precision dense peaks tflops_fp32 / tflops_tf32 / tflops_fp8 (0: not known, so
-    planning that precision on the GPU is refused, naming the field), class and node (overrides of
+    planning that precision on the GPU is refused, naming the field), sustained (1: the fraction of
+    those peaks a power-capped part holds on long GEMMs), class and node (overrides of
     the class defaults) are optional; ``name`` is read from
     the mapping when ``name`` is None (an inline GPU). The default class is ``sxm`` when the GPU has
     NVLink, ``cpu`` for vendor ``cpu``, else ``pcie``.
@@ -67,6 +68,7 @@ def gpu_from_entry(name: str | None, entry: object, where: str) -> tuple[GPUType
     nums["nvlink_gbps"] = f.opt_num("nvlink_gbps", 0.0, ge=0)
     nums["pcie_gbps"] = f.opt_num("pcie_gbps", 32.0, gt=0)
     nums.update({k: f.opt_num(k, 0.0, ge=0) for k in PEAK_FIELDS})
+    nums["sustained"] = f.opt_num("sustained", 1.0, gt=0)
     vendor = f.opt_str("vendor", "nvidia")
     gpu = GPUType(name=str(name), vendor=vendor, **nums)
     default_cls = "cpu" if vendor == "cpu" else "sxm" if gpu.nvlink_gbps > 0 else "pcie"

@@ -50,6 +50,7 @@ class GPUType:
     tflops_fp32: float = 0.0
     tflops_tf32: float = 0.0
     tflops_fp8: float = 0.0
+    sustained: float = 1.0  # fraction of the datasheet peaks a power-capped part holds on long GEMMs
     precision: str = DEFAULT
 
     def __post_init__(self) -> None:
@@ -57,6 +58,9 @@ class GPUType:
             if getattr(self, f) <= 0:
                 raise AutoparError(f"gpu {self.name}.{f}", f"must be positive, got {getattr(self, f)}",
                                    "fix the GPU catalogue entry")
+        if not 0 < self.sustained <= 1:
+            raise AutoparError(f"gpu {self.name}.sustained", f"must be in (0, 1], got {self.sustained}",
+                               "give the fraction of its peak the GPU sustains (1: the datasheet's)")
         prec = precision(self.precision)
         if prec is None:
             raise AutoparError("precision", f"unknown precision {self.precision!r}", f"use one of {', '.join(NAMES)}")
@@ -73,6 +77,11 @@ class GPUType:
     def flops(self) -> float:
         """Peak dense FLOP/s of its GEMMs at its ``precision`` (the catalogue column the precision names)."""
         return getattr(self, precision(self.precision).peak) * 1e12
+
+    @property
+    def sustained_flops(self) -> float:
+        """What its GEMMs can run at: ``flops`` times ``sustained`` (compute time; MFU stays against ``flops``)."""
+        return self.flops * self.sustained
 
     @property
     def default_intra_bw_gbps(self) -> float:
@@ -288,7 +297,8 @@ class Cluster:
                     "gpu": {"name": nd.gpu.name, "memory_gib": nd.gpu.memory_gib, "tflops": nd.gpu.tflops,
                             "hbm_gbps": nd.gpu.hbm_gbps, "nvlink_gbps": nd.gpu.nvlink_gbps,
                             "pcie_gbps": nd.gpu.pcie_gbps, "vendor": nd.gpu.vendor,
-                            **{k: getattr(nd.gpu, k) for k in PEAK_FIELDS if getattr(nd.gpu, k)}},
+                            **{k: getattr(nd.gpu, k) for k in PEAK_FIELDS if getattr(nd.gpu, k)},
+                            **({"sustained": nd.gpu.sustained} if nd.gpu.sustained != 1.0 else {})},
                     "count": nd.count,
                     "intra_bw_gbps": nd.intra_bw / 1e9,
                     "intra_lat_us": nd.intra_lat_us,

@@ -60,7 +60,7 @@ class StageContext:
     @cached_property
     def peak_flops(self) -> float:
         """The stage runs in lock step, so its slowest device sets the pace."""
-        return min(self.cluster.nodes[n].gpu.flops for n in set(self.cluster.nodes_of(self.devices)))
+        return min(self.cluster.nodes[n].gpu.sustained_flops for n in set(self.cluster.nodes_of(self.devices)))
 
     @cached_property
     def hbm_bw(self) -> float:

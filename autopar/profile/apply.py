@@ -57,7 +57,7 @@ def apply_profile(cluster: Cluster, params: CostParams, profile: Profile) -> tup
     link = profile["communication"].get("link")
     nodes = []
     for nd in cluster.nodes:
-        gpu = replace(nd.gpu, tflops=float(comp["peak_tflops"]), hbm_gbps=float(comp["hbm_gbps"]))
+        gpu = replace(nd.gpu, tflops=float(comp["peak_tflops"]), hbm_gbps=float(comp["hbm_gbps"]), sustained=1.0)
         extra = {"intra_bw_gbps": float(link["bw_gbps"]), "intra_lat_us": float(link["lat_us"])} if link else {}
         nodes.append(replace(nd, gpu=gpu, **extra))
     new_cluster = Cluster(nodes=nodes, inter_bw_gbps=cluster.inter_bw_gbps, inter_lat_us=cluster.inter_lat_us,
