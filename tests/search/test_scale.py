@@ -159,3 +159,26 @@ def test_the_time_budget_without_a_plan_yet_finishes_the_setting_on_stand_ins(mo
     assert r.timed_out and ticks.now <= 1 + first / 2
     validate_plan(r.plan, m, r.estimate.memory_gib)
     assert r.estimate.fits
+
+
+def test_stand_ins_that_leave_no_partition_fall_back_to_the_exact_setting(monkeypatch):
+    """No false 'nothing fits' from the stand-ins: when they leave no partition, the setting is searched
+    exactly (here: stand-ins with no feasible range) and gives the unbudgeted plan."""
+    import numpy as np
+
+    from autopar.search import homogeneous
+
+    full = _search_4_stages()
+    ticks = _Ticks(monkeypatch)
+    real = homogeneous.HomogeneousSearch._stand_in
+    used = []
+
+    def infeasible(*by_k):
+        C, trie, nodes, M = real(*by_k)
+        used.append(1)
+        return np.full_like(C, np.inf), trie, nodes, M
+
+    monkeypatch.setattr(homogeneous.HomogeneousSearch, "_stand_in", staticmethod(infeasible))
+    r = _search_4_stages(budget=1)
+    assert used and ticks.now > 0 and r.timed_out
+    assert r.estimate.step_time_s == full.estimate.step_time_s
