@@ -43,28 +43,39 @@ class StageContext:
         links differ, each involved node's properties and the links between them.
         """
         c = self.cluster
-        pattern, nodes = c.memoised(("pattern", self.group), self._node_pattern)
-        key: tuple = (id(c), c.intern("pattern", pattern), self.micro_batch_size, self.num_microbatches, self.params)
+        # Interned once per device group: hashing a pattern costs a pass over the stage's devices.
+        pattern_id = c.memoised(("pattern_id", self.group), lambda: c.intern("pattern", self._pattern()[0]))
+        key: tuple = (id(c), pattern_id, self.micro_batch_size, self.num_microbatches, self.params)
         if not c.is_homogeneous:
+            nodes = self.nodes
             props = tuple((c.nodes[n].gpu, c.nodes[n].intra_bw, c.nodes[n].intra_lat_us) for n in nodes)
             links = tuple(c.node_link(a, b) for a in nodes for b in nodes if a != b)
             key += (props, links)
         return key
 
+    def _pattern(self) -> tuple[tuple[int, ...], list[int]]:
+        """Each device's node, relabelled in order of appearance; and those nodes in that order
+        (memoised per device group)."""
+        return self.cluster.memoised(("pattern", self.group), self._node_pattern)
+
     def _node_pattern(self) -> tuple[tuple[int, ...], list[int]]:
-        """Each device's node, relabelled in order of appearance; and those nodes in that order."""
         relabel: dict[int, int] = {}
         pattern = tuple(relabel.setdefault(self.cluster.node_of(d), len(relabel)) for d in self.devices)
         return pattern, list(relabel)
 
+    @property
+    def nodes(self) -> list[int]:
+        """The nodes the stage's devices sit on, in order of first appearance."""
+        return self._pattern()[1]
+
     @cached_property
     def peak_flops(self) -> float:
         """The stage runs in lock step, so its slowest device sets the pace."""
-        return min(self.cluster.nodes[n].gpu.sustained_flops for n in set(self.cluster.nodes_of(self.devices)))
+        return min(self.cluster.nodes[n].gpu.sustained_flops for n in self.nodes)
 
     @cached_property
     def hbm_bw(self) -> float:
-        return min(self.cluster.nodes[n].gpu.hbm_gbps for n in set(self.cluster.nodes_of(self.devices))) * 1e9
+        return min(self.cluster.nodes[n].gpu.hbm_gbps for n in self.nodes) * 1e9
 
     @cached_property
     def collectives(self) -> Collectives:
@@ -109,6 +120,12 @@ class StageContext:
     def stage_links(self) -> GroupLinks:
         """The whole stage as one group (activation redistribution between layouts)."""
         return self.cluster.memoised(("stage", self.group), lambda: self._links([list(self.devices)]))
+
+
+def context_link(src: StageContext, dst: StageContext) -> tuple[float, float]:
+    """``stage_link`` between two stages' devices, memoised per pair of device groups."""
+    return src.cluster.memoised(("stage_link", src.group, dst.group),
+                                lambda: stage_link(src.cluster, src.devices, dst.devices))
 
 
 def stage_link(cluster: Cluster, src_devices: list[int], dst_devices: list[int]) -> tuple[float, float]:

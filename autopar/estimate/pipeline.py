@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from autopar.cluster.cluster import GIB, Cluster
 from autopar.errors import AutoparError
 from autopar.estimate.cache import CostCache
-from autopar.estimate.context import StageContext, stage_link
+from autopar.estimate.context import StageContext, context_link, stage_link
 from autopar.modelspec.spec import LayerSpec, ModelSpec
 from autopar.plan.schema import Pipeline, Strategy
 from cost_models import CostParams
@@ -27,6 +27,8 @@ class StageEstimate:
     inflight: int
     memory_bytes: float  # peak per rank (states + in-flight activations + transient + reserve)
     p2p_s: float = 0.0  # send to the next stage, one micro-batch, one direction
+    # The cluster's id of the stage's device group (StageContext.group): the key of per-group facts.
+    group: int = field(default=-1, repr=False, compare=False)
 
     @property
     def memory_gib(self) -> float:
@@ -47,7 +49,11 @@ def stage_cost(layers: list[LayerSpec], strategies: list[Strategy], ctx: StageCo
 def boundary_p2p_time(cluster: Cluster, src_devices: list[int], dst_devices: list[int],
                       boundary_bytes: float, micro_batch_size: int) -> float:
     """One micro-batch's activations from one stage to the next, over the slowest link between them."""
-    bw, lat = stage_link(cluster, src_devices, dst_devices)
+    return _p2p_over(stage_link(cluster, src_devices, dst_devices), boundary_bytes, micro_batch_size)
+
+
+def _p2p_over(link: tuple[float, float], boundary_bytes: float, micro_batch_size: int) -> float:
+    bw, lat = link
     return float(pipe_model.boundary_p2p_time(boundary_bytes, micro_batch_size, bw, lat))
 
 
@@ -72,15 +78,16 @@ def estimate_pipeline(pipe: Pipeline, model: ModelSpec, cluster: Cluster, schedu
     cache = cache if cache is not None else CostCache()
     index = model.index()
     p = len(pipe.stages)
+    ctxs = [StageContext(cluster, tuple(st.devices), pipe.micro_batch_size, pipe.num_microbatches, params)
+            for st in pipe.stages]
     out: list[StageEstimate] = []
-    for i, st in enumerate(pipe.stages):
+    for i, (st, ctx) in enumerate(zip(pipe.stages, ctxs)):
         layers = spec_layers(model, index, [ly.name for ly in st.layers])
-        ctx = StageContext(cluster, tuple(st.devices), pipe.micro_batch_size, pipe.num_microbatches, params)
         k = inflight_microbatches(schedule, p, i, pipe.num_microbatches)
         cost, fwd, bwd, step, peak = stage_cost(layers, [ly.strategy for ly in st.layers], ctx, k, cache)
         p2p = 0.0
-        if i + 1 < p:
-            p2p = boundary_p2p_time(cluster, st.devices, pipe.stages[i + 1].devices, layers[-1].boundary_bytes,
-                                    pipe.micro_batch_size)
-        out.append(StageEstimate(list(st.devices), [ly.name for ly in st.layers], cost, fwd, bwd, step, k, peak, p2p))
+        if i + 1 < p:  # the link memoised per pair of device groups: no pass over the devices per estimate
+            p2p = _p2p_over(context_link(ctx, ctxs[i + 1]), layers[-1].boundary_bytes, pipe.micro_batch_size)
+        out.append(StageEstimate(list(ctx.devices), [ly.name for ly in st.layers], cost, fwd, bwd, step, k, peak, p2p,
+                                 group=ctx.group))
     return out, pipeline_time(out, pipe.num_microbatches, params)

@@ -7,10 +7,11 @@ the same order, so ``estimate_plan(search_result.plan)`` returns the very number
 from __future__ import annotations
 
 import itertools
-import operator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
 
-from autopar.cluster.cluster import GIB
+from autopar.cluster.cluster import GIB, Cluster
 from autopar.estimate.cache import CostCache
 from autopar.estimate.context import device_budget_bytes
 from autopar.estimate.cross_pipeline import cross_pipeline_sync_time
@@ -22,6 +23,10 @@ from cost_models import CostParams
 
 @dataclass
 class PlanEstimate:
+    """A plan's predicted figures. Memory is kept per stage (every device of a stage holds the same peak);
+    the per-device views ``memory_gib`` and ``budget_gib`` are built on first read, since at 100k devices
+    building them for every plan a search scores would cost more than scoring it."""
+
     step_time_s: float
     tokens_per_s: float
     tps: float
@@ -29,17 +34,37 @@ class PlanEstimate:
     mfu: float
     pipelines: list[list[StageEstimate]]
     pipeline_times_s: list[float]
-    memory_gib: dict[int, float] = field(default_factory=dict)  # device -> predicted peak
-    budget_gib: dict[int, float] = field(default_factory=dict)  # device -> what it may use
+    stage_budget_gib: list[list[float]]  # per stage: the least any of its devices may use
+    cluster: Cluster = field(repr=False, compare=False)  # the plan's: the per-device views read its nodes
+    node_budget_gib: list[float] = field(repr=False, compare=False)  # per node of ``cluster``: what a device may use
+
+    def _stages(self) -> Iterator[tuple[StageEstimate, float]]:
+        """Every stage with devices, with its budget."""
+        for stages, budgets in zip(self.pipelines, self.stage_budget_gib):
+            yield from ((st, b) for st, b in zip(stages, budgets) if st.devices)
+
+    @cached_property
+    def memory_gib(self) -> dict[int, float]:
+        """Device -> predicted peak GiB (its stage's), in plan order."""
+        mem: dict[int, float] = {}
+        for st, _ in self._stages():
+            mem.update(dict.fromkeys(st.devices, st.memory_gib))
+        return mem
+
+    @cached_property
+    def budget_gib(self) -> dict[int, float]:
+        """Device -> GiB it may use (``memory_budget_gib``, else its GPU's memory), in plan order."""
+        devices = list(itertools.chain.from_iterable(st.devices for st, _ in self._stages()))
+        return dict(zip(devices, map(self.node_budget_gib.__getitem__, self.cluster.nodes_of(devices))))
 
     @property
     def max_memory_gib(self) -> float:
-        return max(self.memory_gib.values())
+        return max(st.memory_gib for st, _ in self._stages())
 
     @property
     def fits(self) -> bool:
-        caps = map(operator.add, map(self.budget_gib.__getitem__, self.memory_gib), itertools.repeat(1e-9))
-        return all(map(operator.le, self.memory_gib.values(), caps))
+        """Every device's peak within its budget (to 1e-9 GiB): per stage, its peak within its least budget."""
+        return all(st.memory_gib <= budget + 1e-9 for st, budget in self._stages())
 
     def predicted(self) -> dict:
         """The ``predicted`` block of a plan file (torchtitan's metric names)."""
@@ -83,31 +108,41 @@ def estimate_plan(plan: Plan, model: ModelSpec, params: CostParams | None = None
 
 def finish_estimate(plan: Plan, model: ModelSpec, pipes: list[list[StageEstimate]], times: list[float],
                     step: float) -> PlanEstimate:
-    """Throughput, MFU and per-device memory from the per-stage figures and the step time."""
+    """Throughput, MFU and per-stage memory budgets from the per-stage figures and the step time.
+
+    Per-device facts are memoised on the cluster per device group (and per plan's groups), so scoring
+    a plan costs no pass over its devices beyond its stages' own.
+    """
     cluster = plan.cluster
-    devices = plan.devices
+    stages = [st for p in pipes for st in p]
+    num_devices = sum(len(st.devices) for st in stages)
     tokens = plan.global_batch_size * model.tokens_per_sample
     tokens_per_s = tokens / step
     flops_per_s = plan.global_batch_size * model.model_flops_per_sample / step
-    nodes = cluster.nodes_of(devices)
     node_flops = cluster.memoised(("node_flops",), lambda: [nd.gpu.flops for nd in cluster.nodes])
-    peak_total = sum(map(node_flops.__getitem__, nodes))
-    mem: dict[int, float] = {}
-    for p in pipes:
-        for st in p:
-            mem.update(dict.fromkeys(st.devices, st.memory_bytes / GIB))
+
+    def peak_sum() -> float:  # one sum over the devices in plan order, as the figure has always been summed
+        devices = itertools.chain.from_iterable(st.devices for st in stages)
+        return sum(map(node_flops.__getitem__, cluster.nodes_of(list(devices))))
+
+    peak_total = cluster.memoised(("peak_flops_sum", tuple(st.group for st in stages)), peak_sum)
     node_cap = cluster.memoised(("node_budget_gib", plan.memory_budget_gib),
                                 lambda: [device_budget_bytes(cluster, first, plan.memory_budget_gib) / GIB
                                          for first in cluster.first_devices()])
-    budget = dict(zip(devices, map(node_cap.__getitem__, nodes)))
+
+    def least_budget(st: StageEstimate) -> float:
+        return cluster.memoised(("least_budget_gib", st.group, plan.memory_budget_gib),
+                                lambda: min(map(node_cap.__getitem__, set(cluster.nodes_of(st.devices))), default=0.0))
+
     return PlanEstimate(
         step_time_s=step,
         tokens_per_s=tokens_per_s,
-        tps=tokens_per_s / len(devices),
-        tflops=flops_per_s / len(devices) / 1e12,
+        tps=tokens_per_s / num_devices,
+        tflops=flops_per_s / num_devices / 1e12,
         mfu=flops_per_s / peak_total,
         pipelines=pipes,
         pipeline_times_s=times,
-        memory_gib=mem,
-        budget_gib=budget,
+        stage_budget_gib=[[least_budget(st) for st in p] for p in pipes],
+        cluster=cluster,
+        node_budget_gib=node_cap,
     )

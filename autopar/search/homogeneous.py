@@ -58,6 +58,7 @@ class HomogeneousSearch:
     pruned: Counter = field(default_factory=Counter)
     candidates: int = 0
     timed_out: bool = False
+    deadline: float | None = None  # time.perf_counter() past which the time budget is spent (set by run)
 
     def __post_init__(self) -> None:
         self.sigs = layer_signatures(self.model)
@@ -110,8 +111,61 @@ class HomogeneousSearch:
             tot += float(c.min())
         return (m - 1) * tot / p + tot
 
+    def _ranges(self, k: int, cands, switch, budget: float, reserve: float, transient: np.ndarray, m: int,
+                incumbent: float):
+        """(C, trie, range -> trie node, least memory) of every layer range [a, b) on a stage holding ``k``
+        micro-batches in flight; None when the time budget ran out with a plan in hand (checked per start a)."""
+        L = self.model.num_layers
+        trie = RangeTrie(cands, switch, k, budget - reserve)
+        C = np.full((L + 1, L + 1), np.inf)
+        Mmin = np.full((L + 1, L + 1), np.inf)
+        node_of = {}
+        memo: dict[int, tuple[float, int]] = {}
+        least = np.array([float(cands[s].costs.mem(k).min()) if len(cands[s].strategies) else np.inf
+                          for s in self.sigs])
+        # Stage i runs some range [a, b) with i <= a and b <= L - (p - 1 - i); extending a range
+        # never lowers its cost or memory, so stop once it cannot fit or cannot beat the incumbent.
+        for a in range(L):
+            if np.isfinite(incumbent) and self.over_budget():
+                return None
+            Mmin[a, a + 1:] = (np.cumsum(least[a:]) + np.maximum.accumulate(transient[a:])) + reserve
+            node, tmax = -1, 0.0
+            for b in range(a + 1, L + 1):
+                tmax = max(tmax, transient[b - 1])
+                if Mmin[a, b] > budget:
+                    self.pruned[Rule.RANGE_OVER_MEMORY] += L + 1 - b
+                    break
+                node = trie.child(node, self.sigs[b - 1])
+                if node not in memo:
+                    memo[node] = trie.best(node, budget - reserve - tmax)
+                C[a, b] = memo[node][0]
+                node_of[(a, b)] = node
+                if m * C[a, b] >= incumbent:
+                    self.pruned[Rule.RANGE_OVER_INCUMBENT] += L - b
+                    break
+        self.candidates += trie.points_examined
+        return C, trie, node_of, Mmin
+
+    @staticmethod
+    def _stand_in(*by_k: dict) -> tuple:
+        """The ranges of the fewest micro-batches in flight computed so far (each dict keyed by that count)."""
+        k = min(by_k[0])
+        return tuple(d[k] for d in by_k)
+
+    def _cut(self, res: ConfigResult) -> ConfigResult:
+        """``res`` left without a plan because the time budget ran out part-way through it."""
+        self.timed_out = True
+        res.note = "time budget: not finished"
+        return res
+
     def evaluate(self, p: int, m: int, ctx: StageContext, cands, layouts, lower_bound: float,
-                 incumbent: float = float("inf")) -> ConfigResult:
+                 incumbent: float = float("inf"), exact: bool = False) -> ConfigResult:
+        """The best plan of setting (p, m) that beats ``incumbent``, or a result saying why there is none.
+
+        Past the time budget (checked per in-flight count and per range start) the setting is dropped
+        when a plan is in hand; with none yet (an answer beats none) the in-flight counts not reached
+        use stand-in ranges, unless ``exact``.
+        """
         L, mbs = self.model.num_layers, ctx.micro_batch_size
         res = ConfigResult(p, m, mbs, lower_bound)
         layout_list = sorted(layouts, key=layouts.get)
@@ -127,34 +181,22 @@ class HomogeneousSearch:
         transient = np.array([cands[s].transient for s in self.sigs])
         ks = [inflight_microbatches(self.opts.schedule, p, i, m) for i in range(p)]
         C_by_k, trie_by_k, nodes_by_k, M_by_k = {}, {}, {}, {}
-        for k in sorted(set(ks)):
-            trie = RangeTrie(cands, switch, k, budget - reserve)
-            C = np.full((L + 1, L + 1), np.inf)
-            Mmin = np.full((L + 1, L + 1), np.inf)
-            node_of = {}
-            memo: dict[int, tuple[float, int]] = {}
-            least = np.array([float(cands[s].costs.mem(k).min()) if len(cands[s].strategies) else np.inf
-                              for s in self.sigs])
-            # Stage i runs some range [a, b) with i <= a and b <= L - (p - 1 - i); extending a range
-            # never lowers its cost or memory, so stop once it cannot fit or cannot beat the incumbent.
-            for a in range(L):
-                Mmin[a, a + 1:] = (np.cumsum(least[a:]) + np.maximum.accumulate(transient[a:])) + reserve
-                node, tmax = -1, 0.0
-                for b in range(a + 1, L + 1):
-                    tmax = max(tmax, transient[b - 1])
-                    if Mmin[a, b] > budget:
-                        self.pruned[Rule.RANGE_OVER_MEMORY] += L + 1 - b
-                        break
-                    node = trie.child(node, self.sigs[b - 1])
-                    if node not in memo:
-                        memo[node] = trie.best(node, budget - reserve - tmax)
-                    C[a, b] = memo[node][0]
-                    node_of[(a, b)] = node
-                    if m * C[a, b] >= incumbent:
-                        self.pruned[Rule.RANGE_OVER_INCUMBENT] += L - b
-                        break
-            C_by_k[k], trie_by_k[k], nodes_by_k[k], M_by_k[k] = C, trie, node_of, Mmin
-            self.candidates += trie.points_examined
+        stand_in = False
+        for k in sorted(set(ks), reverse=True):  # most in flight first: see the stand-in below
+            if C_by_k and not exact and self.over_budget():
+                if np.isfinite(incumbent):  # a plan is in hand: drop this setting
+                    return self._cut(res)
+                # No plan yet, and an answer beats none: fewer micro-batches in flight need no more
+                # memory, so the ranges of the fewest in flight so far (all > k) fit stages holding k
+                # too; their times are exact, only perhaps not the fastest for k.
+                stand_in = self.timed_out = True
+            if stand_in:
+                ranges = self._stand_in(C_by_k, trie_by_k, nodes_by_k, M_by_k)
+            else:
+                ranges = self._ranges(k, cands, switch, budget, reserve, transient, m, incumbent)
+                if ranges is None:
+                    return self._cut(res)
+            C_by_k[k], trie_by_k[k], nodes_by_k[k], M_by_k[k] = ranges
         res.min_memory_gib = minmax_partition([M_by_k[k] for k in ks])[0] / GIB
         P = []
         for i in range(p):
@@ -167,6 +209,8 @@ class HomogeneousSearch:
             P.append(Pi)
         part = best_partition([C_by_k[k] for k in ks], P, m, self.opts.params.slot_overhead_s)
         if part is None:
+            if stand_in:  # the stand-ins leave no partition: the exact ranges decide (no false "nothing fits")
+                return self.evaluate(p, m, ctx, cands, layouts, lower_bound, incumbent, exact=True)
             fits = res.min_memory_gib * GIB <= budget
             res.note = "cannot beat the best plan" if fits else f"needs {res.min_memory_gib:.3g} GiB per device"
             return res
@@ -184,27 +228,30 @@ class HomogeneousSearch:
         return res
 
     # -- the loop --------------------------------------------------------------------------
-    def over_budget(self, start: float) -> bool:
-        return self.opts.time_budget_s is not None and time.perf_counter() - start > self.opts.time_budget_s
+    def over_budget(self) -> bool:
+        """Past the deadline (``run`` sets it from the time budget)."""
+        return self.deadline is not None and time.perf_counter() > self.deadline
 
     def run(self) -> tuple[ConfigResult | None, list[ConfigResult]]:
         """The best configuration and every visited one. The time budget covers scoring too: past it,
-        the configurations scored so far are searched (the rest only while none of them gave a plan)."""
+        the configurations scored so far are searched (the rest only while none of them gave a plan).
+        It is checked inside a setting as well (``evaluate``), so the overrun is a fraction of a setting."""
         start = time.perf_counter()
+        self.deadline = start + self.opts.time_budget_s if self.opts.time_budget_s is not None else None
         pending = self.configs()
         best: ConfigResult | None = None
         results: list[ConfigResult] = []
         while pending and best is None:
             scored = []
-            while pending and not (scored and self.over_budget(start)):
+            while pending and not (scored and self.over_budget()):
                 p, m = pending.pop(0)
                 ctx, cands, layouts = self.candidates_for(p, m)
                 scored.append((self.lower_bound(p, m, cands), p, m, ctx, cands, layouts))
             self.timed_out = self.timed_out or bool(pending)
-            best = self.search_scored(scored, start, best, results)
+            best = self.search_scored(scored, best, results)
         return best, results
 
-    def search_scored(self, scored: list, start: float, best: ConfigResult | None,
+    def search_scored(self, scored: list, best: ConfigResult | None,
                       results: list[ConfigResult]) -> ConfigResult | None:
         """Evaluate scored configurations in order of their bound; returns the best plan so far."""
         scored.sort(key=lambda x: x[0])
@@ -221,7 +268,7 @@ class HomogeneousSearch:
                 bar.update(1)
                 continue
             # The budget stops the search only once it has a plan: an answer beats none.
-            if best is not None and self.over_budget(start):
+            if best is not None and self.over_budget():
                 self.timed_out = True
                 break
             r = self.evaluate(p, m, ctx, cands, layouts, lb, best.step_time if best else float("inf"))

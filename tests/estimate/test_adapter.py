@@ -63,3 +63,25 @@ def test_estimate_with_a_shared_cache_equals_fresh_ones():
         shared = estimate_plan(plan, m, params, cache)
         fresh = estimate_plan(plan, m, params)
         assert shared.step_time_s == fresh.step_time_s and shared.pipelines == fresh.pipelines
+
+
+def _mixed_estimate(small_gib: float, big_gib: float):
+    """One stage over a node of small GPUs and a node of big ones (gpt_like, tp 1, ZeRO 1)."""
+    m = gpt_like()
+    gpus = [replace(SMALL_GPU, name="lo", memory_gib=small_gib), replace(SMALL_GPU, name="hi", memory_gib=big_gib)]
+    c = replace(small_cluster(), nodes=[replace(nd, gpu=g) for nd, g in zip(small_cluster().nodes, gpus)])
+    layers = [StageLayer(ly.name, Strategy(1, 1, "none")) for ly in m.layers]
+    plan = Plan(ModelRef(m.name, m.seq_len, m.num_layers), c, 8, [Pipeline(8, 2, 4, [Stage([0, 1, 2, 3], layers)])])
+    return estimate_plan(plan, m)
+
+
+def test_memory_is_per_stage_and_the_per_device_views_agree():
+    """A stage's devices share its peak; its budget is its smallest device's; the per-device dicts
+    (built on first read) say the same device by device."""
+    peak = _mixed_estimate(1.0, 1.0).max_memory_gib
+    for small, fits in ((peak * 0.99, False), (peak * 1.01, True)):
+        est = _mixed_estimate(small, peak * 2)
+        assert est.max_memory_gib == peak and est.stage_budget_gib == [[small]]
+        assert est.memory_gib == dict.fromkeys(range(4), peak)
+        assert est.budget_gib == {0: small, 1: small, 2: peak * 2, 3: peak * 2}
+        assert est.fits is fits is all(est.memory_gib[d] <= est.budget_gib[d] for d in range(4))
