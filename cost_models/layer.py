@@ -83,6 +83,8 @@ class Stage(Protocol):
     @property
     def peak_flops(self) -> float: ...  # of the slowest device (the stage runs in lock step)
     @property
+    def attn_peak_flops(self) -> float: ...  # what its attention core runs at (the bf16 peak under fp8)
+    @property
     def hbm_bw(self) -> float: ...
     @property
     def collectives(self) -> Collectives: ...
@@ -133,7 +135,8 @@ def strategy_arrays(strategies: list[Strategy]) -> tuple[np.ndarray, ...]:
 
 
 def compute_times(layer: Layer, tp: np.ndarray, zero: np.ndarray, ckpt: np.ndarray, dp: np.ndarray,
-                  b_local: np.ndarray, peak_flops: float, p: CostParams) -> tuple[np.ndarray, np.ndarray]:
+                  b_local: np.ndarray, peak_flops: float, p: CostParams,
+                  attn_peak_flops: float | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(forward, backward) compute seconds of one micro-batch of ``b_local`` samples per rank.
 
     Forward FLOPs split over TP; backward is twice forward plus the recomputation its checkpoint
@@ -146,8 +149,15 @@ def compute_times(layer: Layer, tp: np.ndarray, zero: np.ndarray, ckpt: np.ndarr
     if p.eff_by_kind:
         curves = [p.efficiency(layer.kind, int(t), int(z) if d > 1 else 0) for t, z, d in zip(tp, zero, dp)]
         eff_max, overhead = np.array([c[0] for c in curves]), np.array([c[1] for c in curves])
-    f_comp = compute_time(f_flops, peak_flops, eff_max, overhead)
-    b_comp = 2.0 * f_comp + compute_time(recompute, peak_flops, eff_max, overhead)
+    peak_f = peak_r = peak_flops
+    if attn_peak_flops is not None and attn_peak_flops != peak_flops and layer.flops > 0:
+        # the linear layers at ``peak_flops``, the attention core at ``attn_peak_flops``: one call's
+        # time is sum(F_part / peak_part), i.e. its FLOPs at the harmonic mix of the two peaks
+        a = layer.attn_core_flops / layer.flops
+        peak_f = 1.0 / ((1.0 - a) / peak_flops + a / attn_peak_flops)
+        peak_r = np.select([ckpt == 1], [attn_peak_flops], peak_f)  # selective reruns the attention core
+    f_comp = compute_time(f_flops, peak_f, eff_max, overhead)
+    b_comp = 2.0 * f_comp + compute_time(recompute, peak_r, eff_max, overhead)
     return f_comp, b_comp
 
 
@@ -244,7 +254,7 @@ def layer_costs(layer: Layer, strategies: list[Strategy], stage: Stage) -> Layer
     dp = stage.n / tp
     b_local = stage.micro_batch_size / dp  # samples per rank per micro-batch
 
-    f_comp, b_comp = compute_times(layer, tp, zero, ckpt, dp, b_local, stage.peak_flops, p)
+    f_comp, b_comp = compute_times(layer, tp, zero, ckpt, dp, b_local, stage.peak_flops, p, stage.attn_peak_flops)
     saved = np.array([layer.saved_bytes(s.ckpt, s.tp, s.sp) for s in strategies], dtype=float)
     if p.act_traffic > 0:
         saved_none = np.array([layer.saved_bytes("none", s.tp, s.sp) for s in strategies], dtype=float)

@@ -5,8 +5,8 @@ One row per precision a plan may name. ``peak`` is the GPU catalogue column the 
 the TF32 tensor peak, ``tflops_fp32`` plain FP32 without TF32, ``tflops_fp8`` the FP8 tensor peak).
 The byte counts are what ``CostParams`` (``param_bytes``, ``grad_comm_bytes``, ``state_bytes``) and a
 model spec's activations (``ModelSpec.dtype_bytes``) hold at that precision. The cost model times
-every FLOP of a layer at the row's peak (attention and elementwise kernels included: ``eff_max`` is
-the one factor for what a whole layer reaches of it).
+a layer's linear-layer FLOPs at the row's ``peak`` and its attention core at ``attn_peak`` (the same
+column except for fp8); ``eff_max`` is the one factor for what a layer reaches of them.
 
 ``CostParams``' defaults are the bf16 row (a test checks it): ``with_precision`` writes a row's byte
 counts into a CostParams, so the default precision leaves the defaults as they are.
@@ -30,6 +30,8 @@ class Precision:
     param_bytes: bytes of a parameter in the compute dtype (what ZeRO-3 gathers and a rank holds unsharded).
     grad_comm_bytes: bytes of a gradient element on the wire (data-parallel reduction).
     state_bytes: model-state bytes per parameter with Adam, unsharded (params, grads, master copy, m, v).
+    attn_peak: the column the attention core (QK^T, softmax . V) runs at: ``peak`` except where the
+        precision converts the linear layers only.
     """
 
     name: str
@@ -39,6 +41,11 @@ class Precision:
     grad_comm_bytes: int
     state_bytes: int
     what: str
+    attn_peak: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.attn_peak:
+            object.__setattr__(self, "attn_peak", self.peak)
 
 
 PRECISIONS: dict[str, Precision] = {p.name: p for p in (
@@ -59,9 +66,9 @@ PRECISIONS: dict[str, Precision] = {p.name: p for p in (
     # torchao Float8 linear layers (torchtitan --model.converters float8): the linear layers' GEMMs at
     # the fp8 peak with dynamic scaling; weights, activations, gradients and optimizer states as in
     # bf16 mixed precision (Float8Linear keeps bf16/fp32 weights and casts per call; the float8
-    # all-gather of FSDP2 is an option, not counted). Attention and norms stay bf16 in torchao, but the
-    # cost model times a whole layer at one peak, so fp8 estimates are optimistic for attention-heavy layers.
-    Precision("fp8", "tflops_fp8", 2, 2, 4, 16, "Float8 linear layers (torchao), bf16 otherwise"),
+    # all-gather of FSDP2 is an option, not counted). The attention core stays bf16 in torchao
+    # (``attn_peak``), so its FLOPs run at the bf16 peak.
+    Precision("fp8", "tflops_fp8", 2, 2, 4, 16, "Float8 linear layers (torchao), bf16 otherwise", attn_peak="tflops"),
 )}
 NAMES = tuple(PRECISIONS)
 PEAK_COLUMNS = tuple(dict.fromkeys(p.peak for p in PRECISIONS.values()))

@@ -74,6 +74,11 @@ class StageContext:
         return min(self.cluster.nodes[n].gpu.sustained_flops for n in self.nodes)
 
     @cached_property
+    def attn_peak_flops(self) -> float:
+        """What the attention core runs at on the slowest device (differs from ``peak_flops`` under fp8)."""
+        return min(self.cluster.nodes[n].gpu.attn_flops for n in self.nodes)
+
+    @cached_property
     def hbm_bw(self) -> float:
         return min(self.cluster.nodes[n].gpu.hbm_gbps for n in self.nodes) * 1e9
 

@@ -45,6 +45,7 @@ class OneNodeStage:
     num_microbatches: int = 1
     params: CostParams = field(default_factory=CostParams)
     peak_flops: float = 1e14
+    attn_peak_flops: float = 1e14
     hbm_bw: float = HBM
 
     @property

@@ -121,3 +121,14 @@ def test_stage_sums_layers_switches_and_memory():
     mem = ca.mem_states + 3 * ca.mem_act + cb.mem_states + 3 * cb.mem_act
     transient = max(transient_bytes(U, st, a), transient_bytes(U, st, b))
     assert got.peak_bytes == pytest.approx(mem + transient + P.reserve_bytes, **EXACT)
+
+
+def test_attention_core_runs_at_its_own_peak():
+    """fp8 converts the linear layers only: their FLOPs at the fp8 peak, the attention core's at bf16."""
+    st = OneNodeStage(n=1, micro_batch_size=2, params=P, peak_flops=2e14, attn_peak_flops=1e14)
+    lc = layer_costs(U, [Strat(), Strat(ckpt="selective"), Strat(ckpt="full")], st)
+    lin, attn = (U.flops - U.attn_core_flops) * 2, U.attn_core_flops * 2
+    f = lin / (2e14 * 0.5) + attn / (1e14 * 0.5) + 1e-4
+    assert lc.fwd[0] == pytest.approx(f, **EXACT) and lc.bwd[0] == pytest.approx(2 * f, **EXACT)
+    assert lc.bwd[1] == pytest.approx(2 * f + attn / (1e14 * 0.5) + 1e-4, **EXACT)  # selective reruns the core
+    assert lc.bwd[2] == pytest.approx(3 * f, **EXACT)  # full reruns the whole forward
