@@ -63,6 +63,17 @@ def _schedule(top: Fields) -> str:
     return SCHEDULES[word]
 
 
+def _attention(cfg: object, model: Fields) -> tuple[object, list[str]]:
+    """``cfg`` with ``attn_implementation: eager`` when it names none and the file's model text says the runs
+    had no flash attention (a file that cannot be edited, e.g. the shared AMP one); else as it is."""
+    if not isinstance(cfg, dict) or "attn_implementation" in cfg:
+        return cfg, []
+    text = " ".join(str(model.raw(k, "")) for k in ("precision", "notes")).lower()
+    if "no flash attention" not in text:
+        return cfg, []
+    return {**cfg, "attn_implementation": "eager"}, ["attention read as eager from the file's text ('no flash attention')"]
+
+
 def _per_case_int(c: Fields, top: Fields, key: str) -> int:
     """A count the case gives, or the file's when the file gives a number (not 'per case ...')."""
     if c.has(key):
@@ -92,6 +103,8 @@ def _case(c: Fields, top: Fields, strict: bool, cache: dict) -> Run | Skip:
     cfg_at, cfg = (c.at("hf_config"), c.raw("hf_config")) if c.has("hf_config") else ("model.hf_config",
                                                                                      top.sub("model").raw("hf_config"))
     precision, notes = _precision(c, top.sub("model"))
+    cfg, attn_notes = _attention(cfg, top.sub("model"))
+    notes += attn_notes
     model, model_notes = model_from_config(cfg, seq, cfg_at, cache, activation_bytes(precision))
     notes += model_notes
     notes += [f"{c.at(k)}: not modelled" for k in NOT_MODELLED if c.raw(k, False) is True]
