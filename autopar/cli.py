@@ -319,6 +319,9 @@ def build_parser() -> argparse.ArgumentParser:
     li = sub.add_parser("list", help="list zoo models, GPUs or cluster presets")
     li.add_argument("what", choices=["models", "gpus", "clusters"])
     li.set_defaults(func=cmd_list)
+
+    from autopar.calibrate.command import add_parser as add_calibrate  # parser and handler live there
+    add_calibrate(sub)
     return ap
 
 

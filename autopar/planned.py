@@ -8,7 +8,8 @@ the plan, and ``autopar estimate`` / ``autopar validate`` use this same function
 
 With ``profile=`` (a path or a loaded Profile) the plan is re-based on that profile instead: the
 measured device figures replace the plan cluster's, the measured cost parameters replace the plan's,
-and the model gets the profile's unit numbers (as ``autopar estimate --profile`` does).
+and the model gets the profile's unit numbers (as ``autopar estimate --profile`` does). A calibration
+(``autopar calibrate``) is accepted the same way and replaces the cost parameters it fitted, nothing else.
 
 The CLI trusts none of the plan's own numbers (``check=True``, ``check_predicted``): the stored cost
 parameters must be this autopar's defaults or what the recorded profile gives, and the stored
@@ -131,10 +132,11 @@ def check_stored_params(plan: Plan, profile: Profile | None = None) -> str:
         prof = profile if profile is not None and profile.sha256 == record.get("sha256") else _recorded_profile(record)
         if prof is None:
             _check_cluster_source(plan, None, measured=True)
-            return (f"note: profile {record.get('path', '?')} (sha256 {str(record.get('sha256'))[:12]}) is not here: "
+            kind = "calibration" if record.get("kind") == "calibration" else "profile"
+            return (f"note: {kind} {record.get('path', '?')} (sha256 {str(record.get('sha256'))[:12]}) is not here: "
                     "the plan's cost parameters were checked for range only (pass --profile to re-check them)")
         expected = apply_profile(plan.cluster, CostParams(), prof)[1]
-        what, word = f"what profile {prof.path} gives", "profile"
+        what, word = f"what {prof.kind} {prof.path} gives", prof.kind
     for f in fields(CostParams):
         a, b = getattr(stored, f.name), getattr(expected, f.name)
         if not _same(a, b):

@@ -40,6 +40,8 @@ ALLOWED: dict[str, set[str]] = {
     "autopar.report": {"autopar.errors", "autopar.cluster", "autopar.modelspec", "autopar.plan", "autopar.estimate"},
     "autopar.planned": {"autopar.errors", "autopar.cluster", "autopar.modelspec", "autopar.plan", "autopar.profile",
                         "autopar.estimate", "cost_models"},
+    "autopar.calibrate": {"autopar.errors", "autopar.version", "autopar.fields", "autopar.modelspec", "autopar.plan",
+                          "autopar.estimate", "autopar.measured", "autopar.profile", "autopar.planned", "cost_models"},
     "autopar": {"autopar.errors", "autopar.version", "autopar.runtime", "autopar.planned"},
     "autopar.cli": set(),  # the top: may import every package (filled below)
 }

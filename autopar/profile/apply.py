@@ -11,6 +11,10 @@
   estimate`` reproduces the search's numbers without the file (the cluster' and cost parameters are
   stored in the plan anyway); ``model_from_record`` applies it again.
 
+A calibration (``Profile.kind == "calibration"``) replaces CostParams fields only: the cluster and the
+model stay as they are, the cluster's GPU types must be among those it was fitted on, and its record
+in a plan names it (path, sha256, GPU types) without any model numbers.
+
 Anything that does not match (another model or sequence length, a device type the cluster lacks, a
 cluster of mixed types, groups larger than the profile measured) is an AutoparError, one line.
 """
@@ -50,8 +54,23 @@ def check_cluster(cluster: Cluster, profile: Profile) -> None:
                            f"run `autopar profile --nproc {need}` on this machine")
 
 
+def _apply_calibration(cluster: Cluster, params: CostParams, calibration: Profile) -> tuple[Cluster, CostParams]:
+    """(cluster, params with the calibration's fitted fields): the cluster's GPU types must be fitted ones."""
+    fitted_on = list(calibration["gpus"])
+    other = sorted({nd.gpu.name for nd in cluster.nodes} - set(fitted_on))
+    if other:
+        raise AutoparError("calibration.gpus", f"were fitted on {', '.join(fitted_on)} but cluster "
+                           f"{cluster.describe()} has {', '.join(other)}",
+                           f"calibrate on measured runs of {', '.join(other)} (autopar calibrate)")
+    fitted = {k: v for k, v in calibration["cost_params"].items() if k in PARAM_FIELDS}
+    return cluster, replace(params, **fitted)
+
+
 def apply_profile(cluster: Cluster, params: CostParams, profile: Profile) -> tuple[Cluster, CostParams]:
-    """(cluster', params') with the profile's measured figures; see the module docstring."""
+    """(cluster', params') with the profile's measured figures (a calibration's: its fitted cost
+    parameters alone); see the module docstring."""
+    if profile.kind == "calibration":
+        return _apply_calibration(cluster, params, profile)
     check_cluster(cluster, profile)
     comp = profile["compute"]
     link = profile["communication"].get("link")
@@ -96,13 +115,19 @@ def _patched(model: ModelSpec, units: dict) -> ModelSpec:
 
 
 def apply_profile_model(model: ModelSpec, profile: Profile) -> ModelSpec:
-    """``model`` with the profile's measured per-unit parameters split and saved-activation bytes."""
+    """``model`` with the profile's measured per-unit parameters split and saved-activation bytes
+    (``model`` itself for a calibration, which measures no units)."""
+    if profile.kind == "calibration":
+        return model
     _check_model(model, profile, "profile", profile.path)
     return _patched(model, profile["memory"]["units"])
 
 
 def profile_record(profile: Profile) -> dict:
     """What a plan keeps of the profile it was searched with (``plan.search["profile"]``)."""
+    if profile.kind == "calibration":
+        return {"kind": "calibration", "path": profile.path, "sha256": profile.sha256,
+                "created": profile.get("created", ""), "gpus": list(profile["gpus"])}
     return {
         "path": profile.path,
         "sha256": profile.sha256,
@@ -114,7 +139,9 @@ def profile_record(profile: Profile) -> dict:
 
 
 def model_from_record(model: ModelSpec, record: dict) -> ModelSpec:
-    """Apply a plan's stored profile record to ``model`` (as the search did)."""
+    """Apply a plan's stored profile record to ``model`` (as the search did; a calibration's leaves it)."""
+    if isinstance(record, dict) and record.get("kind") == "calibration":
+        return model
     if not isinstance(record, dict) or not {"model", "units"} <= set(record):
         raise AutoparError("plan.search.profile", "is incomplete", "search the plan again with --profile")
     _check_model(model, record, "plan.search.profile", record.get("path", "?"))

@@ -14,7 +14,16 @@ A profile is plain data (see ``autopar/profile/profiler.py`` for how each part i
     cost_params: the CostParams fields the profile sets
     assumptions: what is stated rather than measured, and why
 
-``load_profile`` refuses anything else with one AutoparError line naming the field.
+A calibration (``autopar calibrate``, see ``autopar/calibrate/``) is the other kind ``--profile``
+accepts: it only replaces CostParams fields, fitted to measured runs of the GPU types it names::
+
+    format: autopar-calibration/1
+    gpus: [<catalogue GPU name>, ...]
+    cost_params: the fitted CostParams fields
+    (runs, base_params, cv, in_sample, fit: how it was fitted and how well it predicts held-out runs)
+
+``load_profile`` reads both (one reader, dispatching on the version key: ``autopar_profile`` or
+``format``) and refuses anything else with one AutoparError line naming the field.
 """
 
 from __future__ import annotations
@@ -34,6 +43,8 @@ VERSION_KEY = "autopar_profile"
 PROFILE_VERSION = 1
 COLLECTIVES_USED = ("allreduce", "allgather", "reduce_scatter", "p2p")
 FIX = "run `autopar profile -o FILE` again to write a fresh profile"
+CALIBRATION_FORMAT = "autopar-calibration/1"
+CALIBRATION_FIX = "run `autopar calibrate RUNS -o FILE` again to write a fresh calibration"
 
 
 class Profile(dict):
@@ -41,6 +52,11 @@ class Profile(dict):
 
     path: str = ""
     sha256: str = ""
+
+    @property
+    def kind(self) -> str:
+        """``calibration`` (only CostParams fields, fitted to measured runs) or ``profile`` (a measured machine)."""
+        return "calibration" if self.get("format") == CALIBRATION_FORMAT else "profile"
 
     @property
     def device_type(self) -> str:
@@ -51,8 +67,9 @@ class Profile(dict):
         return sorted(int(n) for n in self["communication"]["fits"])
 
     @property
-    def dtype_bytes(self) -> int:
-        return int(self["model"]["dtype_bytes"])
+    def dtype_bytes(self) -> int | None:
+        """The training dtype the profile measured (None for a calibration: the model's own)."""
+        return int(self["model"]["dtype_bytes"]) if self.kind == "profile" else None
 
 
 def check_profile(doc) -> None:
@@ -62,9 +79,12 @@ def check_profile(doc) -> None:
     profile also records how it was measured).
     """
     top = Fields(doc, "profile", fix=FIX)
+    if "format" in top.doc and VERSION_KEY not in top.doc:
+        check_calibration(doc)
+        return
     if VERSION_KEY not in top.doc:
-        raise AutoparError(f"profile.{VERSION_KEY}", "is missing: not an autopar profile",
-                           "give a file written by autopar profile")
+        raise AutoparError(f"profile.{VERSION_KEY}", "is missing: neither an autopar profile nor a calibration",
+                           "give a file written by autopar profile or autopar calibrate")
     if top.doc[VERSION_KEY] != PROFILE_VERSION:
         raise AutoparError(f"profile.{VERSION_KEY}", f"is version {top.doc[VERSION_KEY]!r}; this autopar reads "
                            f"version {PROFILE_VERSION}", FIX)
@@ -106,14 +126,28 @@ def check_profile(doc) -> None:
     read_cost_params(top.req_mapping("cost_params"), "profile.cost_params", FIX, partial=True)
 
 
+def check_calibration(doc) -> None:
+    """Raise AutoparError (one line, naming the field) unless ``doc`` is a calibration: its format, the
+    GPU types it was fitted on and its fitted cost parameters (typed and in range, as a plan's are)."""
+    top = Fields(doc, "calibration", fix=CALIBRATION_FIX)
+    top.req_str("format", choices=(CALIBRATION_FORMAT,), fix="give a file written by autopar calibrate")
+    for i, g in enumerate(top.req_list("gpus", nonempty=True)):
+        as_str(g, f"calibration.gpus[{i}]", fix=CALIBRATION_FIX)
+    fitted = read_cost_params(top.req_mapping("cost_params"), "calibration.cost_params", CALIBRATION_FIX,
+                              partial=True)
+    if not fitted:
+        raise AutoparError("calibration.cost_params", "is empty", CALIBRATION_FIX)
+
+
 def load_profile(path: str | os.PathLike) -> Profile:
-    """Read and check a profile file; AutoparError (one line) if it is missing, unreadable or incomplete."""
+    """Read and check a profile or calibration file (``Profile.kind`` says which); AutoparError (one line)
+    if it is missing, unreadable or incomplete."""
     p = Path(path)
     try:
         raw = p.read_bytes()
     except OSError as e:
         raise AutoparError("profile", f"cannot read {p}: {e.strerror or e}",
-                           "give the file `autopar profile -o FILE` wrote") from e
+                           "give the file `autopar profile -o FILE` or `autopar calibrate -o FILE` wrote") from e
     try:
         doc = yaml.safe_load(raw)
     except yaml.YAMLError as e:
@@ -145,9 +179,12 @@ def plain(x):
 
 
 def save_profile(doc: dict, path: str | os.PathLike) -> Path:
-    """Check ``doc`` and write it as YAML (whole or not at all)."""
+    """Check ``doc`` (a profile or a calibration) and write it as YAML (whole or not at all)."""
     doc = plain(doc)
     check_profile(doc)
-    text = "# autopar profile: what this machine measured (autopar profile --help)\n"
+    what = ("calibration: cost parameters fitted to measured runs (autopar calibrate --help)"
+            if isinstance(doc, dict) and doc.get("format") == CALIBRATION_FORMAT
+            else "profile: what this machine measured (autopar profile --help)")
+    text = f"# autopar {what}\n"
     text += yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=110)
     return write_text_atomic(path, text, "profile")

@@ -1,0 +1,74 @@
+"""``autopar calibrate RUNS... -o calibration.yaml``: its arguments and what it does (cli.py wires it in).
+
+Load the runs (``inputs.load_inputs``), choose the fields (``table.choose``), refuse fields the runs
+cannot identify, fit, cross-validate, then write the calibration whole and print (or ``--json``) its
+figures. Every refusal comes before anything is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from autopar.calibrate.table import DEFAULT_FIT, FITTABLE, choose
+
+
+def _folds(s: str) -> int:
+    try:
+        k = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--folds must be a whole number, got {s!r}") from None
+    if k < 2:
+        raise argparse.ArgumentTypeError(f"--folds must be at least 2, got {k}")
+    return k
+
+
+def add_parser(sub) -> None:
+    """The ``calibrate`` sub-command on the CLI's sub-parsers."""
+    c = sub.add_parser("calibrate", help="fit cost parameters to measured step times (use with --profile)",
+                       description="Fit cost parameters to measured runs; write a calibration that "
+                       "search/estimate accept with --profile.")
+    c.add_argument("runs", nargs="+", metavar="RUNS", help="autopar-measured/1 files, or autopar-runs/1 files "
+                   "(a list of {plan, measured_s})")
+    c.add_argument("-o", "--output", default="calibration.yaml")
+    c.add_argument("--cases", help="only these case ids (comma-separated)")
+    c.add_argument("--group", help="only the runs of this group (same model, batch and cluster)")
+    c.add_argument("--fit", help=f"fields to fit, comma-separated (default {','.join(DEFAULT_FIT)}; "
+                   f"fittable: {', '.join(r.name for r in FITTABLE)})")
+    c.add_argument("--folds", type=_folds, default=5, help="cross-validation folds (leave-one-out up to 8 runs)")
+    c.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    c.set_defaults(func=cmd_calibrate)
+
+
+def cmd_calibrate(args) -> int:
+    """Run ``autopar calibrate`` (see the module docstring); 0 on success, AutoparError on bad input."""
+    # Imported here: every other command builds this parser, and the fit pulls in scipy and the estimate.
+    from autopar.calibrate.document import calibration_doc, summary
+    from autopar.calibrate.fit import fit, jacobian, predict, refusals
+    from autopar.calibrate.inputs import load_inputs
+    from autopar.calibrate.score import cross_validate, scores
+    from autopar.profile.io import save_profile
+    from cost_models import CostParams
+
+    rows = choose(args.fit)
+    cases = [c.strip() for c in args.cases.split(",") if c.strip()] if args.cases else None
+    inputs = load_inputs(args.runs, cases, args.group)
+    runs, base = inputs.runs, CostParams()
+    bad = refusals(jacobian(runs, rows, base), rows)
+    if bad:
+        raise bad[0]
+    done = fit(runs, rows, base)
+    cv = cross_validate(runs, rows, base, args.folds)
+    default_s = [float(x) for x in predict(runs, base)]
+    groups, measured = [r.group for r in runs], [r.measured_s for r in runs]
+    figures = {"default": scores(groups, default_s, measured), "in_sample": scores(groups, done.predicted_s, measured),
+               "cv": scores(groups, cv.predicted_s, measured)}
+    doc = calibration_doc(inputs, rows, base, default_s, done, cv, figures)
+    out = save_profile(doc, args.output)
+    if args.json:
+        print(json.dumps({"calibration": str(out), "cost_params": doc["cost_params"], "figures": figures,
+                          "used": len(runs), "skipped": inputs.skipped, "fit": doc["fit"]}))
+        return 0
+    print(summary(doc))
+    print(f"wrote {out}")
+    return 0

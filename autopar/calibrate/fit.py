@@ -1,0 +1,113 @@
+"""The fit: cost parameters that make ``estimate_plan`` match measured step times.
+
+Residuals are ``log(predicted / measured)`` per run; ``scipy.optimize.least_squares`` minimises them
+with a robust loss (soft_l1: one odd run does not pull the fit) over the chosen table rows, in their
+fit coordinates (log space for scales) within their bounds, from their start points. Every evaluation
+shares one ``CostCache`` across the runs (equal layers under equal strategies are priced once).
+
+Before fitting, ``refusals`` looks at the Jacobian of the residuals at the start point: a field no
+run's prediction depends on, or two fields the runs cannot tell apart (a rank deficit of the column
+-normalised Jacobian), cannot be fitted from these runs.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from autopar.calibrate.inputs import CalRun
+from autopar.calibrate.table import Fittable, start_u, values
+from autopar.errors import AutoparError
+from autopar.estimate import CostCache, estimate_plan
+from cost_models import CostParams
+
+MAX_NFEV = 60  # evaluations of all runs per fit: a fit of ~100 runs stays within seconds
+ZERO = 1e-6  # a Jacobian column (d log predicted / d coordinate) below this everywhere: no information
+RANK_TOL = 1e-3  # singular value / largest of the column-normalised Jacobian below this: collinear
+STEP = 1e-3  # finite-difference step of the identifiability Jacobian, in fit coordinates (scaled by the range)
+
+
+def predict(runs: list[CalRun], params: CostParams) -> np.ndarray:
+    """Predicted step seconds of ``runs`` under ``params`` (one shared CostCache)."""
+    cache = CostCache()
+    return np.array([estimate_plan(r.plan, r.model, params, cache).step_time_s for r in runs])
+
+
+def _residuals(runs: list[CalRun], rows: list[Fittable], base: CostParams, u) -> np.ndarray:
+    params = replace(base, **values(rows, u))
+    return np.log(predict(runs, params) / np.array([r.measured_s for r in runs]))
+
+
+def jacobian(runs: list[CalRun], rows: list[Fittable], base: CostParams) -> np.ndarray:
+    """d residual / d fit coordinate at the start point (forward differences, stepping into the bounds)."""
+    u0 = np.array(start_u(rows, base))
+    r0 = _residuals(runs, rows, base, u0)
+    cols = []
+    for j, row in enumerate(rows):
+        lo, hi = row.bounds_u
+        h = STEP * max(1.0, hi - lo) if row.log else STEP * (hi - lo)
+        h = h if u0[j] + h <= hi else -h
+        u = u0.copy()
+        u[j] += h
+        cols.append((_residuals(runs, rows, base, u) - r0) / h)
+    return np.stack(cols, axis=1)
+
+
+def refusals(jac: np.ndarray, rows: list[Fittable]) -> list[AutoparError]:
+    """Why the fields of ``rows`` cannot be fitted from the runs behind ``jac`` (empty: they can)."""
+    out = []
+    norms = np.abs(jac).max(axis=0)
+    live = [j for j in range(len(rows)) if norms[j] >= ZERO]
+    for j in range(len(rows)):
+        if j not in live:
+            out.append(AutoparError(rows[j].name, "changes no run's predicted step time, so these runs cannot fit it",
+                                    f"add {rows[j].identified_by}, or leave it out of --fit"))
+    if len(live) < 2:
+        return out
+    cols = jac[:, live] / np.linalg.norm(jac[:, live], axis=0)
+    s = np.linalg.svd(cols, compute_uv=False)
+    if len(s) < len(live) or s[-1] < RANK_TOL * s[0]:
+        cos = np.abs(cols.T @ cols) - np.eye(len(live))
+        a, b = np.unravel_index(np.argmax(cos), cos.shape)
+        ra, rb = rows[live[a]], rows[live[b]]
+        out.append(AutoparError(f"{ra.name},{rb.name}", f"change the runs' predicted times alike (|cos| "
+                                f"{cos[a, b]:.4f}, {len(jac)} run(s)): these runs cannot tell them apart",
+                                f"fit one of them, or add {ra.identified_by} / {rb.identified_by}"))
+    return out
+
+
+@dataclass
+class Fit:
+    """A finished fit: the fitted field values, the in-sample predictions and what it cost (``nfev``:
+    distinct evaluations of every run's estimate)."""
+
+    values: dict[str, float]
+    params: CostParams
+    predicted_s: list[float]
+    nfev: int
+    seconds: float
+    message: str
+
+
+def fit(runs: list[CalRun], rows: list[Fittable], base: CostParams, max_nfev: int = MAX_NFEV) -> Fit:
+    """Fit ``rows`` to ``runs`` from ``base`` (call ``refusals`` first: this assumes they are identifiable)."""
+    t0 = time.perf_counter()
+    memo: dict[tuple, np.ndarray] = {}
+
+    def fun(u: np.ndarray) -> np.ndarray:
+        key = tuple(float(x) for x in u)
+        if key not in memo:
+            memo[key] = _residuals(runs, rows, base, u)
+        return memo[key]
+
+    lo, hi = (np.array(b) for b in zip(*(row.bounds_u for row in rows)))
+    u0 = np.clip(np.array(start_u(rows, base)), lo, hi)
+    res = least_squares(fun, u0, bounds=(lo, hi), loss="soft_l1", f_scale=0.05, max_nfev=max_nfev,
+                        x_scale="jac", diff_step=1e-4)
+    fitted = values(rows, res.x)
+    params = replace(base, **fitted)
+    pred = np.exp(fun(res.x)) * np.array([r.measured_s for r in runs])
+    return Fit(fitted, params, [float(p) for p in pred], len(memo), time.perf_counter() - t0, str(res.message))

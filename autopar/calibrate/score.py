@@ -1,0 +1,95 @@
+"""How well predictions match measured times, and the fit's held-out error (cross-validation).
+
+``scores`` gives MAPE (a fraction), Spearman's rho within each group of runs doing the same work
+(groups of 3+, averaged) and regret (measured time of the run predicted fastest / the measured
+fastest, per group of 2+, averaged): a ranking only means something among plans of the same work.
+
+``cross_validate`` holds out every run once: leave-one-out up to ``LOO_MAX`` runs, ``k`` folds beyond
+(run i in fold i mod k). Each fold is fitted on the other runs alone, so no run is ever scored by a fit
+that saw it; a field the fold's runs cannot identify keeps its base value there, and a note says so.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from scipy.stats import spearmanr
+
+from autopar.calibrate.fit import fit, jacobian, predict, refusals
+from autopar.calibrate.inputs import CalRun
+from autopar.calibrate.table import Fittable
+from cost_models import CostParams
+
+LOO_MAX = 8
+
+
+def scores(groups: list[str], predicted: list[float], measured: list[float]) -> dict:
+    """``{mape, spearman, spearman_groups, regret, regret_groups}`` of the runs (None: no group to rank)."""
+    ratios = [p / m for p, m in zip(predicted, measured)]
+    out: dict = {"runs": len(ratios), "mape": statistics.fmean(abs(x - 1) for x in ratios) if ratios else None}
+    rhos, regrets = [], []
+    for g in dict.fromkeys(groups):
+        idx = [i for i, x in enumerate(groups) if x == g]
+        p, m = [predicted[i] for i in idx], [measured[i] for i in idx]
+        if len(idx) >= 3:
+            rho = spearmanr(p, m).statistic
+            if rho == rho:  # NaN: a constant column
+                rhos.append(float(rho))
+        if len(idx) >= 2:
+            regrets.append(m[min(range(len(idx)), key=p.__getitem__)] / min(m))
+    out["spearman"] = statistics.fmean(rhos) if rhos else None
+    out["spearman_groups"] = len(rhos)
+    out["regret"] = statistics.fmean(regrets) if regrets else None
+    out["regret_groups"] = len(regrets)
+    return out
+
+
+def folds(n: int, k: int) -> list[list[int]]:
+    """Held-out index sets: one per run up to ``LOO_MAX`` runs, else ``k`` interleaved folds."""
+    k = n if n <= LOO_MAX else min(k, n)
+    return [list(range(j, n, k)) for j in range(k)]
+
+
+def identifiable(runs: list[CalRun], rows: list[Fittable], base: CostParams) -> tuple[list[Fittable], list[str]]:
+    """The rows ``runs`` can fit, and a line per row they cannot: a row no prediction depends on, and
+    the second of a collinear pair (until the rest is of full rank)."""
+    jac, keep, notes = jacobian(runs, rows, base), list(range(len(rows))), []
+    while keep:
+        bad = refusals(jac[:, keep], [rows[j] for j in keep])
+        if not bad:
+            break
+        drop = {e.field.split(",")[-1] for e in bad}
+        notes += [str(e) for e in bad]
+        keep = [j for j in keep if rows[j].name not in drop]
+    return [rows[j] for j in keep], notes
+
+
+@dataclass
+class CrossValidation:
+    """Held-out predictions (one per run, in run order), the folds and what a fold could not fit."""
+
+    predicted_s: list[float]
+    folds: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def fit_identifiable(runs: list[CalRun], rows: list[Fittable], base: CostParams) -> tuple[CostParams, list[str]]:
+    """Params fitted to ``runs`` on the rows they identify; the others keep their base values (with notes)."""
+    ok, notes = identifiable(runs, rows, base)
+    return (fit(runs, ok, base).params if ok else base), notes
+
+
+def cross_validate(runs: list[CalRun], rows: list[Fittable], base: CostParams, k: int = 5) -> CrossValidation:
+    """Every run predicted by a fit on the other runs (see the module docstring)."""
+    pred = [0.0] * len(runs)
+    cv = CrossValidation(pred)
+    for j, held in enumerate(folds(len(runs), k)):
+        train = [r for i, r in enumerate(runs) if i not in held]
+        params, notes = fit_identifiable(train, rows, base)
+        cv.notes += [f"fold {j + 1}: {n}" for n in notes]
+        for i, p in zip(held, predict([runs[i] for i in held], params)):
+            pred[i] = float(p)
+        cv.folds.append({"held_out": [runs[i].case_id for i in held],
+                         "fitted": {r.name: float(getattr(params, r.name)) for r in rows}})
+    return cv

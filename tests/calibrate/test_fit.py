@@ -1,0 +1,54 @@
+"""The fit: synthetic runs made from known parameters give those parameters back; fields the runs cannot
+identify (no effect, or collinear) are refused by name, with the runs that would identify them."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from autopar.calibrate.fit import fit, jacobian, predict, refusals
+from autopar.calibrate.inputs import load_inputs
+from autopar.calibrate.table import choose
+from cost_models import CostParams
+from tests.calibrate.synthetic import SHAPES, TRUE, write_measured
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    return load_inputs([str(write_measured(tmp_path_factory.mktemp("syn") / "m.yaml"))]).runs
+
+
+def test_round_trip_recovers_the_parameters(runs):
+    rows = choose("eff_max,layer_overhead_s,overlap_sync")
+    assert refusals(jacobian(runs, rows, CostParams()), rows) == []
+    t0 = time.perf_counter()
+    done = fit(runs, rows, CostParams())
+    assert time.perf_counter() - t0 < 30
+    for name, want in TRUE.items():
+        assert done.values[name] == pytest.approx(want, rel=0.02), name
+    assert done.predicted_s == pytest.approx([r.measured_s for r in runs], rel=1e-3)
+    assert done.params.eff_max == done.values["eff_max"]
+
+
+def test_predict_is_estimate_plan_under_the_params(runs):
+    from autopar.estimate import estimate_plan
+
+    p = CostParams(eff_max=0.45)
+    assert list(predict(runs[:3], p)) == [estimate_plan(r.plan, r.model, p).step_time_s for r in runs[:3]]
+
+
+def test_a_field_no_run_depends_on_is_refused(tmp_path):
+    plain = [s for s in SHAPES if s[5] != 3]  # no ZeRO-3 run
+    runs = load_inputs([str(write_measured(tmp_path / "m.yaml", shapes=plain))]).runs
+    rows = choose("eff_max,overlap_zero3")
+    bad = refusals(jacobian(runs, rows, CostParams()), rows)
+    assert [e.field for e in bad] == ["overlap_zero3"]
+    assert "changes no run's predicted step time" in str(bad[0]) and "runs with zero: 3" in str(bad[0])
+
+
+def test_collinear_fields_are_refused_naming_the_pair(runs):
+    rows = choose("eff_max,layer_overhead_s")
+    bad = refusals(jacobian(runs[:1], rows, CostParams()), rows)  # one run: two fields, one equation
+    assert [e.field for e in bad] == ["eff_max,layer_overhead_s"]
+    assert "cannot tell them apart" in str(bad[0])
