@@ -2,9 +2,8 @@
 
 Reads every ``autopar-measured/1`` file in ``../shared/measured/`` (beside the repository, skipped when
 absent) and ``benchmarks/data/`` with ``autopar.measured.load_runs``, estimates every runnable case with
-the default cost parameters (``estimate_plan(plan, model)``; no fitting here: calibration comes later, on
-held-out splits) and reports per source and per group (cases doing the same work on the same cluster:
-model shape and heads, sequence length, global batch, GPUs):
+the default cost parameters (``estimate_plan(plan, model)``) and reports per source and per group (cases
+doing the same work on the same cluster: model shape and heads, sequence length, global batch, GPUs):
 
 * used / skipped cases (skipped by reason: inexpressible, suspect, unpublished, unknown GPU, refused);
 * MAPE of the step time, and the median predicted / measured ratio (< 1: the model is optimistic);
@@ -14,6 +13,14 @@ model shape and heads, sequence length, global batch, GPUs):
 * out of memory: of the ``failed`` cases (did not run), how many the model says do not fit
   (``est.fits`` false), and how many plans that did run it predicts not to fit.
 
+Calibrated, held out (``autopar.calibrate``, fitting every field of its table, ``FITTABLE``, that the
+training runs identify; the others keep their defaults): a group of 4+ runs is fitted on
+at most 8 of its runs (9+: 8 spread over the group, the others scored; 4-8: leave-one-out within the
+group); a run of a smaller group is scored by a fit on the (at most 8) other runs of its source nearest
+to it (same GPUs, then closest device count). No fitted run is ever scored. Per source: calibrated MAPE,
+Spearman and regret of the scored runs next to the defaults'; ``targets``: the issue's targets (MAPE <=
+0.12, Spearman >= 0.9, regret <= 1.03) over the runs of groups of 4+ (calibrated on their own cluster).
+
     python benchmarks/measured_fidelity.py        # prints the table, writes results/measured_fidelity.json
 """
 
@@ -21,18 +28,23 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 from pathlib import Path
 
 from scipy.stats import spearmanr
 
+from autopar.calibrate import FITTABLE, CalRun, fit_identifiable, predict, scores
 from autopar.estimate import estimate_plan
 from autopar.measured import RunSet, load_runs
+from cost_models import CostParams
 
 HERE = Path(__file__).resolve().parent
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "measured"
 DATA = HERE / "data"
+CAL_MAX, CAL_GROUP = 8, 4  # fit on at most 8 runs; groups of 4+ are calibrated on their own runs
+TARGETS = {"mape": 0.12, "spearman": 0.9, "regret": 1.03}
 
 
 def measured_files() -> list[Path]:
@@ -59,14 +71,73 @@ def _stats(rows: list[dict]) -> dict:
     return out
 
 
+def _nearest(runs: list[CalRun], i: int) -> list[CalRun]:
+    """The (at most ``CAL_MAX``) runs of the source nearest run ``i``: same GPUs, then closest device count."""
+    def world(r: CalRun) -> int:
+        return r.plan.world_size
+
+    others = [j for j in range(len(runs)) if j != i]
+    others.sort(key=lambda j: (runs[j].gpus != runs[i].gpus, abs(math.log(world(runs[j]) / world(runs[i]))),
+                               abs(j - i)))
+    return [runs[j] for j in others[:CAL_MAX]]
+
+
+def calibrated(rs: RunSet) -> dict[str, dict]:
+    """Per scored run: its held-out calibrated prediction and how it was fitted (see the module docstring)."""
+    runs = [CalRun(r.case_id, r.plan, r.model, float(r.measured_s), r.group, rs.name) for r in rs.runs]
+    rows, base, out = list(FITTABLE), CostParams(), {}
+
+    def score_with(train: list[CalRun], test: list[CalRun], how: str) -> None:
+        params, notes = fit_identifiable(train, rows, base)
+        fitted = {r.name: float(getattr(params, r.name)) for r in rows}
+        for run, p in zip(test, predict(test, params)):
+            out[run.case_id] = {"predicted_s": float(p), "how": how, "trained_on": len(train), "fitted": fitted,
+                                "notes": notes}
+
+    small = []
+    for g in dict.fromkeys(r.group for r in runs):
+        members = [r for r in runs if r.group == g]
+        if len(members) < CAL_GROUP:
+            small += members
+        elif len(members) > CAL_MAX:
+            train = [members[round(k * (len(members) - 1) / (CAL_MAX - 1))] for k in range(CAL_MAX)]
+            score_with(train, [r for r in members if r not in train], "group, 8 fitted")
+        elif len(members) >= CAL_GROUP:
+            for r in members:
+                score_with([m for m in members if m is not r], [r], "group, leave-one-out")
+    for r in small:  # a group of 4+'s fitted runs are never scored, not even by another fit
+        if len(runs) > 1:
+            score_with(_nearest(runs, runs.index(r)), [r], "source, leave-one-out")
+    return out
+
+
+def _cal_stats(cases: list[dict], only_groups: bool = False) -> dict:
+    """Calibrated (held out) and default figures over the scored cases (``only_groups``: of groups of 4+)."""
+    rows = [c for c in cases if c.get("calibrated_s") is not None
+            and (not only_groups or c["calibrated_how"].startswith("group"))]
+    groups, measured = [c["group"] for c in rows], [c["measured_s"] for c in rows]
+    cal = scores(groups, [c["calibrated_s"] for c in rows], measured)
+    default = scores(groups, [c["predicted_s"] for c in rows], measured)
+    out = {"scored": len(rows), **{k: cal[k] for k in ("mape", "spearman", "regret")},
+           **{f"default_{k}": default[k] for k in ("mape", "spearman", "regret")}}
+    if only_groups:
+        out["met"] = {k: out[k] is not None and (out[k] >= v if k == "spearman" else out[k] <= v)
+                      for k, v in TARGETS.items()}
+    return out
+
+
 def score(rs: RunSet) -> dict:
     """The figures of one source: per case, per group and for the whole source."""
     cases = []
+    cal = calibrated(rs)
     for run in rs.runs + rs.failed:
         est = estimate_plan(run.plan, run.model)
+        held = cal.get(run.case_id, {})
         cases.append({"id": run.case_id, "group": run.group, "status": run.status, "measured_s": run.measured_s,
                       "predicted_s": est.step_time_s, "fits": est.fits, "max_memory_gib": est.max_memory_gib,
-                      "source_predicted_s": run.source_predicted_s, "notes": run.notes})
+                      "source_predicted_s": run.source_predicted_s, "calibrated_s": held.get("predicted_s"),
+                      "calibrated_how": held.get("how"), "calibrated_fit": held.get("fitted"),
+                      "calibrated_notes": held.get("notes"), "notes": run.notes})
     groups = {}
     for g in dict.fromkeys(c["group"] for c in cases):
         rows = [c for c in cases if c["group"] == g]
@@ -82,6 +153,8 @@ def score(rs: RunSet) -> dict:
         src[f"{key}_groups"] = len(vals)
     for key in ("failed", "failed_said_oom", "ran_said_oom"):
         src[key] = sum(g[key] for g in groups.values())
+    src["calibrated"] = _cal_stats(cases)
+    src["calibrated_groups_of_4"] = _cal_stats(cases, only_groups=True)
     return {"name": rs.name, "path": rs.path, "source": rs.source, "cases_in_file": rs.total, **src, "skipped": rs.skip_counts(),
             "skipped_cases": [{"id": s.case_id, "reason": s.reason, "detail": s.detail} for s in rs.skipped],
             "notes": rs.notes, "groups": groups, "cases": cases}
@@ -112,6 +185,25 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def calibrated_table(results: list[dict]) -> str:
+    """Defaults vs calibrated (held out) per source, over the runs the calibration scored."""
+    head = (f"{'source':<34} {'scored':>6} {'MAPE% def':>9} {'cal':>6} {'rho def':>7} {'cal':>5} "
+            f"{'regret def':>10} {'cal':>6}")
+    lines = [head, "-" * len(head)]
+    for r in results:
+        c = r["calibrated"]
+        lines.append(f"{r['name']:<34} {c['scored']:>6} {_fmt(c['default_mape'] and 100 * c['default_mape'], '.1f'):>9} "
+                     f"{_fmt(c['mape'] and 100 * c['mape'], '.1f'):>6} {_fmt(c['default_spearman'], '.2f'):>7} "
+                     f"{_fmt(c['spearman'], '.2f'):>5} {_fmt(c['default_regret'], '.3f'):>10} {_fmt(c['regret'], '.3f'):>6}")
+    return "\n".join(lines)
+
+
+def targets(results: list[dict]) -> dict:
+    """The issue's targets over the runs of groups of 4+ (fitted on at most 8 runs of their own group)."""
+    cases = [c for r in results for c in r["cases"]]
+    return _cal_stats(cases, only_groups=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-o", "--output", default=str(HERE / "results" / "measured_fidelity.json"))
@@ -120,7 +212,15 @@ def main() -> None:
     for r in results:  # repository-relative: the results file must not name this machine's folders
         r["path"] = os.path.relpath(r["path"], HERE.parent)
     print(table(results))
-    out = {"what": __doc__.splitlines()[0], "cost_params": "defaults", "sources": results}
+    print()
+    print(f"calibrated (fitting what the runs identify of {', '.join(r.name for r in FITTABLE)}), held out:")
+    print(calibrated_table(results))
+    met = targets(results)
+    print(f"targets over groups of {CAL_GROUP}+ ({met['scored']} scored runs): MAPE {_fmt(met['mape'], '.3f')} "
+          f"(<= {TARGETS['mape']}), Spearman {_fmt(met['spearman'], '.3f')} (>= {TARGETS['spearman']}), regret "
+          f"{_fmt(met['regret'], '.3f')} (<= {TARGETS['regret']}): met {met['met']}")
+    out = {"what": __doc__.splitlines()[0], "cost_params": "defaults; calibrated: fitted on other runs (held out)",
+           "targets": met, "sources": results}
     Path(args.output).write_text(json.dumps(out, indent=1, default=float) + "\n")
     print(f"wrote {args.output}")
 

@@ -43,7 +43,7 @@ class Fittable:
 
 
 FITTABLE: tuple[Fittable, ...] = (
-    Fittable("eff_max", 0.01, 1.0, True, "any runs (it scales every compute time)", default=True),
+    Fittable("eff_max", 0.01, 1.0, True, "runs whose time is mostly compute", default=True),
     Fittable("layer_overhead_s", 1e-7, 0.05, True, "runs with little work per layer call (small micro-batches, "
              "high TP) next to runs with much", default=True),
     Fittable("overlap_sync", 0.0, 1.0, False, "runs with dp > 1 whose gradient sync is long against the backward",

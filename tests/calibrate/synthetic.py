@@ -3,6 +3,7 @@ under known cost parameters, so a calibration must find those parameters again."
 
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 from pathlib import Path
 
@@ -31,8 +32,8 @@ def measured_doc(shapes=SHAPES, name: str = "synthetic") -> dict:
     cases = [{"id": f"syn-{i:02d}", "pp": pp, "tp": tp, "dp": dp, "micro_batch_size": mbs, "num_microbatches": m,
               "zero": zero, "ckpt": ckpt, "measured_s": 1.0}
              for i, (pp, tp, dp, mbs, m, zero, ckpt) in enumerate(shapes)]
-    return {"format": "autopar-measured/1", "name": name, "source": {"repo": "tests"}, "model": MODEL,
-            "cluster": CLUSTER, "global_batch_size": 32, "schedule": "1f1b", "cases": cases}
+    return {"format": "autopar-measured/1", "name": name, "source": {"repo": "tests"}, "model": copy.deepcopy(MODEL),
+            "cluster": copy.deepcopy(CLUSTER), "global_batch_size": 32, "schedule": "1f1b", "cases": cases}
 
 
 def write_measured(path: Path, true: dict | None = None, shapes=SHAPES, name: str = "synthetic") -> Path:
