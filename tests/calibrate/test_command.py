@@ -76,3 +76,16 @@ def test_a_calibration_that_is_gone_leaves_a_note(calibration, tmp_path, capsys)
     open(path, "w").write(yaml.safe_dump(doc))
     assert main(["validate", path]) == 0
     assert "calibration" in capsys.readouterr().out.splitlines()[1]
+
+
+def test_calibrate_json_is_one_object_with_the_figures(tmp_path, capsys):
+    doc = yaml.safe_load(open(write_measured(tmp_path / "m.yaml")))
+    doc["cases"][0].update(status="failed", measured_s=None)
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump(doc))
+    capsys.readouterr()
+    assert main(["calibrate", str(tmp_path / "m.yaml"), "--folds", "3", "-o", str(tmp_path / "c.yaml"), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["used"] == 13 and [s["id"] for s in got["skipped"]] == ["syn-00"]
+    assert set(got["figures"]) == {"default", "in_sample", "cv"} and set(got["cost_params"]) == {"eff_max",
+                                                                                                  "layer_overhead_s"}
+    assert yaml.safe_load((tmp_path / "c.yaml").read_text())["cv"]["method"] == "3-fold"
