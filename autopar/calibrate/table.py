@@ -51,6 +51,8 @@ FITTABLE: tuple[Fittable, ...] = (
     Fittable("overlap_zero3", 0.0, 1.0, False, "runs with zero: 3", start=0.5),
     Fittable("act_traffic", 0.05, 30.0, True, "runs where memory-bound kernels weigh (small hidden sizes on "
              "low-bandwidth GPUs, eager attention) next to GEMM-bound ones"),
+    Fittable("slot_overhead_s", 1e-7, 0.1, True, "runs with pipeline parallelism and different numbers of "
+             "micro-batches or stages", start=1e-4),
 )
 BY_NAME = {row.name: row for row in FITTABLE}
 DEFAULT_FIT = tuple(row.name for row in FITTABLE if row.default)
