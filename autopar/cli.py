@@ -65,11 +65,11 @@ def cmd_search(args) -> int:
     from autopar.search import SearchOptions, search
 
     profile = _load_profile(args.profile)
-    model = _load_model(args.model, args.seq_len, profile.dtype_bytes if profile else activation_bytes(args.precision))
+    measured = profile is not None and profile.kind == "profile"  # a calibration goes with any precision
+    model = _load_model(args.model, args.seq_len, profile.dtype_bytes if measured else activation_bytes(args.precision))
     opts = SearchOptions(memory_budget_gib=args.memory_budget, time_budget_s=args.time_budget,
                          schedule=args.schedule, progress=not args.json and sys.stderr.isatty())
-    cluster, opts.params = at_precision(load_cluster(args.cluster), opts.params, args.precision,
-                                        profiled=profile is not None)
+    cluster, opts.params = at_precision(load_cluster(args.cluster), opts.params, args.precision, profiled=measured)
     if profile is not None:  # measured numbers in place of catalogue figures (autopar/profile/apply.py)
         from autopar.profile import apply_profile, apply_profile_model
 

@@ -75,7 +75,7 @@ def load_planned(path: str | os.PathLike, profile: str | os.PathLike | Profile |
     notes = [check_stored_params(plan, prof)] if check else []
     if precision is not None and precision != plan.precision:
         cluster, params = at_precision(plan.cluster, plan_cost_params(plan), precision,
-                                       profiled=prof is not None or plan.search.get("profile") is not None)
+                                       profiled=_machine(prof) or _machine(plan.search.get("profile")))
         plan = replace(plan, cluster=cluster, search={**plan.search, "cost_params": params.to_dict()})
     record = plan.search.get("profile")
     if prof is not None and isinstance(record, dict) and record.get("sha256") != prof.sha256:
@@ -90,11 +90,20 @@ def load_planned(path: str | os.PathLike, profile: str | os.PathLike | Profile |
         if record is not None:
             model = model_from_record(model, record)
         return Planned(plan, model, plan_cost_params(plan), notes)
-    at_precision(plan.cluster, plan_cost_params(plan), plan.precision, profiled=True)  # a profile: bf16 only
-    model = apply_profile_model(load_model(source, plan.model.seq_len, dtype_bytes=prof.dtype_bytes), prof)
+    at_precision(plan.cluster, plan_cost_params(plan), plan.precision, profiled=_machine(prof))  # a profile: bf16
+    dtype = prof.dtype_bytes if _machine(prof) else activation_bytes(plan.precision)
+    model = apply_profile_model(load_model(source, plan.model.seq_len, dtype_bytes=dtype), prof)
     cluster, params = apply_profile(plan.cluster, plan_cost_params(plan), prof)
     plan = replace(plan, cluster=cluster, search={**plan.search, "profile": profile_record(prof)})
     return Planned(plan, model, params, notes)
+
+
+def _machine(profile: Profile | dict | None) -> bool:
+    """Whether ``profile`` (a loaded file or a plan's record of one) is a machine profile, measured in the
+    runtime's own dtype (a calibration only replaces cost parameters: any precision goes with it)."""
+    if isinstance(profile, Profile):
+        return profile.kind == "profile"
+    return profile is not None and not (isinstance(profile, dict) and profile.get("kind") == "calibration")
 
 
 def _same(a: object, b: object) -> bool:
@@ -128,14 +137,14 @@ def check_stored_params(plan: Plan, profile: Profile | None = None) -> str:
     else:
         if not isinstance(record, dict):
             raise AutoparError("plan.search.profile", "is not a mapping", "search the plan again with --profile")
-        at_precision(plan.cluster, stored, plan.precision, profiled=True)  # a profiled plan is at bf16
+        at_precision(plan.cluster, stored, plan.precision, profiled=_machine(record))  # a profiled plan: bf16
         prof = profile if profile is not None and profile.sha256 == record.get("sha256") else _recorded_profile(record)
         if prof is None:
             _check_cluster_source(plan, None, measured=True)
             kind = "calibration" if record.get("kind") == "calibration" else "profile"
             return (f"note: {kind} {record.get('path', '?')} (sha256 {str(record.get('sha256'))[:12]}) is not here: "
                     "the plan's cost parameters were checked for range only (pass --profile to re-check them)")
-        expected = apply_profile(plan.cluster, CostParams(), prof)[1]
+        expected = apply_profile(plan.cluster, precision_params(plan.precision), prof)[1]
         what, word = f"what {prof.kind} {prof.path} gives", prof.kind
     for f in fields(CostParams):
         a, b = getattr(stored, f.name), getattr(expected, f.name)

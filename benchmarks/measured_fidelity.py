@@ -36,7 +36,7 @@ from pathlib import Path
 from scipy.stats import spearmanr
 
 from autopar.calibrate import FITTABLE, CalRun, fit_identifiable, predict, scores
-from autopar.estimate import estimate_plan
+from autopar.estimate import estimate_plan, plan_cost_params
 from autopar.measured import RunSet, load_runs
 from cost_models import CostParams
 
@@ -84,13 +84,13 @@ def _nearest(runs: list[CalRun], i: int) -> list[CalRun]:
 
 def calibrated(rs: RunSet) -> dict[str, dict]:
     """Per scored run: its held-out calibrated prediction and how it was fitted (see the module docstring)."""
-    runs = [CalRun(r.case_id, r.plan, r.model, float(r.measured_s), r.group, rs.name) for r in rs.runs]
-    rows, base, out = list(FITTABLE), CostParams(), {}
+    runs = [CalRun(r.case_id, r.plan, r.model, float(r.measured_s), r.group, rs.name, plan_cost_params(r.plan))
+            for r in rs.runs]
+    rows, start, out = list(FITTABLE), CostParams(), {}
 
     def score_with(train: list[CalRun], test: list[CalRun], how: str) -> None:
-        params, notes = fit_identifiable(train, rows, base)
-        fitted = {r.name: float(getattr(params, r.name)) for r in rows}
-        for run, p in zip(test, predict(test, params)):
+        fitted, notes = fit_identifiable(train, rows, start)
+        for run, p in zip(test, predict(test, fitted)):
             out[run.case_id] = {"predicted_s": float(p), "how": how, "trained_on": len(train), "fitted": fitted,
                                 "notes": notes}
 

@@ -53,17 +53,17 @@ def cmd_calibrate(args) -> int:
     rows = choose(args.fit)
     cases = [c.strip() for c in args.cases.split(",") if c.strip()] if args.cases else None
     inputs = load_inputs(args.runs, cases, args.group)
-    runs, base = inputs.runs, CostParams()
-    bad = refusals(jacobian(runs, rows, base), rows)
+    runs, start = inputs.runs, CostParams()  # the fitted fields start at the defaults (or their row's start)
+    bad = refusals(jacobian(runs, rows, start), rows)
     if bad:
         raise bad[0]
-    done = fit(runs, rows, base)
-    cv = cross_validate(runs, rows, base, args.folds)
-    default_s = [float(x) for x in predict(runs, base)]
+    done = fit(runs, rows, start)
+    cv = cross_validate(runs, rows, start, args.folds)
+    default_s = [float(x) for x in predict(runs, {})]
     groups, measured = [r.group for r in runs], [r.measured_s for r in runs]
     figures = {"default": scores(groups, default_s, measured), "in_sample": scores(groups, done.predicted_s, measured),
                "cv": scores(groups, cv.predicted_s, measured)}
-    doc = calibration_doc(inputs, rows, base, default_s, done, cv, figures)
+    doc = calibration_doc(inputs, rows, start, default_s, done, cv, figures)
     out = save_profile(doc, args.output)
     if args.json:
         print(json.dumps({"calibration": str(out), "cost_params": doc["cost_params"], "figures": figures,

@@ -1,8 +1,8 @@
 """The calibration file (``autopar-calibration/1``) and its printed summary.
 
 The document holds what ``--profile`` needs (``format``, ``gpus``, ``cost_params``: the fitted fields
-only; read back by ``autopar.profile.load_profile``) and how it came to be: the base parameters the
-fit started from, every run used (measured, default, fitted and held-out seconds) and every case
+only; read back by ``autopar.profile.load_profile``) and how it came to be: the base parameters (the
+defaults the fitted fields started from; each run is estimated with its own plan's, at its precision), every run used (measured, default, fitted and held-out seconds) and every case
 left out with its reason, the fit's cost, and its error in sample, held out (cross-validation) and
 with the base parameters, so a reader can judge it without running anything.
 """

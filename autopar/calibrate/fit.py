@@ -1,6 +1,7 @@
 """The fit: cost parameters that make ``estimate_plan`` match measured step times.
 
-Residuals are ``log(predicted / measured)`` per run; ``scipy.optimize.least_squares`` minimises them
+Residuals are ``log(predicted / measured)`` per run, each run estimated with its own cost parameters
+(``CalRun.base``) with the fitted fields replaced; ``scipy.optimize.least_squares`` minimises them
 with a robust loss (soft_l1: one odd run does not pull the fit) over the chosen table rows, in their
 fit coordinates (log space for scales) within their bounds, from their start points. Every evaluation
 shares one ``CostCache`` across the runs (equal layers under equal strategies are priced once).
@@ -30,21 +31,22 @@ RANK_TOL = 1e-3  # singular value / largest of the column-normalised Jacobian be
 STEP = 1e-3  # finite-difference step of the identifiability Jacobian, in fit coordinates (scaled by the range)
 
 
-def predict(runs: list[CalRun], params: CostParams) -> np.ndarray:
-    """Predicted step seconds of ``runs`` under ``params`` (one shared CostCache)."""
+def predict(runs: list[CalRun], fitted: dict[str, float]) -> np.ndarray:
+    """Predicted step seconds of ``runs``, each with its own cost parameters and the ``fitted`` fields
+    (``{}``: the run's own alone); one CostCache shared by the runs."""
     cache = CostCache()
-    return np.array([estimate_plan(r.plan, r.model, params, cache).step_time_s for r in runs])
+    return np.array([estimate_plan(r.plan, r.model, replace(r.base, **fitted), cache).step_time_s for r in runs])
 
 
-def _residuals(runs: list[CalRun], rows: list[Fittable], base: CostParams, u) -> np.ndarray:
-    params = replace(base, **values(rows, u))
-    return np.log(predict(runs, params) / np.array([r.measured_s for r in runs]))
+def _residuals(runs: list[CalRun], rows: list[Fittable], u) -> np.ndarray:
+    return np.log(predict(runs, values(rows, u)) / np.array([r.measured_s for r in runs]))
 
 
-def jacobian(runs: list[CalRun], rows: list[Fittable], base: CostParams) -> np.ndarray:
-    """d residual / d fit coordinate at the start point (forward differences, stepping into the bounds)."""
-    u0 = np.array(start_u(rows, base))
-    r0 = _residuals(runs, rows, base, u0)
+def jacobian(runs: list[CalRun], rows: list[Fittable], start: CostParams) -> np.ndarray:
+    """d residual / d fit coordinate at the start point (``start``'s values, or the rows' own starts;
+    forward differences, stepping into the bounds)."""
+    u0 = np.array(start_u(rows, start))
+    r0 = _residuals(runs, rows, u0)
     cols = []
     for j, row in enumerate(rows):
         lo, hi = row.bounds_u
@@ -52,7 +54,7 @@ def jacobian(runs: list[CalRun], rows: list[Fittable], base: CostParams) -> np.n
         h = h if u0[j] + h <= hi else -h
         u = u0.copy()
         u[j] += h
-        cols.append((_residuals(runs, rows, base, u) - r0) / h)
+        cols.append((_residuals(runs, rows, u) - r0) / h)
     return np.stack(cols, axis=1)
 
 
@@ -85,29 +87,27 @@ class Fit:
     distinct evaluations of every run's estimate)."""
 
     values: dict[str, float]
-    params: CostParams
     predicted_s: list[float]
     nfev: int
     seconds: float
     message: str
 
 
-def fit(runs: list[CalRun], rows: list[Fittable], base: CostParams, max_nfev: int = MAX_NFEV) -> Fit:
-    """Fit ``rows`` to ``runs`` from ``base`` (call ``refusals`` first: this assumes they are identifiable)."""
+def fit(runs: list[CalRun], rows: list[Fittable], start: CostParams, max_nfev: int = MAX_NFEV) -> Fit:
+    """Fit ``rows`` to ``runs`` from ``start`` (as ``jacobian``; call ``refusals`` first: this assumes the
+    rows are identifiable)."""
     t0 = time.perf_counter()
     memo: dict[tuple, np.ndarray] = {}
 
     def fun(u: np.ndarray) -> np.ndarray:
         key = tuple(float(x) for x in u)
         if key not in memo:
-            memo[key] = _residuals(runs, rows, base, u)
+            memo[key] = _residuals(runs, rows, u)
         return memo[key]
 
     lo, hi = (np.array(b) for b in zip(*(row.bounds_u for row in rows)))
-    u0 = np.clip(np.array(start_u(rows, base)), lo, hi)
+    u0 = np.clip(np.array(start_u(rows, start)), lo, hi)
     res = least_squares(fun, u0, bounds=(lo, hi), loss="soft_l1", f_scale=0.05, max_nfev=max_nfev,
                         x_scale="jac", diff_step=1e-4)
-    fitted = values(rows, res.x)
-    params = replace(base, **fitted)
     pred = np.exp(fun(res.x)) * np.array([r.measured_s for r in runs])
-    return Fit(fitted, params, [float(p) for p in pred], len(memo), time.perf_counter() - t0, str(res.message))
+    return Fit(values(rows, res.x), [float(p) for p in pred], len(memo), time.perf_counter() - t0, str(res.message))

@@ -24,12 +24,14 @@ from pathlib import Path
 import yaml
 
 from autopar.errors import AutoparError
+from autopar.estimate import plan_cost_params
 from autopar.fields import Fields, as_list, as_str
 from autopar.measured import load_runs
 from autopar.modelspec.spec import ModelSpec
 from autopar.plan.schema import Plan
 from autopar.plan.validate import plan_problems
 from autopar.planned import load_planned
+from cost_models import CostParams
 
 MEASURED_FORMAT = "autopar-measured/1"
 RUNS_FORMAT = "autopar-runs/1"
@@ -38,7 +40,9 @@ HARD_SKIPS = ("unknown GPU", "refused")  # bad input, not a limitation of autopa
 
 @dataclass(frozen=True)
 class CalRun:
-    """One run to fit to: ``group`` names the runs that did the same work on the same cluster."""
+    """One run to fit to: ``group`` names the runs that did the same work on the same cluster; ``base``:
+    the cost parameters the run is estimated with (the plan's own: the defaults at its precision), which
+    the fitted fields replace."""
 
     case_id: str
     plan: Plan
@@ -46,6 +50,7 @@ class CalRun:
     measured_s: float
     group: str
     source: str
+    base: CostParams
 
     @property
     def gpus(self) -> list[str]:
@@ -76,7 +81,8 @@ def _format(path: Path) -> str:
 def _measured(path: Path, out: Inputs) -> None:
     rs = load_runs(path)
     for run in rs.runs:
-        out.runs.append(CalRun(run.case_id, run.plan, run.model, float(run.measured_s), run.group, rs.name))
+        out.runs.append(CalRun(run.case_id, run.plan, run.model, float(run.measured_s), run.group, rs.name,
+                               plan_cost_params(run.plan)))
     for run in rs.failed:
         out.skipped.append({"id": run.case_id, "source": rs.name, "reason": "failed",
                             "detail": "did not run (no step time to fit)"})
@@ -106,7 +112,7 @@ def _planned(path: Path, out: Inputs) -> None:
             raise AutoparError(c.at("plan"), f"{rel} does not match its model: {problems[0]}",
                                "give the plan autopar search wrote for this model")
         group = f"{model.name} s{model.seq_len} gbs{plan.global_batch_size} on {plan.cluster.describe()}"
-        out.runs.append(CalRun(case, plan, model, measured, group, path.name))
+        out.runs.append(CalRun(case, plan, model, measured, group, path.name, planned.params))
 
 
 def _select(found: Inputs, cases: list[str] | None, group: str | None) -> Inputs:

@@ -6,7 +6,8 @@ fastest, per group of 2+, averaged): a ranking only means something among plans 
 
 ``cross_validate`` holds out every run once: leave-one-out up to ``LOO_MAX`` runs, ``k`` folds beyond
 (run i in fold i mod k). Each fold is fitted on the other runs alone, so no run is ever scored by a fit
-that saw it; a field the fold's runs cannot identify keeps its base value there, and a note says so.
+that saw it; a field the fold's runs cannot identify is not fitted there (the runs' own value), and a
+note says so. ``start``: where the fitted fields start (``table.start_u``).
 """
 
 from __future__ import annotations
@@ -51,10 +52,10 @@ def folds(n: int, k: int) -> list[list[int]]:
     return [list(range(j, n, k)) for j in range(k)]
 
 
-def identifiable(runs: list[CalRun], rows: list[Fittable], base: CostParams) -> tuple[list[Fittable], list[str]]:
+def identifiable(runs: list[CalRun], rows: list[Fittable], start: CostParams) -> tuple[list[Fittable], list[str]]:
     """The rows ``runs`` can fit, and a line per row they cannot: a row no prediction depends on, and
     the second of a collinear pair (until the rest is of full rank)."""
-    jac, keep, notes = jacobian(runs, rows, base), list(range(len(rows))), []
+    jac, keep, notes = jacobian(runs, rows, start), list(range(len(rows))), []
     while keep:
         bad = refusals(jac[:, keep], [rows[j] for j in keep])
         if not bad:
@@ -74,22 +75,21 @@ class CrossValidation:
     notes: list[str] = field(default_factory=list)
 
 
-def fit_identifiable(runs: list[CalRun], rows: list[Fittable], base: CostParams) -> tuple[CostParams, list[str]]:
-    """Params fitted to ``runs`` on the rows they identify; the others keep their base values (with notes)."""
-    ok, notes = identifiable(runs, rows, base)
-    return (fit(runs, ok, base).params if ok else base), notes
+def fit_identifiable(runs: list[CalRun], rows: list[Fittable], start: CostParams) -> tuple[dict[str, float], list[str]]:
+    """The fields of the rows ``runs`` identify, fitted to them; a note per row left out (not fitted)."""
+    ok, notes = identifiable(runs, rows, start)
+    return (fit(runs, ok, start).values if ok else {}), notes
 
 
-def cross_validate(runs: list[CalRun], rows: list[Fittable], base: CostParams, k: int = 5) -> CrossValidation:
+def cross_validate(runs: list[CalRun], rows: list[Fittable], start: CostParams, k: int = 5) -> CrossValidation:
     """Every run predicted by a fit on the other runs (see the module docstring)."""
     pred = [0.0] * len(runs)
     cv = CrossValidation(pred)
     for j, held in enumerate(folds(len(runs), k)):
         train = [r for i, r in enumerate(runs) if i not in held]
-        params, notes = fit_identifiable(train, rows, base)
+        fitted, notes = fit_identifiable(train, rows, start)
         cv.notes += [f"fold {j + 1}: {n}" for n in notes]
-        for i, p in zip(held, predict([runs[i] for i in held], params)):
+        for i, p in zip(held, predict([runs[i] for i in held], fitted)):
             pred[i] = float(p)
-        cv.folds.append({"held_out": [runs[i].case_id for i in held],
-                         "fitted": {r.name: float(getattr(params, r.name)) for r in rows}})
+        cv.folds.append({"held_out": [runs[i].case_id for i in held], "fitted": fitted})
     return cv

@@ -44,16 +44,20 @@ def test_calibrate_prints_its_figures(tmp_path, capsys):
     assert out.rstrip().endswith(f"wrote {tmp_path / 'c.yaml'}")
 
 
-def _search(tmp_path, calibration, capsys) -> tuple[str, dict]:
+def _search(tmp_path, calibration, capsys, *extra) -> tuple[str, dict]:
     path = tmp_path / "plan.yaml"
     assert main(["search", "--model", "gpt3-1.3b", "--cluster", "2x4xA100-80G", "--global-batch-size", "16",
-                 "--seq-len", "512", "--no-baselines", "--profile", str(calibration), "-o", str(path), "--json"]) == 0
+                 "--seq-len", "512", "--no-baselines", "--profile", str(calibration), "-o", str(path), "--json",
+                 *extra]) == 0
     return str(path), json.loads(capsys.readouterr().out)["predicted"]
 
 
-def test_search_estimate_validate_with_a_calibration_agree(calibration, tmp_path, capsys):
-    path, searched = _search(tmp_path, calibration, capsys)
+@pytest.mark.parametrize("precision", ["bf16", "fp16", "fp32"])
+def test_search_estimate_validate_with_a_calibration_agree(calibration, tmp_path, capsys, precision):
+    """A calibration replaces cost parameters only, so it goes with any precision (a machine profile does not)."""
+    path, searched = _search(tmp_path, calibration, capsys, "--precision", precision)
     planned = load_planned(path)
+    assert planned.plan.precision == precision
     assert planned.params.eff_max == pytest.approx(TRUE["eff_max"], rel=0.02)
     assert planned.plan.search["profile"]["kind"] == "calibration"
     lib = estimate_plan(*planned).predicted()

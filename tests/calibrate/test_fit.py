@@ -28,14 +28,17 @@ def test_round_trip_recovers_the_parameters(runs):
     for name, want in TRUE.items():
         assert done.values[name] == pytest.approx(want, rel=0.02), name
     assert done.predicted_s == pytest.approx([r.measured_s for r in runs], rel=1e-3)
-    assert done.params.eff_max == done.values["eff_max"]
 
 
-def test_predict_is_estimate_plan_under_the_params(runs):
+def test_predict_is_estimate_plan_under_each_runs_params_with_the_fitted_fields(runs):
+    from dataclasses import replace
+
     from autopar.estimate import estimate_plan
 
-    p = CostParams(eff_max=0.45)
-    assert list(predict(runs[:3], p)) == [estimate_plan(r.plan, r.model, p).step_time_s for r in runs[:3]]
+    assert list(predict(runs[:3], {})) == [estimate_plan(r.plan, r.model).step_time_s for r in runs[:3]]
+    p = [replace(r.base, eff_max=0.45) for r in runs[:3]]
+    assert list(predict(runs[:3], {"eff_max": 0.45})) == [estimate_plan(r.plan, r.model, q).step_time_s
+                                                          for r, q in zip(runs[:3], p)]
 
 
 def test_a_field_no_run_depends_on_is_refused(tmp_path):

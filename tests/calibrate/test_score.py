@@ -37,16 +37,17 @@ def test_cross_validation_never_scores_a_fitted_run(runs):
     cv = cross_validate(some, rows, CostParams())
     assert [f["held_out"] for f in cv.folds] == [[r.case_id] for r in some]
     # Held-out prediction i is what a fit on the other runs alone predicts ...
-    params, _ = fit_identifiable(some[1:], rows, CostParams())
-    assert cv.predicted_s[0] == pytest.approx(float(predict(some[:1], params)[0]), rel=1e-12)
+    fitted, _ = fit_identifiable(some[1:], rows, CostParams())
+    assert set(fitted) == {"eff_max", "layer_overhead_s"}
+    assert cv.predicted_s[0] == pytest.approx(float(predict(some[:1], fitted)[0]), rel=1e-12)
     # ... so a held-out run's own measurement cannot move it.
     wild = [some[0].__class__(**{**some[0].__dict__, "measured_s": some[0].measured_s * 10})] + some[1:]
     assert cross_validate(wild, rows, CostParams()).predicted_s[0] == pytest.approx(cv.predicted_s[0], rel=1e-12)
 
 
-def test_a_fold_that_cannot_identify_a_field_keeps_its_base_value_and_says_so(runs):
+def test_a_fold_that_cannot_identify_a_field_leaves_it_unfitted_and_says_so(runs):
     zero3 = [r for r in runs if r.plan.pipelines[0].stages[0].layers[1].strategy.zero == 3]
     plain = [r for r in runs if r not in zero3][:3]
     cv = cross_validate(plain + zero3[:1], choose("eff_max,overlap_zero3"), CostParams())
     assert any("overlap_zero3" in n and n.startswith(f"fold {len(plain) + 1}:") for n in cv.notes)
-    assert cv.folds[-1]["fitted"]["overlap_zero3"] == CostParams().overlap_zero3
+    assert set(cv.folds[-1]["fitted"]) == {"eff_max"} and set(cv.folds[0]["fitted"]) == {"eff_max", "overlap_zero3"}
