@@ -135,6 +135,7 @@ def score(rs: RunSet) -> dict:
         held = cal.get(run.case_id, {})
         cases.append({"id": run.case_id, "group": run.group, "status": run.status, "measured_s": run.measured_s,
                       "predicted_s": est.step_time_s, "fits": est.fits, "max_memory_gib": est.max_memory_gib,
+                      "measured_memory_gib": run.measured_memory_gib,
                       "source_predicted_s": run.source_predicted_s, "calibrated_s": held.get("predicted_s"),
                       "calibrated_how": held.get("how"), "calibrated_fit": held.get("fitted"),
                       "calibrated_notes": held.get("notes"), "notes": run.notes})
@@ -153,11 +154,34 @@ def score(rs: RunSet) -> dict:
         src[f"{key}_groups"] = len(vals)
     for key in ("failed", "failed_said_oom", "ran_said_oom"):
         src[key] = sum(g[key] for g in groups.values())
+    src["memory"] = _memory_stats(cases)
     src["calibrated"] = _cal_stats(cases)
     src["calibrated_groups_of_4"] = _cal_stats(cases, only_groups=True)
     return {"name": rs.name, "path": rs.path, "source": rs.source, "cases_in_file": rs.total, **src, "skipped": rs.skip_counts(),
             "skipped_cases": [{"id": s.case_id, "reason": s.reason, "detail": s.detail} for s in rs.skipped],
             "notes": rs.notes, "groups": groups, "cases": cases}
+
+
+def _memory_stats(cases: list[dict]) -> dict:
+    """Predicted peak memory (the plan's most loaded device) against the published peak, where published."""
+    pairs = [(c["max_memory_gib"], c["measured_memory_gib"]) for c in cases if c["measured_memory_gib"]]
+    if not pairs:
+        return {"n": 0}
+    ratios = [p / m for p, m in pairs]
+    return {"n": len(pairs), "mape_pct": 100 * statistics.fmean(abs(x - 1) for x in ratios),
+            "median_ratio": statistics.median(ratios), "min_ratio": min(ratios), "max_ratio": max(ratios)}
+
+
+def memory_table(results: list[dict]) -> str:
+    """Peak memory, predicted vs published, for the sources that publish it."""
+    head = f"{'source':<34} {'runs':>4} {'MAPE%':>6} {'med p/m':>7} {'min':>5} {'max':>5}"
+    lines = [head, "-" * len(head)]
+    for r in results:
+        m = r["memory"]
+        if m["n"]:
+            lines.append(f"{r['name']:<34} {m['n']:>4} {m['mape_pct']:>6.1f} {m['median_ratio']:>7.2f} "
+                         f"{m['min_ratio']:>5.2f} {m['max_ratio']:>5.2f}")
+    return "\n".join(lines)
 
 
 def _fmt(x, spec: str) -> str:
@@ -212,6 +236,9 @@ def main() -> None:
     for r in results:  # repository-relative: the results file must not name this machine's folders
         r["path"] = os.path.relpath(r["path"], HERE.parent)
     print(table(results))
+    print()
+    print("peak memory per GPU, predicted (defaults) vs published:")
+    print(memory_table(results))
     print()
     print(f"calibrated (fitting what the runs identify of {', '.join(r.name for r in FITTABLE)}), held out:")
     print(calibrated_table(results))

@@ -74,6 +74,26 @@ def _attention(cfg: object, model: Fields) -> tuple[object, list[str]]:
     return {**cfg, "attn_implementation": "eager"}, ["attention read as eager from the file's text ('no flash attention')"]
 
 
+def published_memory(c: Fields) -> float | None:
+    """The peak GPU memory the source published for case ``c``, in GiB, or None.
+
+    ``published.memory_gib`` (torchtitan's tables: GiB); ``published.mem: 59GB`` (BLOOM's chronicles:
+    'max memory used' per GPU as the node tools show it, 1024-based, so read as GiB; 'OOM' or null: none).
+    """
+    if not c.has("published"):
+        return None
+    pub = c.sub("published")
+    if pub.has("memory_gib"):
+        return pub.req_num("memory_gib", gt=0)
+    mem = pub.raw("mem", None)
+    if isinstance(mem, str) and mem.upper().endswith("GB"):
+        try:
+            return float(mem[:-2])
+        except ValueError:
+            raise AutoparError(pub.at("mem"), f"{mem!r} is not a size", "write it as e.g. 59GB") from None
+    return None
+
+
 def _per_case_int(c: Fields, top: Fields, key: str) -> int:
     """A count the case gives, or the file's when the file gives a number (not 'per case ...')."""
     if c.has(key):
@@ -133,7 +153,8 @@ def _case(c: Fields, top: Fields, strict: bool, cache: dict) -> Run | Skip:
         return Skip(cid, "refused", problems[0])
     gpus = "+".join(dict.fromkeys(nd.gpu.name for nd in cluster.nodes))
     group = f"{model.num_layers - 2}x{model.hidden}a{model.num_heads} s{model.seq_len} gbs{shape.global_batch_size} on {world}x{gpus}"
-    return Run(cid, plan, model, measured, status, group, c.opt_num("source_predicted_s", None, gt=0), notes)
+    return Run(cid, plan, model, measured, status, group, c.opt_num("source_predicted_s", None, gt=0), notes,
+               published_memory(c))
 
 
 def load_runs(path: str | Path, *, strict: bool = False) -> RunSet:

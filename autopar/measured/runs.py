@@ -30,6 +30,7 @@ class Run:
     group: str
     source_predicted_s: float | None = None
     notes: list[str] = field(default_factory=list)
+    measured_memory_gib: float | None = None  # peak per GPU where the source publishes it (``published_memory``)
 
 
 @dataclass(frozen=True)

@@ -38,3 +38,20 @@ def test_the_config_field_wins_over_the_text(tmp_path):
     rs = load_runs(write(tmp_path, edit))
     flash = load_runs(write(tmp_path, lambda d: None, name="flash.yaml"))
     assert _block(rs).act_attn_bytes == _block(flash).act_attn_bytes
+
+
+def test_published_peak_memory_is_read_in_gib(tmp_path):
+    import pytest
+
+    from autopar.errors import AutoparError
+
+    def edit(doc):
+        doc["cases"][0]["published"] = {"memory_gib": 82.4}
+        doc["cases"][1]["published"] = {"mem": "59GB"}
+        doc["cases"][2]["published"] = {"mem": "OOM"}
+
+    rs = load_runs(write(tmp_path, edit))
+    got = {r.case_id: r.measured_memory_gib for r in rs.runs + rs.failed}
+    assert got == {"pp2": 82.4, "tp2-even": 59.0, "oom": None}
+    with pytest.raises(AutoparError, match="published.mem.*is not a size"):
+        load_runs(write(tmp_path, lambda d: d["cases"][0].update(published={"mem": "lotsGB"}), name="bad.yaml"))
