@@ -31,9 +31,10 @@ from cost_models.params import CostParams
 
 CKPT_CODE = {"none": 0, "selective": 1, "full": 2, "op": 3}
 CKPT_NAME = {code: name for name, code in CKPT_CODE.items()}
-# Backward's TP collectives as a multiple of forward's: full recomputation reruns them all; op-level
+# Backward's TP collectives as a multiple of forward's: full recomputation reruns the forward's; op-level
 # selective checkpointing (torchtitan's policy) saves reduce-scatter outputs but no all-reduce or
-# all-gather, so its recomputation reruns all-reduces (no SP) or the all-gather half (SP).
+# all-gather, so it reruns what full does without SP and only the all-gather half with SP (counted on
+# autopar's runtime: tests/runtime/test_op_checkpoint_collectives.py).
 TP_BWD_FACTOR = {"none": (1.0, 1.0), "selective": (1.0, 1.0), "full": (2.0, 2.0), "op": (2.0, 1.5)}  # (no sp, sp)
 
 
