@@ -29,7 +29,13 @@ from cost_models.compute import compute_time, memory_bound_time
 from cost_models.memory import model_state_bytes
 from cost_models.params import CostParams
 
-CKPT_CODE = {"none": 0, "selective": 1, "full": 2}
+CKPT_CODE = {"none": 0, "selective": 1, "full": 2, "op": 3}
+CKPT_NAME = {code: name for name, code in CKPT_CODE.items()}
+# Backward's TP collectives as a multiple of forward's: full recomputation reruns the forward's; op-level
+# selective checkpointing (torchtitan's policy) saves reduce-scatter outputs but no all-reduce or
+# all-gather, so it reruns what full does without SP and only the all-gather half with SP (counted on
+# autopar's runtime: tests/runtime/test_op_checkpoint_collectives.py).
+TP_BWD_FACTOR = {"none": (1.0, 1.0), "selective": (1.0, 1.0), "full": (2.0, 2.0), "op": (2.0, 1.5)}  # (no sp, sp)
 
 
 class Layer(Protocol):
@@ -44,8 +50,6 @@ class Layer(Protocol):
     @property
     def flops(self) -> float: ...  # forward FLOPs per sample
     @property
-    def attn_core_flops(self) -> float: ...  # what selective checkpointing recomputes
-    @property
     def boundary_bytes(self) -> float: ...  # the unit's output per sample
     @property
     def tp_comm_bytes(self) -> float: ...  # all-reduced over the TP group per sample per forward
@@ -54,6 +58,9 @@ class Layer(Protocol):
 
     def saved_bytes(self, ckpt: str, tp: int = 1, sp: bool = False) -> float:
         """Activation bytes per sample kept for backward under (ckpt, tp, sp)."""
+
+    def recompute_flops(self, ckpt: str) -> float:
+        """Forward FLOPs per sample (tp 1) that backward reruns under ``ckpt``."""
 
 
 class Strategy(Protocol):
@@ -64,7 +71,7 @@ class Strategy(Protocol):
     @property
     def zero(self) -> int: ...
     @property
-    def ckpt(self) -> str: ...  # none | selective | full
+    def ckpt(self) -> str: ...  # none | selective | full | op
     @property
     def sp(self) -> bool: ...
 
@@ -143,8 +150,8 @@ def compute_times(layer: Layer, tp: np.ndarray, zero: np.ndarray, ckpt: np.ndarr
     mode asks for; measured curves per (kind, tp degree, ZeRO-3 or not) where the profile has them.
     """
     f_flops = layer.flops * b_local / tp
-    recompute = np.select([ckpt == 0, ckpt == 1, ckpt == 2],
-                          [0.0, layer.attn_core_flops, layer.flops]) * b_local / tp
+    per_code = {c: layer.recompute_flops(CKPT_NAME[c]) for c in np.unique(ckpt)}
+    recompute = np.array([per_code[c] for c in ckpt], dtype=float) * b_local / tp
     eff_max, overhead = p.eff_max, p.layer_overhead_s
     if p.eff_by_kind:
         curves = [p.efficiency(layer.kind, int(t), int(z) if d > 1 else 0) for t, z, d in zip(tp, zero, dp)]
@@ -169,7 +176,7 @@ def activation_traffic_times(saved_none: np.ndarray, saved_kept: np.ndarray, ckp
     its TP/SP split), ``saved_kept``: what it keeps under its own checkpoint mode. The traffic is
     ``act_traffic`` times the saved bytes, a third in forward and two thirds in backward; backward
     also reruns the forward traffic of what checkpointing dropped (all of it under full recompute,
-    the attention core under selective).
+    the attention core under selective, what the op policy does not save under op).
     """
     unit = p.act_traffic * saved_none * b_local / hbm_bw
     fwd = unit / 3.0
@@ -182,8 +189,8 @@ def tp_comm_times(layer: Layer, tp: np.ndarray, sp: np.ndarray, ckpt: np.ndarray
     """(forward, backward) seconds of TP collectives of one micro-batch, per strategy.
 
     Megatron: ``tp_collectives`` all-reduces of the activations per forward (with SP an all-gather
-    and a reduce-scatter of the same bytes, priced alike); backward repeats them, twice under full
-    recomputation (which reruns the forward's).
+    and a reduce-scatter of the same bytes, priced alike); backward repeats them, plus what its
+    checkpoint mode's recomputation reruns (``TP_BWD_FACTOR``).
     """
     tp_fwd = np.zeros_like(tp)
     for t in np.unique(tp):
@@ -198,7 +205,8 @@ def tp_comm_times(layer: Layer, tp: np.ndarray, sp: np.ndarray, ckpt: np.ndarray
         sp_sel = sel & sp
         if sp_sel.any():
             tp_fwd[sp_sel] += coll.time("allgather", layer.boundary_bytes * b_local[sp_sel], g)
-    tp_bwd = tp_fwd * np.where(ckpt == 2, 2.0, 1.0)
+    factor = np.array([TP_BWD_FACTOR[CKPT_NAME[c]][int(s)] for c, s in zip(ckpt, sp)], dtype=float)
+    tp_bwd = tp_fwd * factor
     return tp_fwd, tp_bwd
 
 

@@ -38,14 +38,16 @@ HF_TYPES = {
         "shape": {"layers": "n_layer", "hidden": "n_embd", "heads": "n_head", "ffn": "n_inner",
                   "vocab": "vocab_size", "seq_len": "n_positions", "max_pos": "n_positions"},
         "flags": {"tied": ("tie_word_embeddings", True), "bias": (None, True), "dropout": ("resid_pdrop", 0.1)},
-        "fixed": {"arch": "decoder", "norm": "layer", "mlp": "gelu", "pos": "learned", "tp_family": "gpt"},
+        "fixed": {"arch": "decoder", "norm": "layer", "mlp": "gelu", "pos": "learned", "tp_family": "gpt",
+                  "fused_qkv": True},
     },
     "gpt_neox": {
         "shape": {"layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
                   "ffn": "intermediate_size", "vocab": "vocab_size", "seq_len": "max_position_embeddings"},
         "flags": {"tied": ("tie_word_embeddings", False), "bias": ("attention_bias", True),
                   "dropout": ("hidden_dropout", 0.0)},
-        "fixed": {"arch": "decoder", "norm": "layer", "mlp": "gelu", "pos": "rope", "tp_family": "gpt"},
+        "fixed": {"arch": "decoder", "norm": "layer", "mlp": "gelu", "pos": "rope", "tp_family": "gpt",
+                  "fused_qkv": True},
     },
     "bert": {
         "shape": {"layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads",

@@ -9,8 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from autopar.errors import AutoparError
+from autopar.modelspec.op_policy import OpSaved
 
-CKPT_MODES = ("none", "selective", "full")
+# none | selective (the attention core, Korthikanti et al.) | full (keep the unit's input) | op (torchtitan's
+# op-level selective checkpointing: matmul outputs but every second one, SDPA outputs; see op_policy.py)
+CKPT_MODES = ("none", "selective", "full", "op")
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,8 @@ class LayerSpec:
     tp_comm_bytes:   bytes per sample all-reduced over the TP group in forward (backward: the same).
     tp_collectives:  number of TP collectives per forward (each pays the latency).
     tp_plan:         name of the unit's TP plan table in autopar.models (None: no TP).
+    op:              what ckpt ``op`` keeps and recomputes (``op_policy.OpSaved``); None: not modelled
+                     for this unit, so ``op`` is refused for it.
     """
 
     name: str
@@ -52,6 +57,7 @@ class LayerSpec:
     tp_comm_bytes: float = 0.0
     tp_collectives: int = 0
     tp_plan: str | None = None
+    op: OpSaved | None = None
 
     def __post_init__(self) -> None:
         for f in ("params", "tp_params", "flops", "attn_core_flops", "act_tp_bytes", "act_seq_bytes",
@@ -78,7 +84,7 @@ class LayerSpec:
 
         Korthikanti et al. (2205.05198) split: TP shards the attention/MLP interior, sequence
         parallelism shards the rest; selective recompute drops the attention core; full recompute
-        keeps only the unit's input.
+        keeps only the unit's input; ``op`` keeps what torchtitan's op policy saves (``op_policy``).
         """
         seq_div = tp if sp else 1
         if ckpt == "none":
@@ -87,11 +93,22 @@ class LayerSpec:
             return self.act_tp_bytes / tp + self.act_seq_bytes / seq_div
         if ckpt == "full":
             return self.boundary_bytes / seq_div
+        if ckpt == "op":
+            return self.op_facts().saved_bytes(tp, sp)
         raise AutoparError("ckpt", f"unknown mode {ckpt!r}", f"use one of {', '.join(CKPT_MODES)}")
 
     def recompute_flops(self, ckpt: str) -> float:
         """Forward FLOPs per sample recomputed in backward under ``ckpt``."""
+        if ckpt == "op":
+            return self.op_facts().recompute_flops
         return {"none": 0.0, "selective": self.attn_core_flops, "full": self.flops}[ckpt]
+
+    def op_facts(self) -> OpSaved:
+        """What ckpt ``op`` keeps and recomputes; one-line refusal for a unit it is not modelled for."""
+        if self.op is None:
+            raise AutoparError(f"layer {self.name}.ckpt", "op checkpointing is not modelled for this unit (zoo and "
+                               "Hugging Face models: transformer blocks only)", "use none, selective or full for it")
+        return self.op
 
 
 @dataclass

@@ -22,6 +22,9 @@ children is one unit named ``model``. Per unit, per sample (divided by the examp
   CPU-style float dropout masks, unfused norms), so they can exceed the zoo's fused-kernel formulas.
 * ``attn_core_flops``: FLOPs of batched matmuls and SDPA kernels (``bmm``, ``baddbmm``,
   ``*attention*``): what selective checkpointing recomputes.
+* ``op`` (what ckpt ``op`` keeps and recomputes): from the unit's matmuls and SDPA calls in execution
+  order (``trace_ops``): its input, the 1st, 3rd, ... matmul outputs and SDPA outputs are kept;
+  row-parallel matmuls are the ``rowwise`` modules of its TP plan.
 * ``boundary_bytes``: bytes of the unit's output (of the last unit: its input, since its output goes
   to the loss on the same stage).
 
@@ -42,6 +45,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from autopar.errors import AutoparError
 from autopar.modelspec.spec import LayerSpec, ModelSpec
+from autopar.modelspec.trace_ops import OpTrace, SdpaTrace, op_facts
 
 CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 NORMS = (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm, nn.modules.batchnorm._BatchNorm)
@@ -237,7 +241,8 @@ def spec_from_module(module: nn.Module, example_input, name: str | None = None, 
                 handles.append(m.register_forward_hook(rec.post, with_kwargs=True))
             handles.append(nn.modules.module.register_module_forward_pre_hook(rec.any_pre))
             handles.append(nn.modules.module.register_module_forward_hook(rec.any_post))
-            with saved_tensors_hooks(rec.pack, lambda t: t):
+            ops = OpTrace(lambda: (rec.stack[-1] if rec.stack else None, rec.mods[-1] if rec.mods else None))
+            with saved_tensors_hooks(rec.pack, lambda t: t), SdpaTrace(ops), ops:
                 out = torch.func.functional_call(module, meta_state, args, kwargs)
                 rec._charge()
             fwd_total = float(counter.get_total_flops())
@@ -256,7 +261,7 @@ def spec_from_module(module: nn.Module, example_input, name: str | None = None, 
     if not rec.order:
         raise AutoparError("model", f"{name} ran none of its units ({', '.join(n for n, _ in units[:4])})",
                            "call the child modules from forward()")
-    return _build(module, name, units, rec, seq, batch, dbytes, source,
+    return _build(module, name, units, rec, ops, seq, batch, dbytes, source,
                   {"forward_flops": fwd_total / batch, "backward_flops": bwd_total / batch, "batch": batch})
 
 
@@ -284,28 +289,30 @@ def _unit_params(module: nn.Module, units, order: list[str]) -> dict[str, list[n
     return out
 
 
-def _tp_facts(model: nn.Module, name: str, unit: nn.Module) -> tuple[str | None, str, tuple[int, ...]]:
-    """(plan name, unit kind, TP divisors) from the unit contract (autopar/units.py); (None, "", ()) without a plan."""
+def _tp_facts(model: nn.Module, name: str, unit: nn.Module) -> tuple[str | None, str, tuple[int, ...], set[nn.Module]]:
+    """(plan name, unit kind, TP divisors, row-parallel modules) from the unit contract (autopar/units.py);
+    (None, "", (), set()) without a plan."""
     from autopar.units import unit_kind, unit_tp_info
 
     info = unit_tp_info(model, name, unit)
     if info.plan is None or not info.divisors:
-        return None, "", ()
+        return None, "", (), set()
     kind = unit_kind(name)
-    return f"{model.family}.{kind}", kind, tuple(info.divisors)
+    rows = {unit.get_submodule(fqn) for fqn, style in info.plan.items() if style == "rowwise"}
+    return f"{model.family}.{kind}", kind, tuple(info.divisors), rows
 
 
 def _sharded(p: torch.Tensor, rule: str, divisors: tuple[int, ...]) -> bool:
     return p.dim() >= 2 if rule == "matrices" else any(n in divisors for n in p.shape)
 
 
-def _build(module, name, units, rec: _Recorder, seq, batch, dbytes, source, trace_meta) -> ModelSpec:
+def _build(module, name, units, rec: _Recorder, ops: OpTrace, seq, batch, dbytes, source, trace_meta) -> ModelSpec:
     mods = dict(units)
     per_unit = _unit_params(module, units, rec.order)
     layers = []
     for i, n in enumerate(rec.order):
         st, mod = rec.stats[n], mods[n]
-        plan, tp_kind, divisors = _tp_facts(module, n, mod)
+        plan, tp_kind, divisors, rows = _tp_facts(module, n, mod)
         is_last = i == len(rec.order) - 1
         boundary = (st["in"] if is_last else (st["out"] or 0)) / batch
         ps = per_unit[n]
@@ -321,7 +328,8 @@ def _build(module, name, units, rec: _Recorder, seq, batch, dbytes, source, trac
             n, kind, params=count, tp_params=tp_params, flops=st["flops"] / batch,
             attn_core_flops=st["attn"] / batch, act_tp_bytes=st["tp"] / batch, act_seq_bytes=st["seq"] / batch,
             act_attn_bytes=st["attn_b"] / batch, boundary_bytes=boundary, tp_divisors=divisors,
-            tp_comm_bytes=comm, tp_collectives=coll, tp_plan=plan))
+            tp_comm_bytes=comm, tp_collectives=coll, tp_plan=plan,
+            op=op_facts(ops.events.get(n, []), st["in"] / batch, st["flops"] / batch, rows, batch)))
     ran = set(rec.order)
     meta = {"traced": trace_meta, "unused_units": [n for n, _ in units if n not in ran]}
     return ModelSpec(name=name, seq_len=seq, layers=layers, dtype_bytes=dbytes, source=source, meta=meta,

@@ -24,6 +24,11 @@ Conventions (stated once, used by every formula below):
   to the loss on the same stage, and that input is what full checkpointing keeps.
 * Tied embeddings: the shared matrix is counted once, in ``embed``; the head's params then hold only
   its own tensors (``meta["tied_embeddings"]`` tells the cost model a last stage keeps a copy).
+* Op-level selective checkpointing (ckpt ``op``, torchtitan's policy; ``op_policy.py``): a block's
+  matmuls run Q, K, V (one fused QKV with ``fused_qkv``: GPT-2, GPT-NeoX), the attention output, then
+  the MLP's up (SwiGLU: gate, up) and down projections, as torchtitan's Llama and autopar's models
+  order them; the 1st, 3rd, ... outputs are kept, the others recomputed. With flash attention the
+  SDPA output (s*h*dtype) and its fp32 statistics are kept; eager attention (bmm, softmax) is recomputed.
 * TP (Megatron layout): a block all-reduces s*h*dtype twice per forward (after attention and after
   the MLP); the vocab-parallel embedding once (its output); the vocab-parallel LM head once (its
   input's gradient in backward). Column-parallel weights and biases are sharded; norms and
@@ -41,6 +46,7 @@ from pathlib import Path
 import yaml
 
 from autopar.errors import AutoparError
+from autopar.modelspec.op_policy import Matmul, OpSaved, op_saved
 from autopar.modelspec.spec import LayerSpec, ModelSpec
 
 ZOO_FILE = Path(__file__).with_name("zoo.yaml")
@@ -102,7 +108,7 @@ def normalize_entry(entry: dict) -> dict:
     entry.setdefault("pad_vocab_to", 1)
     entry.setdefault("dtype_bytes", 2)
     for key, default in (("tied", False), ("bias", False), ("dropout", False), ("flash", True),
-                         ("type_vocab", 0), ("embed_norm", False), ("tp_family", "gpt")):
+                         ("type_vocab", 0), ("embed_norm", False), ("tp_family", "gpt"), ("fused_qkv", False)):
         entry.setdefault(key, default)
     h, a, kv = entry["hidden"], entry["heads"], entry["kv_heads"]
     if h % a:
@@ -168,6 +174,21 @@ def _embed_patches(x: _Shape) -> LayerSpec:
                      act_seq_bytes=(s - 1) * patch_in * d, boundary_bytes=s * h * d)
 
 
+def _block_op(x: _Shape, attn_core: float) -> OpSaved:
+    """What ckpt ``op`` keeps of a block and recomputes (module docstring; ``op_policy``)."""
+    s, h, f, d = x.s, x.h, x.f, x.d
+
+    def mm(k: int, n: int, row: bool = False) -> Matmul:  # [s, k] @ [k, n]
+        return Matmul(s * n * d, 2.0 * s * k * n, row)
+
+    qkv = [mm(h, h + 2 * x.hkv)] if x.e["fused_qkv"] else [mm(h, h), mm(h, x.hkv), mm(h, x.hkv)]
+    mlp_in = [mm(h, f)] * (MLP_MATRICES[x.e["mlp"]] - 1)
+    matmuls = qkv + [mm(h, h, row=True)] + mlp_in + [mm(f, h, row=True)]
+    flash = x.e["flash"]
+    sdpa = s * h * d + x.a * s * STATS_BYTES if flash else 0.0
+    return op_saved(s * h * d, matmuls, sdpa, 0.0 if flash else attn_core)
+
+
 def _block(x: _Shape, i: int) -> LayerSpec:
     e, s, h, a, f, d, m = x.e, x.s, x.h, x.a, x.f, x.d, x.m
     n_mlp = MLP_MATRICES[e["mlp"]]
@@ -188,7 +209,7 @@ def _block(x: _Shape, i: int) -> LayerSpec:
         attn_core_flops=attn_core, act_tp_bytes=act_tp, act_seq_bytes=s * h * (4 * d + 2 * m),
         act_attn_bytes=act_attn, boundary_bytes=s * h * d,
         tp_divisors=(a, f) if e["tp_family"] == "gpt" else (a, x.kv, f), tp_comm_bytes=2 * s * h * d, tp_collectives=2,
-        tp_plan=f"{e['tp_family']}.block")
+        tp_plan=f"{e['tp_family']}.block", op=_block_op(x, attn_core))
 
 
 def _head_lm(x: _Shape) -> LayerSpec:
@@ -247,7 +268,7 @@ def spec_from_entry(entry: dict, seq_len: int | None = None, dtype_bytes: int | 
     layers = [EMBED_UNITS[EMBED_KIND[e["arch"]]](x)]
     layers += [_block(x, i) for i in range(e["layers"])]
     layers.append(HEAD_UNITS[HEAD_KIND[e["arch"]]](x))
-    meta = {k: e[k] for k in ("arch", "norm", "mlp", "pos", "bias", "dropout", "flash") if k in e}
+    meta = {k: e[k] for k in ("arch", "norm", "mlp", "pos", "bias", "dropout", "flash", "fused_qkv") if k in e}
     meta.update(tied_embeddings=bool(e["tied"]) and e["arch"] != "vit", family=e.get("family", ""),
                 vocab_unpadded=e["vocab"])
     return ModelSpec(name=e["name"], seq_len=s, layers=layers, hidden=x.h, vocab=vocab, num_heads=x.a,

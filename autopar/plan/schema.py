@@ -35,7 +35,7 @@ class Strategy:
 
     tp: int = 1
     zero: int = 0  # 0 DDP, 1 sharded optimizer, 2 + sharded grads, 3 + sharded params (FSDP)
-    ckpt: str = "none"  # none | selective | full
+    ckpt: str = "none"  # none | selective | full | op
     sp: bool = False  # sequence parallel (needs tp > 1)
 
     def __post_init__(self) -> None:

@@ -64,11 +64,16 @@ def _uniform_plan(model: ModelSpec, B: int, opts: SearchOptions, cluster: Cluste
                 schedule=opts.schedule, memory_budget_gib=opts.memory_budget_gib, search={"baseline": name})
 
 
+def _ckpt_for(ly, ckpt: str) -> str:
+    """``ckpt`` for unit ``ly``; op-level checkpointing where it is modelled (blocks), none elsewhere, as torchtitan."""
+    return "none" if ckpt == "op" and ly.op is None else ckpt
+
+
 def _families(model: ModelSpec, cluster: Cluster) -> Iterator[tuple[str, int, object]]:
     N, G = cluster.num_devices, cluster.gpus_per_node
     for ckpt in CKPT_MODES:
-        yield "ddp", 1, (lambda ly, n, c=ckpt: Strategy(1, 0, c))
-        yield "zero3", 1, (lambda ly, n, c=ckpt: Strategy(1, 3 if n > 1 else 0, c))
+        yield "ddp", 1, (lambda ly, n, c=ckpt: Strategy(1, 0, _ckpt_for(ly, c)))
+        yield "zero3", 1, (lambda ly, n, c=ckpt: Strategy(1, 3 if n > 1 else 0, _ckpt_for(ly, c)))
     for p in divisors(N):
         n = N // p
         for t in divisors(min(n, G)):
@@ -82,7 +87,7 @@ def _families(model: ModelSpec, cluster: Cluster) -> Iterator[tuple[str, int, ob
                             if tt == 1 and t > 1 and ly.kind == "block":
                                 return None  # Megatron cannot run this TP degree on the blocks
                             z = zero if n // tt > 1 else 0
-                            return Strategy(tt, z, ckpt, sp and tt > 1)
+                            return Strategy(tt, z, _ckpt_for(ly, ckpt), sp and tt > 1)
                         yield "megatron", p, strat
 
 

@@ -45,6 +45,8 @@ class Rule(str, Enum):
     DP_NOT_DIVIDING_MICROBATCH = ("dp-not-dividing-microbatch", "each data-parallel rank needs a whole number of samples")
     ZERO_WITHOUT_DP = ("zero-without-dp", "with dp = 1 every ZeRO stage equals plain replication (kept: zero 0)")
     SELECTIVE_EQUALS_NONE = ("selective-equals-none", "the unit has no attention core to recompute (kept: ckpt none)")
+    OP_UNMODELLED = ("op-unmodelled", "op-level checkpointing is not modelled for the unit (a zoo / HF embedding "
+                     "or head; kept: none, selective, full)")
     SP_NO_EFFECT = ("sp-no-effect",
                     "sequence parallel changes nothing for a unit with no sequence-shardable activations")
     DOMINATED = ("dominated", "slower and at least as large as another strategy with the same layout")

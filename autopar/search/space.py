@@ -89,6 +89,9 @@ def enumerate_strategies(layer: LayerSpec, ctx: StageContext, tps: list[int], pr
                 if ckpt == "selective" and not has_attn:
                     pruned[Rule.SELECTIVE_EQUALS_NONE] += 1
                     continue
+                if ckpt == "op" and layer.op is None:
+                    pruned[Rule.OP_UNMODELLED] += 1
+                    continue
                 for sp in ((False, True) if tp > 1 else (False,)):
                     if sp and layer.act_seq_bytes == 0:
                         pruned[Rule.SP_NO_EFFECT] += 1

@@ -22,7 +22,10 @@ class Unit:
     tp_collectives: int = 2
 
     def saved_bytes(self, ckpt: str, tp: int = 1, sp: bool = False) -> float:
-        return {"none": 3e6, "selective": 2e6, "full": 1e5}[ckpt] / tp
+        return {"none": 3e6, "selective": 2e6, "full": 1e5, "op": 1.5e6}[ckpt] / tp
+
+    def recompute_flops(self, ckpt: str) -> float:
+        return {"none": 0.0, "selective": self.attn_core_flops, "full": self.flops, "op": 0.25 * self.flops}[ckpt]
 
 
 @dataclass(frozen=True)

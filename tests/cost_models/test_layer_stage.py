@@ -64,6 +64,26 @@ def test_tp_sp_full_recompute_hand_value():
     assert lc.mem_act[0] == pytest.approx(1e5 / 2 * 4, **EXACT)
 
 
+def test_tp_op_recompute_hand_value():
+    """ckpt op: backward reruns the layer's op-recompute FLOPs, its all-reduces (no SP) or the all-gather
+    half of them (SP), and the memory-bound traffic of what the policy does not keep."""
+    st = OneNodeStage(n=2, micro_batch_size=4, params=P)  # tp 2: dp 1, 4 samples per rank
+    lc = layer_costs(U, [Strat(tp=2, ckpt="op"), Strat(tp=2, ckpt="op", sp=True)], st)
+    f = 4 * 1e9 / 2 / (1e14 * 0.5) + 1e-4
+    r = 4 * 0.25e9 / 2 / (1e14 * 0.5) + 1e-4
+    ar = 2 * comm.allreduce_time(4e5, 2, BW, LAT)
+    sp = ar + comm.allgather_time(4e5, 2, BW, LAT)
+    assert lc.fwd[0] == pytest.approx(f + ar, **EXACT) and lc.fwd[1] == pytest.approx(f + sp, **EXACT)
+    assert lc.bwd[0] == pytest.approx(2 * f + r + 2 * ar, **EXACT)
+    assert lc.bwd[1] == pytest.approx(2 * f + r + 1.5 * sp, **EXACT)
+    assert lc.mem_act[0] == pytest.approx(1.5e6 / 2 * 4, **EXACT)
+    p = replace(P, act_traffic=3.0)
+    base = layer_costs(U, [Strat(ckpt="op")], OneNodeStage(n=2, micro_batch_size=4, params=P))
+    lc = layer_costs(U, [Strat(ckpt="op")], OneNodeStage(n=2, micro_batch_size=4, params=p))
+    traffic_fwd = 3.0 * U.saved_bytes("none") * 2 / HBM / 3
+    assert lc.bwd[0] - base.bwd[0] == pytest.approx((2 + 0.5) * traffic_fwd, **EXACT)  # op keeps half of none
+
+
 def test_zero3_overlap_hand_value():
     p = CostParams(eff_max=0.5, layer_overhead_s=1e-4, overlap_zero3=0.5, act_traffic=0.0)
     st = OneNodeStage(n=4, micro_batch_size=4, params=p)  # dp 4, 1 sample per rank

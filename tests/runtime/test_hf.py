@@ -74,3 +74,13 @@ def test_hf_gpt2_pipeline_with_zero_and_checkpointing():
     plan = make_plan([(2, 4, [([0, 1], [(E, {"zero": 1}), (L0, {"zero": 3, "ckpt": "selective"})]),
                               ([2], same([L1, H], ckpt="full"))])])
     assert_matches_reference(hf_gpt2, plan, x, y)
+
+
+@pytest.mark.parametrize("build", [hf_gpt2, hf_llama], ids=["gpt2", "llama"])
+def test_hf_op_checkpointing(build):
+    """Op-level selective checkpointing on Hugging Face blocks (GPT-2's Conv1D runs addmm), TP on Llama."""
+    x, y = token_data()
+    tp = 2 if build is hf_llama else 1
+    plan = make_plan([(4, 2, [([0, 1], [(E, {}), (L0, {"ckpt": "op", "tp": tp}), (L1, {"ckpt": "op", "zero": 3}),
+                                        (H, {})])])])
+    assert_matches_reference(build, plan, x, y)

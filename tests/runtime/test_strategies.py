@@ -57,9 +57,18 @@ def test_tensor_parallel_sequence_parallel(model):
     _check(model, _one_stage(model, [0, 1], tp=2, sp=True))
 
 
-@pytest.mark.parametrize("model,ckpt", [("gpt", "selective"), ("gpt", "full"), ("mlp", "full")])
+@pytest.mark.parametrize("model,ckpt", [("gpt", "selective"), ("gpt", "full"), ("gpt", "op"), ("llama", "selective"),
+                                        ("llama", "full"), ("llama", "op"), ("mlp", "full"), ("mlp", "op")])
 def test_activation_checkpointing(model, ckpt):
     _check(model, _one_stage(model, [0, 1], ckpt=ckpt))
+
+
+@pytest.mark.parametrize("model", ["gpt", "llama"])
+def test_op_checkpointing_under_tp_sp_and_zero3(model):
+    """Op-level SAC on DTensor TP + SP blocks (its reduce-scatters saved) and on FSDP2 units."""
+    units = MODELS[model][1]
+    strategies = [{"tp": 2}, {"tp": 2, "sp": True, "ckpt": "op"}, {"tp": 2, "ckpt": "op"}, {"zero": 3, "ckpt": "op"}]
+    _check(model, [(4, 2, [([0, 1], list(zip(units, strategies)))])])
 
 
 def _two_stages(model: str, split: int, mbs: int = 2, m: int = 4):

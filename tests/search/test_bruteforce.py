@@ -34,6 +34,8 @@ def raw_strategies(layer, ctx):
         if ctx.n % tp or tp > 2 or not layer.tp_ok(tp) or ctx.micro_batch_size % (ctx.n // tp):
             continue  # 2 GPUs per node: TP stays inside a node
         for zero, ckpt in itertools.product(range(4), CKPT_MODES):
+            if ckpt == "op" and layer.op is None:
+                continue  # op is legal only where the model spec models it (blocks)
             for sp in ((False, True) if tp > 1 else (False,)):
                 out.append(Strategy(tp, zero, ckpt, sp))
     return out

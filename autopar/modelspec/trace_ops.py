@@ -1,0 +1,85 @@
+"""What the tracer sees of each unit's ops for op-level selective checkpointing (ckpt ``op``).
+
+While the traced forward runs, ``OpTrace`` records per unit, in execution order, each matmul
+(``aten.mm``, ``aten.addmm``, ``aten.linear``: its output bytes, FLOPs and the innermost module that ran
+it) and each ``F.scaled_dot_product_attention`` call (its output plus fp32 log-sum-exp statistics, and
+its FLOPs). On the meta device SDPA runs its math fallback (``bmm``, softmax); on a real device it runs a
+fused kernel (flash, efficient, cuDNN, CPU flash) whose outputs the op policy saves, so the call itself
+is what counts. ``op_facts`` turns a unit's records into ``op_policy.OpSaved``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from autopar.modelspec.op_policy import Matmul, OpSaved, op_saved
+
+aten = torch.ops.aten
+MATMULS = {aten.mm.default: 0, aten.linear.default: 0, aten.addmm.default: 1}  # op -> which arg is [.., k]
+STATS_BYTES = 4  # SDPA kernels keep fp32 log-sum-exp per query row
+
+
+def _bytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+class OpTrace(TorchDispatchMode):
+    """Records matmuls per unit; ``where()`` gives (unit running now or None, innermost module or None)."""
+
+    def __init__(self, where: Callable[[], tuple[str | None, nn.Module | None]]) -> None:
+        super().__init__()
+        self.where = where
+        self.in_sdpa = 0
+        self.events: dict[str, list[tuple[str, float, float, nn.Module | None]]] = {}
+
+    def record(self, kind: str, nbytes: float, flops: float) -> None:
+        unit, mod = self.where()
+        if unit is not None:
+            self.events.setdefault(unit, []).append((kind, nbytes, flops, mod))
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func in MATMULS and not self.in_sdpa:
+            self.record("mm", _bytes(out), 2.0 * out.numel() * args[MATMULS[func]].shape[-1])
+        return out
+
+
+class SdpaTrace(TorchFunctionMode):
+    """Records each ``F.scaled_dot_product_attention`` call into ``ops`` (its inner ops are not matmuls)."""
+
+    def __init__(self, ops: OpTrace) -> None:
+        super().__init__()
+        self.ops = ops
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is not F.scaled_dot_product_attention:
+            return func(*args, **kwargs)
+        self.ops.in_sdpa += 1
+        try:
+            out = func(*args, **kwargs)
+        finally:
+            self.ops.in_sdpa -= 1
+        q = args[0] if args else kwargs["query"]
+        k = args[1] if len(args) > 1 else kwargs["key"]
+        rows = q.numel() // q.shape[-1]
+        self.ops.record("sdpa", _bytes(out) + rows * STATS_BYTES, 2.0 * rows * k.shape[-2] * (q.shape[-1] + out.shape[-1]))
+        return out
+
+
+def op_facts(events: list, input_bytes: float, flops: float, rows: set[nn.Module], batch: int) -> OpSaved:
+    """``OpSaved`` per sample of a unit from its records: input kept, odd matmuls and SDPA saved.
+
+    ``rows``: the unit's row-parallel modules (its TP plan); every FLOP that is neither a matmul nor
+    SDPA (eager attention's ``bmm``, convolutions) is recomputed.
+    """
+    mms = [Matmul(b / batch, f / batch, mod in rows) for kind, b, f, mod in events if kind == "mm"]
+    sdpa = [(b / batch, f / batch) for kind, b, f, _ in events if kind == "sdpa"]
+    rest = flops - sum(m.flops for m in mms) - sum(f for _, f in sdpa)
+    return op_saved(input_bytes, mms, sum(b for b, _ in sdpa), max(0.0, rest))
