@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 
 from autopar.errors import AutoparError
+from autopar.fields import int_at_least
 from cost_models.precision import NAMES as PRECISIONS
 
 EXIT_BAD_INPUT = 2
@@ -29,18 +30,6 @@ def _load_profile(path: str | None):
     from autopar.profile import load_profile
 
     return load_profile(path)
-
-
-def _positive_int(field: str):
-    def parse(s: str) -> int:
-        try:
-            v = int(s)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{field} must be a whole number, got {s!r}") from None
-        if v < 1:
-            raise argparse.ArgumentTypeError(f"{field} must be at least 1, got {v}")
-        return v
-    return parse
 
 
 def _positive_float(field: str):
@@ -271,8 +260,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("search", help="search the fastest plan that fits and write it")
     s.add_argument("--model", required=True, help="zoo name, HF config.json, or pkg.module:factory")
     s.add_argument("--cluster", required=True, help="preset, inline spec like 2x8xA100-80G, or a YAML file")
-    s.add_argument("--global-batch-size", required=True, type=_positive_int("--global-batch-size"))
-    s.add_argument("--seq-len", type=_positive_int("--seq-len"))
+    s.add_argument("--global-batch-size", required=True, type=int_at_least("--global-batch-size"))
+    s.add_argument("--seq-len", type=int_at_least("--seq-len"))
     s.add_argument("--memory-budget", type=_positive_float("--memory-budget"), help="GiB per device")
     s.add_argument("--time-budget", type=_positive_float("--time-budget"), help="seconds; best plan so far")
     s.add_argument("--schedule", choices=["1f1b", "gpipe"], default="1f1b")
@@ -294,8 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr = sub.add_parser("profile", help="measure this machine (compute, communication, memory) for a model")
     pr.add_argument("--model", default=None, help="zoo name or pkg.module:factory (default: the reference GPT, "
                     "autopar.profile.reference:gpt_cpu)")
-    pr.add_argument("--nproc", type=_positive_int("--nproc"), default=2, help="local processes (group sizes 2..N)")
-    pr.add_argument("--seq-len", type=_positive_int("--seq-len"))
+    pr.add_argument("--nproc", type=int_at_least("--nproc"), default=2, help="local processes (group sizes 2..N)")
+    pr.add_argument("--seq-len", type=int_at_least("--seq-len"))
     pr.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     pr.add_argument("--quick", action="store_true", help="fewer sizes and repeats (seconds, for tests)")
     pr.add_argument("-o", "--output", default="profile.yaml")

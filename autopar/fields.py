@@ -240,3 +240,18 @@ class Fields:
     def sub(self, key: object, *, kind: str = "", keys: Iterable[str] | None = None) -> Fields:
         """The nested mapping at ``key`` (required), read with the same fix."""
         return Fields(self.req_mapping(key), self.at(key), kind=kind, keys=keys, fix=self.fix)
+
+
+def int_at_least(option: str, low: int = 1):
+    """An argparse ``type`` for ``option``: a whole number >= ``low``, else argparse's one-line error."""
+    import argparse
+
+    def parse(s: str) -> int:
+        try:
+            v = int(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{option} must be a whole number, got {s!r}") from None
+        if v < low:
+            raise argparse.ArgumentTypeError(f"{option} must be at least {low}, got {v}")
+        return v
+    return parse

@@ -7,20 +7,10 @@ figures. Every refusal comes before anything is written.
 
 from __future__ import annotations
 
-import argparse
 import json
 
 from autopar.calibrate.table import DEFAULT_FIT, FITTABLE, choose
-
-
-def _folds(s: str) -> int:
-    try:
-        k = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--folds must be a whole number, got {s!r}") from None
-    if k < 2:
-        raise argparse.ArgumentTypeError(f"--folds must be at least 2, got {k}")
-    return k
+from autopar.fields import int_at_least
 
 
 def add_parser(sub) -> None:
@@ -35,7 +25,7 @@ def add_parser(sub) -> None:
     c.add_argument("--group", help="only the runs of this group (same model, batch and cluster)")
     c.add_argument("--fit", help=f"fields to fit, comma-separated (default {','.join(DEFAULT_FIT)}; "
                    f"fittable: {', '.join(r.name for r in FITTABLE)})")
-    c.add_argument("--folds", type=_folds, default=5, help="cross-validation folds (leave-one-out up to 8 runs)")
+    c.add_argument("--folds", type=int_at_least("--folds", 2), default=5, help="cross-validation folds (leave-one-out up to 8 runs)")
     c.add_argument("--json", action="store_true", help="one JSON object on stdout")
     c.set_defaults(func=cmd_calibrate)
 
