@@ -41,7 +41,14 @@ def _live_tensors() -> list[torch.Tensor]:
         return [o for o in gc.get_objects() if isinstance(o, torch.Tensor) and not isinstance(o, torch.nn.Parameter)]
 
 
-def _kept_bytes_per_sample(unit: torch.nn.Module, hidden: int) -> float:
+def _kept_bytes_per_sample(unit: torch.nn.Module, hidden: int, tries: int = 3) -> float:
+    """The least over ``tries`` forwards: what the checkpoint keeps is the same each time, while an object
+    of the process's that happens to be alive during one forward (a collective's buffer still held by its
+    work handle, a lazily built cache) is not kept by the checkpoint (it once made a CI run count 8 KiB more)."""
+    return min(_kept_once(unit, hidden) for _ in range(tries))
+
+
+def _kept_once(unit: torch.nn.Module, hidden: int) -> float:
     x = torch.randn(BATCH, 32, hidden, requires_grad=True)
     packed: dict[int, int] = {}
 
