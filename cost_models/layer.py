@@ -162,7 +162,7 @@ def compute_times(layer: Layer, tp: np.ndarray, zero: np.ndarray, ckpt: np.ndarr
         # time is sum(F_part / peak_part), i.e. its FLOPs at the harmonic mix of the two peaks
         a = layer.attn_core_flops / layer.flops
         peak_f = 1.0 / ((1.0 - a) / peak_flops + a / attn_peak_flops)
-        peak_r = np.select([ckpt == 1], [attn_peak_flops], peak_f)  # selective reruns the attention core
+        peak_r = np.select([ckpt == CKPT_CODE["selective"]], [attn_peak_flops], peak_f)  # reruns the attention core
     f_comp = compute_time(f_flops, peak_f, eff_max, overhead)
     b_comp = 2.0 * f_comp + compute_time(recompute, peak_r, eff_max, overhead)
     return f_comp, b_comp

@@ -79,7 +79,7 @@ class GPUType:
         return getattr(self, precision(self.precision).peak) * 1e12
 
     @property
-    def attn_flops(self) -> float:
+    def sustained_attn_flops(self) -> float:
         """Sustained FLOP/s of its attention core at its ``precision`` (the bf16 peak under fp8)."""
         return getattr(self, precision(self.precision).attn_peak) * 1e12 * self.sustained
 

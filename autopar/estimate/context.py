@@ -76,7 +76,7 @@ class StageContext:
     @cached_property
     def attn_peak_flops(self) -> float:
         """What the attention core runs at on the slowest device (differs from ``peak_flops`` under fp8)."""
-        return min(self.cluster.nodes[n].gpu.attn_flops for n in self.nodes)
+        return min(self.cluster.nodes[n].gpu.sustained_attn_flops for n in self.nodes)
 
     @cached_property
     def hbm_bw(self) -> float:
