@@ -33,8 +33,6 @@ import os
 import statistics
 from pathlib import Path
 
-from scipy.stats import spearmanr
-
 from autopar.calibrate import FITTABLE, CalRun, fit_identifiable, predict, scores
 from autopar.estimate import estimate_plan, plan_cost_params
 from autopar.measured import RunSet, load_runs
@@ -54,20 +52,21 @@ def measured_files() -> list[Path]:
 
 
 def _stats(rows: list[dict]) -> dict:
-    """MAPE, median ratio, Spearman and regret of ``rows`` (one group, or the pooled rows of a source)."""
+    """MAPE, median ratio, Spearman and regret of ``rows`` (one group, or the pooled rows of a source):
+    ``autopar.calibrate.scores``, which ranks within each group, plus the plan the model ranks first."""
     ok = [r for r in rows if r["measured_s"] is not None]
     out: dict = {"used": len(ok)}
-    if ok:
-        ratios = [r["predicted_s"] / r["measured_s"] for r in ok]
-        out["mape_pct"] = 100 * statistics.fmean(abs(x - 1) for x in ratios)
-        out["median_ratio"] = statistics.median(ratios)
-    if len(ok) >= 3:
-        rho = spearmanr([r["predicted_s"] for r in ok], [r["measured_s"] for r in ok]).statistic
-        out["spearman"] = None if rho != rho else float(rho)  # NaN: a constant column
+    if not ok:
+        return out
+    s = scores([r["group"] for r in ok], [r["predicted_s"] for r in ok], [r["measured_s"] for r in ok])
+    out["mape_pct"] = 100 * s["mape"]
+    out["median_ratio"] = statistics.median(r["predicted_s"] / r["measured_s"] for r in ok)
+    for key in ("spearman", "regret"):
+        if s[key] is not None:
+            out[key] = s[key]
+        out[f"{key}_groups"] = s[f"{key}_groups"]
     if len(ok) >= 2:
-        chosen = min(ok, key=lambda r: r["predicted_s"])
-        out["regret"] = chosen["measured_s"] / min(r["measured_s"] for r in ok)
-        out["chosen"] = chosen["id"]
+        out["chosen"] = min(ok, key=lambda r: r["predicted_s"])["id"]
     return out
 
 
@@ -145,13 +144,11 @@ def score(rs: RunSet) -> dict:
         groups[g] = {**_stats(rows), "failed": sum(c["status"] == "failed" for c in rows),
                      "failed_said_oom": sum(c["status"] == "failed" and not c["fits"] for c in rows),
                      "ran_said_oom": sum(c["status"] == "ok" and not c["fits"] for c in rows)}
-    src = _stats(cases)
-    for key in ("spearman", "regret", "chosen"):  # pooled across groups they mean nothing
-        src.pop(key, None)
+    src = _stats(cases)  # Spearman and regret: means over the source's groups, as scores ranks within groups
+    src.pop("chosen", None)  # pooled across groups it means nothing
     for key in ("spearman", "regret"):
-        vals = [g[key] for g in groups.values() if g.get(key) is not None]
-        src[key] = statistics.fmean(vals) if vals else None
-        src[f"{key}_groups"] = len(vals)
+        src.setdefault(key, None)
+        src.setdefault(f"{key}_groups", 0)
     for key in ("failed", "failed_said_oom", "ran_said_oom"):
         src[key] = sum(g[key] for g in groups.values())
     src["memory"] = _memory_stats(cases)
