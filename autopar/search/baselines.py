@@ -14,6 +14,7 @@ from autopar.estimate import CostCache, PlanEstimate, estimate_plan
 from autopar.modelspec.spec import CKPT_MODES, ModelSpec
 from autopar.plan.schema import ModelRef, Pipeline, Plan, Stage, StageLayer, Strategy
 from autopar.search.options import SearchOptions
+from autopar.search.progress import progress_bar
 from autopar.search.space import divisors
 
 
@@ -101,7 +102,10 @@ def baselines(model: ModelSpec, cluster: Cluster, B: int, opts: SearchOptions, c
     cache = cache if cache is not None else CostCache()
     best: dict[str, tuple[Plan, PlanEstimate] | None] = {"ddp": None, "zero3": None, "megatron": None}
     ms = divisors(B)
-    for name, p, strat in _families(model, cluster):
+    families = list(_families(model, cluster))
+    bar = progress_bar(len(families), opts.progress, "baselines", "family")
+    for name, p, strat in families:
+        bar.update(1)
         if deadline is not None and time.perf_counter() > deadline and best[name] is not None:
             continue
         try:
@@ -120,6 +124,7 @@ def baselines(model: ModelSpec, cluster: Cluster, B: int, opts: SearchOptions, c
                 continue
             if est.fits and (best[name] is None or est.step_time_s < best[name][1].step_time_s):
                 best[name] = (plan, est)
+    bar.close()
     for v in best.values():
         if v is not None:
             v[0].predicted = v[1].predicted()

@@ -33,6 +33,7 @@ from autopar.search.baselines import baselines
 from autopar.search.frontier import RangeTrie
 from autopar.search.options import SearchOptions
 from autopar.search.partition import best_partition, minmax_partition
+from autopar.search.progress import progress_bar
 from autopar.search.result import HOMOGENEOUS, ConfigResult, SearchResult
 from autopar.search.rules import Rule, rule_counts
 from autopar.search.space import divisors, layer_candidates, tp_degrees
@@ -255,7 +256,7 @@ class HomogeneousSearch:
                       results: list[ConfigResult]) -> ConfigResult | None:
         """Evaluate scored configurations in order of their bound; returns the best plan so far."""
         scored.sort(key=lambda x: x[0])
-        bar = _progress(len(scored), self.opts.progress)
+        bar = progress_bar(len(scored), self.opts.progress, "configs", "cfg")
         for lb, p, m, ctx, cands, layouts in scored:
             if best is not None and lb >= best.step_time:
                 self.pruned[Rule.CONFIG_LOWER_BOUND] += 1
@@ -317,24 +318,10 @@ def search_homogeneous(model: ModelSpec, cluster: Cluster, global_batch_size: in
         "cost_params": opts.params.to_dict(),
     }
     deadline = start + opts.time_budget_s if opts.time_budget_s is not None else None
+    base_start = time.perf_counter()
     base = baselines(model, cluster, global_batch_size, opts, deadline=deadline) if with_baselines else {}
-    return SearchResult(HOMOGENEOUS, plan, est, seconds, hs.candidates, dict(pruned), results, hs.timed_out, base)
-
-
-class _NoBar:
-    def update(self, n: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def _progress(total: int, enabled: bool):
-    if not enabled:
-        return _NoBar()
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc="configs", unit="cfg", leave=False)
+    return SearchResult(HOMOGENEOUS, plan, est, seconds, hs.candidates, dict(pruned), results, hs.timed_out, base,
+                        baseline_seconds=time.perf_counter() - base_start)
 
 
 def nothing_fits_error(results: list[ConfigResult], cluster: Cluster, opts: SearchOptions) -> AutoparError:

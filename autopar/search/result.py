@@ -29,7 +29,8 @@ class ConfigResult:
 @dataclass
 class SearchResult:
     """The plan a planner chose, its estimate (``estimate.step_time_s`` is the figure the planner
-    optimised) and the search's statistics.
+    optimised) and the search's statistics. ``seconds`` is the planner's own time (the plan's
+    ``search.seconds``); ``baseline_seconds`` what scoring the baselines took after it.
 
     ``pruned`` maps rule keys (``autopar.search.rules.Rule`` values, plain strings) to counts, as in
     ``plan.search["pruned"]``. ``configs`` is filled by the homogeneous planner only. ``baselines``
@@ -45,3 +46,4 @@ class SearchResult:
     configs: list[ConfigResult] = field(default_factory=list)
     timed_out: bool = False
     baselines: dict[str, tuple[Plan, PlanEstimate] | None] = field(default_factory=dict)
+    baseline_seconds: float = 0.0  # scoring the baselines, after the plan (not in ``seconds``)

@@ -33,6 +33,7 @@ from autopar.search.hetero.layer_split import LayerSplitter
 from autopar.search.hetero.local_search import improve
 from autopar.search.hetero.realise import Candidate, Realiser
 from autopar.search.options import SearchOptions
+from autopar.search.progress import progress_bar
 from autopar.search.result import HETEROGENEOUS, SearchResult
 from autopar.search.rules import rule_counts
 from autopar.version import __version__
@@ -57,10 +58,12 @@ def search_heterogeneous(model: ModelSpec, cluster: Cluster, global_batch_size: 
     best, info = plan_search(model, cluster, global_batch_size, opts, deadline)
     seconds = time.perf_counter() - start
     base: dict = {}
+    base_start = time.perf_counter()
     if with_baselines:  # under a time budget, the baselines get what is left of it
         rest = opts if deadline is None else replace(opts, time_budget_s=max(deadline - time.perf_counter(), 1e-3))
         base = {SUBSET: best_homogeneous_subset(model, cluster, global_batch_size, rest),
                 AS_SLOWEST: as_slowest_gpu(model, cluster, global_batch_size, rest)}
+    base_seconds = time.perf_counter() - base_start
     plan, reported = best.plan, best.time
     slow = base.get(AS_SLOWEST)
     if slow is not None and slow[1].step_time_s < reported:
@@ -79,7 +82,7 @@ def search_heterogeneous(model: ModelSpec, cluster: Cluster, global_batch_size: 
     plan.search = _search_block(opts, info, seconds)
     validate_plan(plan, model, est.memory_gib)
     return SearchResult(HETEROGENEOUS, plan, est, seconds, info["candidates"], dict(plan.search["pruned"]),
-                        timed_out=info["timed_out"], baselines=base)
+                        timed_out=info["timed_out"], baselines=base, baseline_seconds=base_seconds)
 
 
 def plan_search(model: ModelSpec, cluster: Cluster, B: int, opts: SearchOptions, deadline: float | None
@@ -92,13 +95,17 @@ def plan_search(model: ModelSpec, cluster: Cluster, B: int, opts: SearchOptions,
     timed_out = False
     starts: list[Candidate] = []
     cuts: Counter = Counter()
-    for shape in initial_shapes(cluster, min(MAX_PIPELINES, cluster.num_devices, B), max_stages, cuts):
+    shapes = list(initial_shapes(cluster, min(MAX_PIPELINES, cluster.num_devices, B), max_stages, cuts))
+    bar = progress_bar(len(shapes), opts.progress, "shapes", "shape")
+    for shape in shapes:
         if deadline is not None and time.perf_counter() > deadline and starts:
             timed_out = True
             break
         c = realise(shape)
         if c is not None:
             starts.append(c)
+        bar.update(1)
+    bar.close()
     if not starts:
         raise nothing_fits(model, cluster, B, opts, screen)
     starts.sort(key=lambda c: c.time)
