@@ -49,8 +49,9 @@ def _target(path: Path, field: str) -> tuple[Path, int | None]:
     return real, stat.S_IMODE(st.st_mode)
 
 
-def write_text_atomic(path: str | os.PathLike, text: str, field: str, executable: bool = False) -> Path:
-    """Write ``text`` to ``path`` through a temporary file and a rename; parents are created.
+def write_text_atomic(path: str | os.PathLike, text: str | bytes, field: str, executable: bool = False) -> Path:
+    """Write ``text`` (UTF-8; bytes as they are: a picture) to ``path`` through a temporary file and a
+    rename; parents are created.
 
     Returns ``path`` as given. Errors are AutoparError naming ``field`` (e.g. ``plan``, ``profile``).
     """
@@ -62,7 +63,7 @@ def write_text_atomic(path: str | os.PathLike, text: str, field: str, executable
         if mode is None:
             mode = (0o777 if executable else 0o666) & ~_umask()
         fd, tmp = tempfile.mkstemp(prefix=f".{real.name}.", suffix=".tmp", dir=real.parent)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
+        with (os.fdopen(fd, "wb") if isinstance(text, bytes) else os.fdopen(fd, "w", encoding="utf-8")) as f:
             f.write(text)
         os.chmod(tmp, mode)
         os.replace(tmp, real)
