@@ -52,7 +52,9 @@ def cmd_search(args) -> int:
     from autopar.plan.validate import validate_plan
     from autopar.report import baseline_table, figures_line, plan_shape, plan_table
     from autopar.search import SearchOptions, search
+    from autopar.show.command import check_report
 
+    check_report(args.report)  # a bad --report path or no matplotlib: refused before the search
     profile = _load_profile(args.profile)
     measured = profile is not None and profile.kind == "profile"  # a calibration goes with any precision
     model = _load_model(args.model, args.seq_len, profile.dtype_bytes if measured else activation_bytes(args.precision))
@@ -74,26 +76,34 @@ def cmd_search(args) -> int:
     out = Path(args.output)
     save_plan(res.plan, out)
     base = {k: (v[1].predicted() if v else None) for k, v in res.baselines.items()}
+    summary = (f"autopar: {model.name} (seq {model.seq_len}, {model.num_params / 1e9:.2f}B params, "
+               f"{model.num_layers} units) on {cluster.describe()} ({cluster.num_devices} devices), "
+               f"global batch {args.global_batch_size}, {res.plan.precision}")
+    seconds = f"search: {res.seconds:.1f} s (plan)" + (f" + {res.baseline_seconds:.1f} s (baselines)"
+                                                        if res.baselines else "")
+    if args.report:
+        from autopar.show.command import write_report
+
+        report = write_report(args.report, res, model, opts.params, summary, seconds)
     if args.json:
         print(json.dumps({
             "plan": str(out),
             "predicted": {k: res.plan.predicted[k] for k in ("step_time_s", "tokens_per_s", "tps", "tflops",
                                                                "mfu", "max_memory_gib")},
-            "search": {"seconds": res.seconds, "candidates": res.candidates, "pruned": res.pruned,
+            "search": {"seconds": res.seconds, "baseline_seconds": res.baseline_seconds,
+                       "candidates": res.candidates, "pruned": res.pruned,
                        "planner": res.planner, "timed_out": res.timed_out,
                        **{k: res.plan.search[k] for k in ("partitioner",) if k in res.plan.search}},
             "baselines": base,
         }))
         return 0
-    print(f"autopar: {model.name} (seq {model.seq_len}, {model.num_params / 1e9:.2f}B params, "
-          f"{model.num_layers} units) on {cluster.describe()} ({cluster.num_devices} devices), "
-          f"global batch {args.global_batch_size}, {res.plan.precision}")
+    print(summary)
     print(f"plan: {plan_shape(res.plan)}")
     print(plan_table(res.plan, est))
     print(f"predicted: {figures_line(est)}")
     pruned = sum(res.pruned.values())
     note = " (time budget hit: best found so far)" if res.timed_out else ""
-    print(f"search: {res.seconds:.2f} s, {res.candidates:,} candidates scored, {pruned:,} pruned{note}")
+    print(f"{seconds}, {res.candidates:,} candidates scored, {pruned:,} pruned{note}")
     if args.explain:
         _explain(res)
     if res.baselines:
@@ -105,6 +115,8 @@ def cmd_search(args) -> int:
             print(f"why it won: {b.step_time_s / est.step_time_s:.2f}x the throughput of the best baseline "
                   f"under the cost model, within {est.max_memory_gib:.1f} GiB per device")
     print(f"wrote {out}")
+    if args.report:
+        print(f"wrote {report}")
     return 0
 
 
@@ -271,6 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-baselines", action="store_true")
     s.add_argument("--profile", metavar="FILE", help="measured numbers from `autopar profile` instead of catalogue ones")
     s.add_argument("--precision", choices=PRECISIONS, default="bf16", help="training precision (default bf16)")
+    s.add_argument("--report", metavar="FILE.html", help="also write a report page: plan, why it won, pictures "
+                   "(needs matplotlib)")
     s.set_defaults(func=cmd_search)
 
     e = sub.add_parser("estimate", help="predicted figures of a plan")
@@ -311,6 +325,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     from autopar.calibrate.command import add_parser as add_calibrate  # parser and handler live there
     add_calibrate(sub)
+    from autopar.show.command import add_parser as add_show  # parser and handler live there
+    add_show(sub)
     return ap
 
 
