@@ -321,7 +321,7 @@ def search_homogeneous(model: ModelSpec, cluster: Cluster, global_batch_size: in
     base_start = time.perf_counter()
     base = baselines(model, cluster, global_batch_size, opts, deadline=deadline) if with_baselines else {}
     return SearchResult(HOMOGENEOUS, plan, est, seconds, hs.candidates, dict(pruned), results, hs.timed_out, base,
-                        baseline_seconds=time.perf_counter() - base_start)
+                        baseline_seconds=time.perf_counter() - base_start if with_baselines else 0.0)
 
 
 def nothing_fits_error(results: list[ConfigResult], cluster: Cluster, opts: SearchOptions) -> AutoparError:

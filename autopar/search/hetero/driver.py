@@ -58,12 +58,12 @@ def search_heterogeneous(model: ModelSpec, cluster: Cluster, global_batch_size: 
     best, info = plan_search(model, cluster, global_batch_size, opts, deadline)
     seconds = time.perf_counter() - start
     base: dict = {}
-    base_start = time.perf_counter()
+    base_start, base_seconds = time.perf_counter(), 0.0
     if with_baselines:  # under a time budget, the baselines get what is left of it
         rest = opts if deadline is None else replace(opts, time_budget_s=max(deadline - time.perf_counter(), 1e-3))
         base = {SUBSET: best_homogeneous_subset(model, cluster, global_batch_size, rest),
                 AS_SLOWEST: as_slowest_gpu(model, cluster, global_batch_size, rest)}
-    base_seconds = time.perf_counter() - base_start
+        base_seconds = time.perf_counter() - base_start
     plan, reported = best.plan, best.time
     slow = base.get(AS_SLOWEST)
     if slow is not None and slow[1].step_time_s < reported:
