@@ -1,6 +1,7 @@
-"""(3) The cluster map: every node a box, every device a cell coloured by its pipeline and stage, TP groups
-outlined, and each pipeline's stage-to-stage links drawn (red and dashed where they leave a node:
-inter-node links are the slow ones; labelled with their bandwidth when few)."""
+"""(3) The cluster map: every node a box, every device a cell coloured by its pipeline and stage, TP
+groups outlined (the degree most of a stage's layers use), and each pipeline's stage-to-stage links
+drawn: red and dashed where they leave a node (inter-node links are the slow ones), the slowest
+bandwidth the plan's stage links and data-parallel groups use named under the title."""
 
 from __future__ import annotations
 
@@ -107,7 +108,7 @@ def draw_cluster(fig, plan: Plan, title: str) -> None:
     slow = _stage_links(ax, plan, pos, FancyArrowPatch)
     handles = [_patch(col, text) for col, text in legend]
     if tp:
-        handles.append(_patch("white", "outlined: a TP group", "black"))
+        handles.append(_patch("white", "outlined: a TP group (most layers' degree)", "black"))
     fig.legend(handles=handles, loc="lower left", ncol=LEGEND_COLS, fontsize=FONT - 1, frameon=False,
                bbox_to_anchor=(0.02, 0.0))
     fig.suptitle(f"{title}: cluster map, {c.num_devices} devices in {c.num_nodes} nodes ({c.describe()})\n{slow}",
@@ -115,10 +116,11 @@ def draw_cluster(fig, plan: Plan, title: str) -> None:
 
 
 def _tp_outlines(plan: Plan, pos: dict, Rectangle) -> list:
-    """A black outline around each TP group (the widest TP degree of each stage)."""
+    """A black outline around each TP group of the TP degree most layers of each stage use."""
     out = []
     for st in plan.stages:
-        tp = max(ly.strategy.tp for ly in st.layers)
+        degrees = [ly.strategy.tp for ly in st.layers]
+        tp = max(set(degrees), key=lambda t: (degrees.count(t), t))
         if tp <= 1:
             continue
         for group in st.tp_groups(tp):

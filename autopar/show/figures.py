@@ -74,14 +74,12 @@ def draw_timeline(fig, tl: Timeline, title: str) -> None:
     ax.set_ylim(n - 0.5, -0.5)
     labels = [f"p{r.pipeline} s{r.stage}  dev {devices_label(r.devices)}" for r in tl.rows]
     _row_ticks(ax, labels)
-    ax.set_xlabel("seconds into the step", fontsize=FONT)
+    note = "" if not differs else (f"; dotted: the simulated schedule ends at {tl.simulated_s:.4g} s "
+                                   f"({tl.simulated_s / tl.step_s - 1:+.1%}: the estimate's closed form approximates it)")
+    ax.set_xlabel(f"seconds into the step{note}", fontsize=FONT)
     ax.tick_params(axis="x", labelsize=FONT)
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
-    if differs:
-        ax.text(0, -0.55, f"dotted: the simulated schedule ends at {tl.simulated_s:.4g} s "
-                f"({tl.simulated_s / tl.step_s - 1:+.1%}; the estimate's closed form approximates uneven stages)",
-                fontsize=FONT - 1, va="bottom", ha="left")
     totals = [kind_totals(r) for r in tl.rows]
     idle = sum(t["bubble"] for t in totals) / max(sum(sum(t.values()) for t in totals), 1e-30)
     head(fig, height, f"{title}: pipeline schedule per stage, {idle:.0%} idle",
