@@ -4,6 +4,9 @@ anything is drawn or written: one line, exit 2."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from autopar.fileio import write_text_atomic
 
 FIELD = "autopar show"
@@ -54,7 +57,8 @@ def cmd_show(args) -> int:
 
 
 def check_report(path: str | None) -> None:
-    """``search --report``: refuse a path that is not .html, or a missing matplotlib, before searching."""
+    """``search --report``: refuse a path that is not .html, a directory, one under a file or an unwritable
+    directory, or a missing matplotlib, before searching (the plan is written before the report)."""
     if path is None:
         return
     from autopar.errors import AutoparError
@@ -62,6 +66,14 @@ def check_report(path: str | None) -> None:
 
     if output_format(path, "--report") != ".html":
         raise AutoparError("--report", f"the report is an HTML page, got {path!r}", "give a file ending in .html")
+    target = Path(path).resolve()
+    if target.is_dir():
+        raise AutoparError("--report", f"{path} is a directory; only regular files are written",
+                           "give the path of a file to create or replace")
+    parent = next(p for p in target.parents if p.exists())  # the writer creates the missing ones
+    if not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise AutoparError("--report", f"cannot write {path}: {parent} is not a writable directory",
+                           "choose a writable path")
     need_matplotlib("--report")
 
 

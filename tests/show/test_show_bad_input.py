@@ -27,6 +27,8 @@ CASES = {
     "tp-over-stage": lambda d, p: ["show", edited(d, p, setter("pipelines.0.stages.0.layers.0.tp", 16)), "-o", "OUT.png"],
     "tampered-figures": lambda d, p: ["show", edited(d, p, setter("predicted.step_time_s", 0.001)), "-o", "OUT.svg"],
     "report-not-html": lambda d, p: SEARCH + ["-o", "OUT", "--report", "OUT.png"],
+    "report-is-a-directory": lambda d, p: SEARCH + ["-o", "OUT", "--report", _dir(d / "in" / "r.html")],
+    "report-under-a-file": lambda d, p: SEARCH + ["-o", "OUT", "--report", write(d, "f", "") + "/r.html"],
 }
 
 
