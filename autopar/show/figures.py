@@ -52,7 +52,7 @@ def timeline_height(tl: Timeline) -> float:
 def draw_timeline(fig, tl: Timeline, title: str) -> None:
     """One row per stage (pipeline p, stage s), coloured segments per kind, the step marked."""
     height = timeline_height(tl)
-    ax = axes_in(fig, height, 0.17)
+    ax = axes_in(fig, height, 0.17, 0.95)
     n = len(tl.rows)
     end = max(tl.step_s, tl.simulated_s)
     for y, row in enumerate(tl.rows):
@@ -71,6 +71,7 @@ def draw_timeline(fig, tl: Timeline, title: str) -> None:
     if differs:
         ax.axvline(tl.simulated_s, color="black", linewidth=0.8, linestyle=":")
     ax.set_xlim(0, end * 1.005)
+    ticks_within(ax)
     ax.set_ylim(n - 0.5, -0.5)
     labels = [f"p{r.pipeline} s{r.stage}  dev {devices_label(r.devices)}" for r in tl.rows]
     _row_ticks(ax, labels)
@@ -84,6 +85,12 @@ def draw_timeline(fig, tl: Timeline, title: str) -> None:
     idle = sum(t["bubble"] for t in totals) / max(sum(sum(t.values()) for t in totals), 1e-30)
     head(fig, height, f"{title}: pipeline schedule per stage, {idle:.0%} idle",
          [_patch(KIND_COLORS[k], k) for k in KINDS])
+
+
+def ticks_within(ax) -> None:
+    """Keep only the x ticks inside the view (matplotlib keeps, undrawn, labels for ticks past its ends)."""
+    lo, hi = ax.get_xlim()
+    ax.set_xticks([t for t in ax.get_xticks() if lo <= t <= hi])
 
 
 def _label_microbatches(ax, row, y: float, end: float) -> None:
@@ -142,6 +149,7 @@ def draw_memory(fig, mems: list[StageMemory], title: str) -> None:
         ax.text(left, y, f" {s.total_gib:.1f} / {s.budget_gib:.0f} GiB", fontsize=FONT - 1, va="center")
     ax.set_ylim(n - 0.5, -0.5)
     ax.set_xlim(0, max(max(g[1].budget_gib, g[1].summed_gib) for g in groups) * 1.22)
+    ticks_within(ax)
     _row_ticks(ax, [g[0] for g in groups])
     ax.set_xlabel("GiB per device (black tick: the device's budget)", fontsize=FONT)
     ax.tick_params(axis="x", labelsize=FONT)
@@ -177,6 +185,7 @@ def draw_baselines(fig, rows: list[tuple[str, float | None, float | None]], titl
             extra = f"  (autopar {v / best:.2f}x faster)" if col == 1 and y and best else ""
             ax.text(v, y, f" {v:.4g}{extra}", fontsize=FONT - 1, va="center")
         ax.set_xlim(0, top * 1.35)
+        ticks_within(ax)
         ax.set_xlabel(label, fontsize=FONT)
         ax.tick_params(labelsize=FONT)
         for side in ("top", "right"):
