@@ -18,7 +18,7 @@ def add_parser(sub) -> None:
                        description="Draw a plan with the figures of `autopar estimate`: the pipeline schedule per "
                        "stage, memory per device by part against its budget, and the cluster map. "
                        "Needs matplotlib (pip install 'autopar[show]').")
-    s.add_argument("plan")
+    s.add_argument("plan", help="a plan file (autopar search -o)")
     s.add_argument("-o", "--output", default="plan.png", help="plan.png, plan.svg (the pictures stacked) or "
                    "plan.html (one self-contained page, the pictures inline as SVG); default plan.png")
     s.add_argument("--profile", metavar="FILE", help="draw with this profile's measured numbers (as estimate --profile)")
