@@ -21,7 +21,7 @@ def test_bars_cover_the_plan_and_the_baselines(capsys):
 def test_heterogeneous_bars_cover_its_shapes_and_baselines(capsys):
     search(load_model("gpt3-1.3b", 512), load_cluster("4x3090+4xA100-80G"), 16, SearchOptions(progress=True))
     err = capsys.readouterr().err
-    assert "shapes" in err and "configs" in err  # the baselines are homogeneous searches of their own
+    assert "shapes" in err and "baselines" in err and "configs" in err  # baselines: homogeneous searches
 
 
 def test_no_bars_unless_asked(capsys):

@@ -61,8 +61,12 @@ def search_heterogeneous(model: ModelSpec, cluster: Cluster, global_batch_size: 
     base_start, base_seconds = time.perf_counter(), 0.0
     if with_baselines:  # under a time budget, the baselines get what is left of it
         rest = opts if deadline is None else replace(opts, time_budget_s=max(deadline - time.perf_counter(), 1e-3))
-        base = {SUBSET: best_homogeneous_subset(model, cluster, global_batch_size, rest),
-                AS_SLOWEST: as_slowest_gpu(model, cluster, global_batch_size, rest)}
+        bar = progress_bar(2, opts.progress, "baselines", "family")  # each a homogeneous search, with its own bar
+        base[SUBSET] = best_homogeneous_subset(model, cluster, global_batch_size, rest)
+        bar.update(1)
+        base[AS_SLOWEST] = as_slowest_gpu(model, cluster, global_batch_size, rest)
+        bar.update(1)
+        bar.close()
         base_seconds = time.perf_counter() - base_start
     plan, reported = best.plan, best.time
     slow = base.get(AS_SLOWEST)
