@@ -107,7 +107,8 @@ def sbatch_script(plan: Plan, scripts_dir: Path, job_name: str = "autopar", res:
     if het:
         lines += ["# The nodes differ, so this is a heterogeneous job: one component per run of equal nodes,",
                   "# started with its own srun; node<k>.sh gets k = SLURM_NODEID + the nodes before it."]
-    lines += ["# Each node runs node<SLURM_NODEID>.sh (torchrun, static rendezvous at the head node)."]
+    lines += ["# Each node runs node<SLURM_NODEID>.sh (torchrun, static rendezvous at the head node); arguments",
+              "# after the file name (sbatch autopar.sbatch --steps 10) go on to the training script."]
     lines += rank_map_lines(plan)
     nodelist = "$SLURM_JOB_NODELIST_HET_GROUP_0" if het else "$SLURM_JOB_NODELIST"
     lines += [
@@ -121,11 +122,13 @@ def sbatch_script(plan: Plan, scripts_dir: Path, job_name: str = "autopar", res:
         lines.append(f"export SRUN_CPUS_PER_TASK={res.cpus_per_task}")
     lines += _head_lines(nodelist, res) + [""]
     if not het:
-        lines.append("srun --kill-on-bad-exit=1 bash -c 'exec bash \"$AUTOPAR_DIR/node${SLURM_NODEID}.sh\"'")
+        lines.append("srun --kill-on-bad-exit=1 bash -c 'exec bash \"$AUTOPAR_DIR/node${SLURM_NODEID}.sh\" \"$@\"' "
+                     'autopar-node "$@"')
         return render(lines)
     for ci, c in enumerate(comps):
         lines.append(f"srun --het-group={ci} --kill-on-bad-exit=1 "
-                     f"bash -c 'exec bash \"$AUTOPAR_DIR/node$((SLURM_NODEID + {c.first})).sh\"' &")
+                     f"bash -c 'exec bash \"$AUTOPAR_DIR/node$((SLURM_NODEID + {c.first})).sh\" \"$@\"' "
+                     'autopar-node "$@" &')
     lines += [
         "# Wait for every component; the first failure cancels the job (the rest would hang in a collective).",
         f"for _ in {' '.join(str(i) for i in range(len(comps)))}; do",

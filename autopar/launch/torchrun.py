@@ -125,7 +125,7 @@ def _paths_block(script: str, script_args: list[str], res: Resolved) -> list[str
     ]
 
 
-FREE_PORT = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
+FREE_PORT = 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])'
 
 
 def free_port_lines(indent: str = "") -> list[str]:

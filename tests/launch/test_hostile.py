@@ -85,7 +85,7 @@ def test_hostile_plan_paths_and_args_run_only_torchrun(tmp_path, scheduler, node
         cut = argv.index(str(train.resolve()))
         assert argv[argv.index("--log-dir") + 1].startswith(str(tmp_path / f"logs {printable}" / "node"))
         assert argv[cut:] == [str(train.resolve()), "--plan", str((out / "plan.yaml").resolve()), *args,
-                              *(["--tail", payload] if scheduler != "slurm" else [])]
+                              "--tail", payload]  # sbatch passes its arguments on too
 
 
 @pytest.mark.parametrize("field, kwargs", [

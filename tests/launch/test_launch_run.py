@@ -235,3 +235,33 @@ def _kill_quietly(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+@pytest.mark.slow  # about 15 s on 2 cores
+def test_sbatch_body_under_a_stand_in_srun_runs_real_torchrun(tmp_path):
+    """Where no SLURM runs (CI), the sbatch file itself, under real bash, with stand-ins for the two SLURM
+    commands it calls (srun: start the command once per node with SLURM_NODEID, concurrently; scontrol: the
+    node list), starts real torchrun on both nodes; the head is found and the pipeline trains as one process.
+    tests/launch/test_slurm_real.py runs the same file under a real SLURM where one answers."""
+    from launch_testlib import fake_tools
+
+    from tests.runtime.cases import gpt, token_data
+    from tests.runtime.reference import reference_train
+
+    train = tmp_path / "train.py"
+    train.write_text(WRAP_TRAIN)
+    paths = write_launch_scripts(_two_node_pipeline(), train, tmp_path / "launch", scheduler="slurm")
+    fake = fake_tools(tmp_path / "bin", {
+        "srun": 'while [[ $1 == --* ]]; do shift; done\nfor k in 0 1; do SLURM_NODEID=$k "$@" & done\n'
+                'rc=0\nfor k in 0 1; do wait -n || rc=$?; done\nexit $rc\n',
+        "scontrol": 'echo localhost; echo other-node\n',
+    })
+    env = {**_env(), "PATH": f"{fake}:{_env()['PATH']}", "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "localhost,x",
+           "SLURMD_NODENAME": "localhost", "STATE_OUT": str(tmp_path / "state.pt")}
+    r = subprocess.run(["bash", str(paths[-1]), "--steps", "2"], env=env, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
+    m = re.search(r"autopar: job 7: head node localhost; every node waits for the rendezvous at (\S+):(\d+)", r.stdout)
+    assert m and not m.group(1).startswith("127."), r.stdout  # localhost resolves to loopback: the host's address
+    ref, _ = reference_train(gpt, *token_data(), steps=2, lr=0.1)  # --steps 2 reached the training script
+    for rank in (0, 1):
+        assert [float(v) for rr, _, v in STEP.findall(r.stdout) if int(rr) == rank] == pytest.approx(ref, abs=1e-5)

@@ -84,7 +84,8 @@ def test_two_node_slurm_sbatch(tmp_path, train):
                           "#SBATCH --ntasks-per-node=1", "#SBATCH --exclusive", "#SBATCH --gpus-per-node=4"]
     assert 'HEAD_NODE="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | awk \'NR == 1\')" || true' in text
     assert f"export AUTOPAR_DIR='{out.resolve()}'" in text
-    assert "srun --kill-on-bad-exit=1 bash -c 'exec bash \"$AUTOPAR_DIR/node${SLURM_NODEID}.sh\"'" in text
+    assert ("srun --kill-on-bad-exit=1 bash -c 'exec bash \"$AUTOPAR_DIR/node${SLURM_NODEID}.sh\" \"$@\"' "
+            'autopar-node "$@"\n') in text
     assert "hetjob" not in text
     for p in paths[1:]:
         _bash_n(p)
