@@ -9,6 +9,12 @@ only the *static* rendezvous takes the node rank from ``--node-rank``. The c10d 
 on any cluster whose nodes differ. So the scripts use ``--rdzv-backend static`` with
 ``--master-addr/--master-port`` by default; ``rendezvous="c10d"`` is offered for homogeneous
 clusters, where any node order is an equivalent plan.
+
+Node 0 hosts the rendezvous: without MASTER_ADDR / MASTER_PORT (or ``--master-addr`` / ``--port``) it
+takes its own first address and a free port and prints the command line for the other nodes, which
+need both and print what they wait on. torchrun is called by the path the scripts were written for
+(autopar.launch.options); each rank's output goes to its own log file and, prefixed with its global
+rank, to the console.
 """
 
 from __future__ import annotations
@@ -148,8 +154,10 @@ def _rendezvous_block(node: int, res: Resolved, num_nodes: int) -> list[str]:
                   "fi"]
         lines += free_port_lines()
         lines += ["export MASTER_ADDR MASTER_PORT",
-                  f'echo "autopar: node 0 of {num_nodes} hosts the rendezvous at $MASTER_ADDR:$MASTER_PORT" >&2',
-                  'if [ -z "${SLURM_JOB_ID:-}" ]; then',
+                  f'echo "autopar: node 0 of {num_nodes} hosts the rendezvous at $MASTER_ADDR:$MASTER_PORT" >&2']
+        if num_nodes == 1:
+            return lines
+        lines += ['if [ -z "${SLURM_JOB_ID:-}" ]; then',
                   '  echo "autopar: start every other node k with: MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT '
                   'bash node<k>.sh" >&2',
                   "fi"]
