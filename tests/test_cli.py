@@ -289,3 +289,24 @@ def test_search_without_o_never_replaces_an_existing_plan(tmp_path, capsys, monk
     rc, out, err = run(TINY + ["-o", "plan.yaml"], capsys)  # named explicitly: replaced
     again = yaml.safe_load((tmp_path / "plan.yaml").read_text())
     assert rc == 0 and again["pipelines"] == first["pipelines"] and again["predicted"] == first["predicted"]
+
+
+def test_launch_options_reach_the_scripts_and_a_second_launch_replaces_them(searched, capsys, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("")
+    out = tmp_path / "L"
+    argv = ["launch", str(searched), "--script", str(script), "-o", str(out), "--scheduler", "slurm", "--time", "90",
+            "--partition", "gpu", "--cpus-per-task", "16", "--gpus-per-node", "8", "--port", "29400",
+            "--torchrun", "torchrun", "--log-dir", str(tmp_path / "logs")]
+    rc, stdout, err = run(argv, capsys)
+    assert rc == 0, err
+    sbatch = (out / "autopar.sbatch").read_text()
+    for line in ("#SBATCH --time=90", "#SBATCH --partition=gpu", "#SBATCH --cpus-per-task=16",
+                 "#SBATCH --gpus-per-node=8", 'MASTER_PORT="29400"'):
+        assert f"\n{line}\n" in sbatch
+    node1 = (out / "node1.sh").read_text()
+    assert "\nTORCHRUN=torchrun\n" in node1 and f"\nLOG_DIR={tmp_path / 'logs'}\n" in node1
+    assert 'MASTER_PORT="${MASTER_PORT:-29400}"' in node1
+    rc, _, err = run(argv[:6], capsys)  # again, torchrun scheduler: the sbatch file of the first call goes
+    assert rc == 0, err
+    assert sorted(p.name for p in out.iterdir()) == ["autopar-launch.txt", "node0.sh", "node1.sh", "plan.yaml"]
