@@ -113,7 +113,7 @@ parser.add_argument("--pause", type=float, default=0.0)
 args = parser.parse_args()
 torch.set_num_threads(1)
 torch.manual_seed(0)
-pm = autopar.wrap(gpt(), args.plan, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1), timeout_s=60)
+pm = autopar.wrap(gpt(), args.plan, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1))  # 600 s collective timeout
 rank = dist.get_rank()
 inputs, targets = token_data()
 for step in range(args.steps):
@@ -157,7 +157,7 @@ def _finish(procs, timeout):
                 os.killpg(p.pid, signal.SIGKILL)
 
 
-@pytest.mark.slow  # two torchrun agents, two ranks, three pipeline steps: about 15 s on 2 cores
+@pytest.mark.slow  # two torchrun agents, two ranks, three pipeline steps: about 30 s on 2 loaded cores
 def test_two_nodes_train_like_one_process(tmp_path):
     """Two torchrun 'nodes' on 127.0.0.1 train the two-stage pipeline: every rank reports the losses of
     single-process training, and the final parameters match it."""
@@ -192,12 +192,13 @@ def test_two_nodes_train_like_one_process(tmp_path):
     assert "STEP rank=1 step=2" in logs[1].read_text()  # each rank's own log file
 
 
-@pytest.mark.slow  # about 25 s on 2 cores
+@pytest.mark.slow  # about 20 s on 2 loaded cores
 @pytest.mark.parametrize("lost", ["rank", "node"])
 def test_a_lost_rank_or_node_ends_the_other_node_with_an_error_not_a_hang(tmp_path, lost):
     """Mid-training, node 1's rank is killed (SIGKILL), or the whole node (its torchrun agent too; the agent
-    puts its rank in a session of its own, so both are killed): node 0 exits non-zero naming the failure,
-    well before its 60 s collective timeout; with only the rank lost, node 1's torchrun reports it too."""
+    puts its rank in a session of its own, so both are killed): node 0 exits non-zero naming the failure
+    (seconds here), long before its 600 s collective timeout; with only the rank lost, node 1's torchrun
+    reports it too. The 120 s bound only tells a hang from an error on a loaded machine."""
     train = tmp_path / "train.py"
     train.write_text(WRAP_TRAIN)
     paths = write_launch_scripts(_two_node_pipeline(), train, tmp_path / "launch",
@@ -216,7 +217,7 @@ def test_a_lost_rank_or_node_ends_the_other_node_with_an_error_not_a_hang(tmp_pa
         if lost == "node":
             os.killpg(node1.pid, signal.SIGKILL)
         start = time.monotonic()
-        out, err = node0.communicate(timeout=120)
+        out, err = node0.communicate(timeout=180)
         waited = time.monotonic() - start
         rest1 = node1.communicate(timeout=60)
     finally:
@@ -224,7 +225,7 @@ def test_a_lost_rank_or_node_ends_the_other_node_with_an_error_not_a_hang(tmp_pa
         if worker is not None:
             _kill_quietly(worker)
     assert node0.returncode != 0, out + err
-    assert waited < 60, f"node 0 took {waited:.0f} s to notice"
+    assert waited < 120, f"node 0 took {waited:.0f} s to notice"
     assert re.search(r"Connection closed by peer|Connection reset by peer|ChildFailedError", err), err[-3000:]
     if lost == "rank":
         assert node1.returncode != 0 and "Signal 9 (SIGKILL) received by PID" in rest1[1], rest1[1][-3000:]
@@ -237,7 +238,7 @@ def _kill_quietly(pid: int) -> None:
         pass
 
 
-@pytest.mark.slow  # about 15 s on 2 cores
+@pytest.mark.slow  # about 35 s on 2 loaded cores
 def test_sbatch_body_under_a_stand_in_srun_runs_real_torchrun(tmp_path):
     """Where no SLURM runs (CI), the sbatch file itself, under real bash, with stand-ins for the two SLURM
     commands it calls (srun: start the command once per node with SLURM_NODEID, concurrently; scontrol: the

@@ -84,12 +84,12 @@ def test_a_killed_rank_ends_the_slurm_job(tmp_path):
         assert worker is not None, _output(tmp_path)
         os.kill(worker, signal.SIGKILL)  # this machine runs both SLURM nodes: the rank is a local process
         start = time.monotonic()
-        proc.communicate(timeout=120)
+        proc.communicate(timeout=180)
         waited = time.monotonic() - start
     finally:
         if proc.poll() is None:
             proc.kill()
     log = _output(tmp_path)
-    assert proc.returncode != 0 and waited < 60, log[-3000:]
+    assert proc.returncode != 0 and waited < 120, log[-3000:]  # the collective timeout is 600 s
     assert "ChildFailedError" in log and "Signal 9 (SIGKILL) received by PID" in log
     assert re.search(r"STEP \S+ CANCELLED|Terminating StepId", log), log[-3000:]  # srun ended the other node
