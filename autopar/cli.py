@@ -10,6 +10,7 @@ import sys
 import threading
 from pathlib import Path
 
+from autopar.argparsing import Parser
 from autopar.errors import AutoparError
 from autopar.fields import int_at_least
 from cost_models.precision import NAMES as PRECISIONS
@@ -50,11 +51,12 @@ def cmd_search(args) -> int:
     from autopar.plan.io import save_plan
     from autopar.plan.precision import activation_bytes, at_precision
     from autopar.plan.validate import validate_plan
-    from autopar.report import baseline_table, figures_line, plan_shape, plan_table
+    from autopar.report import baseline_table, figures_line, param_count, plan_shape, plan_table
     from autopar.search import SearchOptions, search
     from autopar.show.command import check_report
 
     check_report(args.report)  # a bad --report path or no matplotlib: refused before the search
+    out = _search_output(args.output)
     profile = _load_profile(args.profile)
     measured = profile is not None and profile.kind == "profile"  # a calibration goes with any precision
     model = _load_model(args.model, args.seq_len, profile.dtype_bytes if measured else activation_bytes(args.precision))
@@ -73,10 +75,9 @@ def cmd_search(args) -> int:
         res.plan.search["profile"] = profile_record(profile)
     est = res.estimate
     validate_plan(res.plan, model, est.memory_gib)
-    out = Path(args.output)
     save_plan(res.plan, out)
     base = {k: (v[1].predicted() if v else None) for k, v in res.baselines.items()}
-    summary = (f"autopar: {model.name} (seq {model.seq_len}, {model.num_params / 1e9:.2f}B params, "
+    summary = (f"autopar: {model.name} (seq {model.seq_len}, {param_count(model.num_params)} params, "
                f"{model.num_layers} units) on {cluster.describe()} ({cluster.num_devices} devices), "
                f"global batch {args.global_batch_size}, {res.plan.precision}")
     seconds = f"search: {res.seconds:.1f} s (plan)" + (f" + {res.baseline_seconds:.1f} s (baselines)"
@@ -118,6 +119,22 @@ def cmd_search(args) -> int:
     if args.report:
         print(f"wrote {report}")
     return 0
+
+
+DEFAULT_PLAN = "plan.yaml"
+
+
+def _search_output(output: str | None) -> Path:
+    """Where ``search`` writes its plan. ``-o PATH`` names the file to write (an existing one is replaced);
+    without ``-o`` it is ``plan.yaml`` here, which must not exist yet: an earlier plan is never replaced
+    silently. Checked before the search runs."""
+    if output is not None:
+        return Path(output)
+    out = Path(DEFAULT_PLAN)
+    if out.exists() or out.is_symlink():
+        raise AutoparError("search -o", f"{DEFAULT_PLAN} already exists here and -o was not given",
+                           f"pass -o {DEFAULT_PLAN} to replace it, or -o another path")
+    return out
 
 
 def _explain(res) -> None:
@@ -224,12 +241,13 @@ def cmd_profile(args) -> int:
 # -- launch / list ------------------------------------------------------------------------------
 def cmd_launch(args) -> int:
     from autopar.launch import write_launch_scripts
+    from autopar.launch.arguments import options_from
 
     plan, _, notes = _checked(args.plan, memory=not args.force, force_hint=True)
     for note in notes:
         print(f"autopar: {note}", file=sys.stderr)
     paths = write_launch_scripts(plan, args.script, args.output, scheduler=args.scheduler,
-                                 script_args=args.script_args)
+                                 script_args=args.script_args, options=options_from(args))
     for p in paths:
         print(p)
     return 0
@@ -238,10 +256,11 @@ def cmd_launch(args) -> int:
 def cmd_list(args) -> int:
     if args.what == "models":
         from autopar.modelspec.zoo import from_zoo, zoo_names
+        from autopar.report import param_count
 
         for name in zoo_names():
             m = from_zoo(name)
-            print(f"{name:<14} {m.num_params / 1e9:8.2f}B params  {m.num_layers:4d} units  hidden {m.hidden:<6} "
+            print(f"{name:<14} {param_count(m.num_params):>7} params  {m.num_layers:4d} units  hidden {m.hidden:<6} "
                   f"heads {m.num_heads}/{m.num_kv_heads or m.num_heads}  seq {m.seq_len}")
     elif args.what == "gpus":
         from autopar.cluster.catalogue import describe_gpu, gpu_names
@@ -251,45 +270,49 @@ def cmd_list(args) -> int:
     else:
         from autopar.cluster.parse import preset_description, preset_names
 
-        for name in preset_names():
-            print(preset_description(name))
+        names = preset_names()
+        width = max(map(len, names))
+        for name in names:  # the name is what --cluster takes
+            print(f"{name:<{width}}  {preset_description(name)}")
         print("inline specs: 8xA100-80G, 2x8xH100, 4xcpu, 8x3090+8x4090+8xA100 ([nodes x] gpus x TYPE, '+' joins)")
     return 0
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse with autopar's one-line errors (no usage block): ``autopar: error: search: ...; see --help``."""
-
-    def error(self, message: str):
-        cmd = self.prog.split(" ", 1)[1] if " " in self.prog else "arguments"
-        raise AutoparError(cmd, message, f"see `{self.prog} --help`")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    ap = _Parser(prog="autopar", description="Search, estimate and launch hybrid-parallel training plans.")
-    sub = ap.add_subparsers(dest="cmd", required=True)
+    from autopar.version import __version__
+
+    ap = Parser(prog="autopar", description="Search, estimate and launch hybrid-parallel training plans.")
+    ap.add_argument("--version", action="version", version=f"autopar {__version__}", help="print the version and exit")
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     s = sub.add_parser("search", help="search the fastest plan that fits and write it")
-    s.add_argument("--model", required=True, help="zoo name, HF config.json, or pkg.module:factory")
-    s.add_argument("--cluster", required=True, help="preset, inline spec like 2x8xA100-80G, or a YAML file")
-    s.add_argument("--global-batch-size", required=True, type=int_at_least("--global-batch-size"))
-    s.add_argument("--seq-len", type=int_at_least("--seq-len"))
-    s.add_argument("--memory-budget", type=_positive_float("--memory-budget"), help="GiB per device")
-    s.add_argument("--time-budget", type=_positive_float("--time-budget"), help="seconds; best plan so far")
-    s.add_argument("--schedule", choices=["1f1b", "gpipe"], default="1f1b")
-    s.add_argument("-o", "--output", default="plan.yaml")
+    s.add_argument("--model", required=True, help="zoo name (autopar list models), HF config.json, or "
+                   "pkg.module:factory")
+    s.add_argument("--cluster", required=True, help="preset (autopar list clusters), inline spec like 2x8xA100-80G, "
+                   "or a YAML file")
+    s.add_argument("--global-batch-size", required=True, type=int_at_least("--global-batch-size"),
+                   help="samples per optimizer step, over all devices")
+    s.add_argument("--seq-len", type=int_at_least("--seq-len"), help="tokens per sample (default: the model's)")
+    s.add_argument("--memory-budget", type=_positive_float("--memory-budget"),
+                   help="GiB per device (default: each GPU's memory)")
+    s.add_argument("--time-budget", type=_positive_float("--time-budget"),
+                   help="stop after this many seconds with the best plan so far (default: search to the end)")
+    s.add_argument("--schedule", choices=["1f1b", "gpipe"], default="1f1b", help="pipeline schedule")
+    s.add_argument("-o", "--output", metavar="PLAN", help=f"write the plan here, replacing an existing file "
+                   f"(default: {DEFAULT_PLAN}, which must not exist yet)")
     s.add_argument("--json", action="store_true", help="one JSON object on stdout")
     s.add_argument("--explain", action="store_true", help="show the pruning rules and the configurations")
-    s.add_argument("--no-baselines", action="store_true")
-    s.add_argument("--profile", metavar="FILE", help="measured numbers from `autopar profile` instead of catalogue ones")
-    s.add_argument("--precision", choices=PRECISIONS, default="bf16", help="training precision (default bf16)")
+    s.add_argument("--no-baselines", action="store_true", help="skip the baseline plans (DDP, ZeRO-3, Megatron)")
+    s.add_argument("--profile", metavar="FILE", help="measured numbers from `autopar profile` (or a calibration) "
+                   "instead of catalogue ones")
+    s.add_argument("--precision", choices=PRECISIONS, default="bf16", help="training precision")
     s.add_argument("--report", metavar="FILE.html", help="also write a report page: plan, why it won, pictures "
                    "(needs matplotlib)")
     s.set_defaults(func=cmd_search)
 
     e = sub.add_parser("estimate", help="predicted figures of a plan")
-    e.add_argument("plan")
-    e.add_argument("--json", action="store_true")
+    e.add_argument("plan", help="a plan file written by autopar search")
+    e.add_argument("--json", action="store_true", help="one JSON object on stdout")
     e.add_argument("--profile", metavar="FILE", help="estimate with this profile's measured numbers")
     e.add_argument("--precision", choices=PRECISIONS, help="estimate at this precision (default: the plan's)")
     e.set_defaults(func=cmd_estimate)
@@ -298,29 +321,25 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--model", default=None, help="zoo name or pkg.module:factory (default: the reference GPT, "
                     "autopar.profile.reference:gpt_cpu)")
     pr.add_argument("--nproc", type=int_at_least("--nproc"), default=2, help="local processes (group sizes 2..N)")
-    pr.add_argument("--seq-len", type=int_at_least("--seq-len"))
-    pr.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    pr.add_argument("--seq-len", type=int_at_least("--seq-len"), help="tokens per sample (default: the model's)")
+    pr.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                    help="where to measure (auto: CUDA if visible)")
     pr.add_argument("--quick", action="store_true", help="fewer sizes and repeats (seconds, for tests)")
-    pr.add_argument("-o", "--output", default="profile.yaml")
+    pr.add_argument("-o", "--output", default="profile.yaml", help="write the profile here")
     pr.add_argument("--json", action="store_true", help="one JSON summary object on stdout")
     pr.set_defaults(func=cmd_profile)
 
     v = sub.add_parser("validate", help="check a plan against its model and cluster")
-    v.add_argument("plan")
+    v.add_argument("plan", help="a plan file written by autopar search")
     v.set_defaults(func=cmd_validate)
 
-    la = sub.add_parser("launch", help="write torchrun / SLURM scripts for a plan",
-                        epilog="arguments after a bare -- are passed on to the training script")
-    la.add_argument("plan")
-    la.add_argument("--script", required=True, help="the training script each rank runs")
-    la.add_argument("--scheduler", choices=["torchrun", "slurm"], default="torchrun")
-    la.add_argument("-o", "--output", default="launch")
-    la.add_argument("--force", action="store_true", help="write scripts for a plan over its memory budget "
-                    "(the plan's structure is still checked)")
-    la.set_defaults(func=cmd_launch)
+    from autopar.launch.arguments import add_parser as add_launch  # its flags live beside the scripts
+    add_launch(sub, cmd_launch)
 
     li = sub.add_parser("list", help="list zoo models, GPUs or cluster presets")
-    li.add_argument("what", choices=["models", "gpus", "clusters"])
+    li.add_argument("what", choices=["models", "gpus", "clusters"],
+                    help="models: the zoo names --model takes; gpus: the GPU catalogue with per-precision peaks; "
+                    "clusters: the preset names --cluster takes, and the inline spec syntax")
     li.set_defaults(func=cmd_list)
 
     from autopar.calibrate.command import add_parser as add_calibrate  # parser and handler live there

@@ -7,6 +7,16 @@ from autopar.plan.rules import id_ranges
 from autopar.plan.schema import Plan, Stage
 
 
+def param_count(n: float) -> str:
+    """A parameter count with three significant digits and its unit: ``6.74B``, ``12.3M``, ``1.2K``, ``87``
+    (never ``0.00B`` for a small model)."""
+    for scale, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= scale * 0.9995:  # 999,950 prints as 1.00M, not 1000K
+            v = n / scale
+            return f"{v:.3g}{unit}" if v < 100 else f"{v:.0f}{unit}"
+    return f"{n:.0f}"
+
+
 def stage_strategies(stage: Stage) -> str:
     """Runs of equal strategies: 'embed tp1 z1 | layers.0-15 tp2 z2 sp | head tp2 z0'."""
     runs: list[tuple[str, str, str]] = []

@@ -1,5 +1,6 @@
 """The command line as a contract: outputs, --json, estimate == search, and every bad input -> one line, exit 2."""
 
+import argparse
 import json
 import sys
 
@@ -204,3 +205,108 @@ def test_launch_writes_torchrun_and_slurm_scripts(searched, capsys, tmp_path):
     assert "--node-rank" in node1 and "3e-4" in node1
     rc, _, err = run(["launch", str(searched), "--script", str(tmp_path / "missing.py")], capsys)
     assert rc == 2 and "script" in err
+
+
+# -- the command line as a first-time user meets it ---------------------------------------------------------
+def _subparsers():
+    from autopar.cli import build_parser
+
+    ap = build_parser()
+    [sub] = [a for a in ap._actions if isinstance(a, argparse._SubParsersAction)]
+    return ap, sub.choices
+
+
+def test_version(capsys):
+    from autopar.version import __version__
+
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out == f"autopar {__version__}\n"
+
+
+def test_every_option_of_every_command_has_help_and_shows_its_default():
+    ap, subs = _subparsers()
+    assert {"search", "estimate", "validate", "launch", "list", "profile", "calibrate"} <= set(subs)
+    for name, parser in [("autopar", ap), *subs.items()]:
+        text = parser.format_help()
+        for action in parser._actions:
+            if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
+                continue
+            label = "/".join(action.option_strings) or action.dest
+            assert action.help and action.help.strip(), f"{name} {label}: no help line"
+            if action.default not in (None, False, argparse.SUPPRESS):  # a default worth showing is shown
+                shown = " ".join(text.split())
+                assert f"(default: {action.default})" in shown or "default" in action.help, f"{name} {label}"
+
+
+@pytest.mark.parametrize("cmd", ["search", "launch", "list"])
+def test_help_exits_0_with_defaults(cmd, capsys):
+    with pytest.raises(SystemExit) as e:
+        main([cmd, "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert e.value.code == 0
+    assert {"search": "(default: 1f1b)", "launch": "(default: launch)", "list": "preset names --cluster takes"}[cmd] in out
+
+
+def test_list_clusters_names_what_cluster_takes(capsys):
+    from autopar.cluster.parse import load_cluster, preset_names
+
+    rc, out, _ = run(["list", "clusters"], capsys)
+    lines = out.splitlines()
+    assert rc == 0 and len(lines) == len(preset_names()) + 1
+    for name, line in zip(preset_names(), lines):
+        assert line.split()[0] == name
+        assert load_cluster(name).num_devices > 0  # the printed name is accepted by --cluster
+
+
+def test_small_models_show_sensible_parameter_counts(tmp_path, capsys):
+    from autopar.report import param_count
+
+    assert [param_count(n) for n in (87, 1234, 12_345_678, 6.74e9, 405.9e9)] == ["87", "1.23K", "12.3M", "6.74B",
+                                                                                  "406B"]
+    rc, out, _ = run(["list", "models"], capsys)
+    assert rc == 0 and "0.00B" not in out
+    assert "gpt-tiny" in out and " 235K params" in out.split("gpt-tiny", 1)[1].splitlines()[0]
+    rc, out, _ = run(["search", "--model", "gpt-tiny", "--cluster", "2xcpu", "--global-batch-size", "8",
+                      "--no-baselines", "-o", str(tmp_path / "p.yaml")], capsys)
+    assert rc == 0 and "(seq 32, 235K params, 6 units)" in out.splitlines()[0]
+
+
+TINY = ["search", "--model", "gpt-tiny", "--cluster", "2xcpu", "--global-batch-size", "8", "--no-baselines"]
+
+
+def test_search_without_o_never_replaces_an_existing_plan(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    rc, out, err = run(TINY, capsys)
+    assert rc == 0 and out.splitlines()[-1] == "wrote plan.yaml", err
+    first = yaml.safe_load((tmp_path / "plan.yaml").read_text())
+    (tmp_path / "plan.yaml").write_text("my own plan\n")
+    rc, out, err = run(TINY, capsys)
+    assert rc == 2 and out == ""
+    assert err == ("autopar: error: search -o: plan.yaml already exists here and -o was not given; pass -o plan.yaml "
+                   "to replace it, or -o another path\n")
+    assert (tmp_path / "plan.yaml").read_text() == "my own plan\n"
+    rc, out, err = run(TINY + ["-o", "plan.yaml"], capsys)  # named explicitly: replaced
+    again = yaml.safe_load((tmp_path / "plan.yaml").read_text())
+    assert rc == 0 and again["pipelines"] == first["pipelines"] and again["predicted"] == first["predicted"]
+
+
+def test_launch_options_reach_the_scripts_and_a_second_launch_replaces_them(searched, capsys, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("")
+    out = tmp_path / "L"
+    argv = ["launch", str(searched), "--script", str(script), "-o", str(out), "--scheduler", "slurm", "--time", "90",
+            "--partition", "gpu", "--cpus-per-task", "16", "--gpus-per-node", "8", "--port", "29400",
+            "--torchrun", "torchrun", "--log-dir", str(tmp_path / "logs")]
+    rc, stdout, err = run(argv, capsys)
+    assert rc == 0, err
+    sbatch = (out / "autopar.sbatch").read_text()
+    for line in ("#SBATCH --time=90", "#SBATCH --partition=gpu", "#SBATCH --cpus-per-task=16",
+                 "#SBATCH --gpus-per-node=8", 'MASTER_PORT="29400"'):
+        assert f"\n{line}\n" in sbatch
+    node1 = (out / "node1.sh").read_text()
+    assert "\nTORCHRUN=torchrun\n" in node1 and f"\nLOG_DIR={tmp_path / 'logs'}\n" in node1
+    assert 'MASTER_PORT="${MASTER_PORT:-29400}"' in node1
+    rc, _, err = run(argv[:6], capsys)  # again, torchrun scheduler: the sbatch file of the first call goes
+    assert rc == 0, err
+    assert sorted(p.name for p in out.iterdir()) == ["autopar-launch.txt", "node0.sh", "node1.sh", "plan.yaml"]

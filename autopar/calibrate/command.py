@@ -20,7 +20,7 @@ def add_parser(sub) -> None:
                        "search/estimate accept with --profile.")
     c.add_argument("runs", nargs="+", metavar="RUNS", help="autopar-measured/1 files, or autopar-runs/1 files "
                    "(a list of {plan, measured_s})")
-    c.add_argument("-o", "--output", default="calibration.yaml")
+    c.add_argument("-o", "--output", default="calibration.yaml", help="write the calibration here")
     c.add_argument("--cases", help="only these case ids (comma-separated)")
     c.add_argument("--group", help="only the runs of this group (same model, batch and cluster)")
     c.add_argument("--fit", help=f"fields to fit, comma-separated (default {','.join(DEFAULT_FIT)}; "

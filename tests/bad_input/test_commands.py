@@ -71,6 +71,40 @@ def _cluster(d: Path, doc) -> str:
     return _file(d, "c.yaml", yaml.safe_dump(doc))
 
 
+LAUNCH_OPTIONS = {  # flags of `autopar launch` -> a bad value (NOTEXEC: a torchrun file without the x bit)
+    "port-zero": ["--port", "0"],
+    "port-too-big": ["--port", "65536"],
+    "port-word": ["--port", "http"],
+    "master-addr-shell": ["--master-addr", "$(touch PWNED)"],
+    "torchrun-missing": ["--torchrun", "/nonexistent/bin/torchrun"],
+    "torchrun-not-executable": ["--torchrun", "NOTEXEC"],
+    "torchrun-name-shell": ["--torchrun", "torchrun;touch PWNED"],
+    "log-dir-newline": ["--log-dir", "logs\nx"],
+    "time-words": ["--scheduler", "slurm", "--time", "two hours"],
+    "time-bad-minutes": ["--scheduler", "slurm", "--time", "1:75:00"],
+    "partition-shell": ["--scheduler", "slurm", "--partition", "gpu;touch PWNED"],
+    "cpus-per-task-zero": ["--scheduler", "slurm", "--cpus-per-task", "0"],
+    "gpus-per-node-mismatch": ["--scheduler", "slurm", "--gpus-per-node", "8"],
+    "gpus-per-node-word": ["--scheduler", "slurm", "--gpus-per-node", "all"],
+    "time-without-slurm": ["--time", "90"],
+    "partition-without-slurm": ["--partition", "gpu"],
+}
+
+
+def _launch_case(flags: list[str]):
+    def build(d: Path, p) -> list[str]:
+        given = [_file(d, "torchrun", "#!/bin/sh\n") if f == "NOTEXEC" else f for f in flags]  # not executable
+        return ["launch", edited(d, p, lambda doc: None), "--script", _file(d, "t.py", ""), "-o", "OUT", *given]
+    return build
+
+
+def _manifest(d: Path, line: str) -> str:
+    """A launch directory whose manifest names ``line`` (a file autopar launch never writes)."""
+    out = _dir(d / "in" / "L")
+    (out / "autopar-launch.txt").write_text(f"plan.yaml\n{line}\n")
+    return str(out)
+
+
 NODE = {"gpu": "A100", "count": 4}
 # id -> argv builder (d: the test's folder, p: the searched plan as a document); "OUT" is replaced by d/out/x
 CASES = {
@@ -158,7 +192,14 @@ CASES = {
     "launch-out-plan-is-a-directory": lambda d, p: ["launch", edited(d, p, lambda doc: None), "--script",
                                                     _file(d, "t.py", ""), "-o", str(_dir(d / "in" / "L" / "plan.yaml")
                                                                                     .parent)],
+    # launch options (tests/launch/test_launch_scripts.py runs what they write)
+    **{f"launch-{k}": _launch_case(v) for k, v in LAUNCH_OPTIONS.items()},
+    "launch-out-dir-not-written-by-launch": lambda d, p: ["launch", edited(d, p, lambda doc: None), "--script",
+                                                          _file(d, "t.py", ""), "-o", str(d / "in")],
+    "launch-out-manifest-names-another-file": lambda d, p: ["launch", edited(d, p, lambda doc: None), "--script",
+                                                            _file(d, "t.py", ""), "-o", _manifest(d, "../t.py")],
     # outputs
+    "search-default-plan-exists": lambda d, p: [*SEARCH, *([] if _file(d, "plan.yaml", "mine\n") else [])],
     "search-out-is-a-directory": lambda d, p: SEARCH + ["-o", str(_dir(d / "in" / "adir"))],
     "search-out-is-a-device": lambda d, p: SEARCH + ["-o", os.devnull],
     "search-out-symlink-to-directory": lambda d, p: SEARCH + ["-o", _link(d / "in" / "ln", _dir(d / "in" / "t"))],

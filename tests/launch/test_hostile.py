@@ -18,7 +18,7 @@ from launch_testlib import UNITS, _layers, _model, fake_tools
 
 from autopar.cluster.cluster import Cluster, GPUType, Node
 from autopar.errors import AutoparError
-from autopar.launch import write_launch_scripts
+from autopar.launch import LaunchOptions, write_launch_scripts
 from autopar.plan.schema import Pipeline, Plan, Stage
 
 BASH = shutil.which("bash")
@@ -37,7 +37,7 @@ def _plan(gpu_name: str, cluster_name: str, nodes: int) -> Plan:
     return Plan(_model(), cluster, 2 * n, [Pipeline(2 * n, n, 2, [Stage(list(range(n)), _layers(UNITS))])])
 
 
-def _fake_bin(root: Path) -> Path:
+def _fake_bin(root: Path, name: str = "fakebin") -> Path:
     """torchrun records its argv (NUL-separated, one file per call); srun/scontrol stand in for SLURM."""
     tools = {
         "torchrun": 'printf "%s\\0" "$@" > "$RECORD_DIR/torchrun.$$"\n',
@@ -45,11 +45,11 @@ def _fake_bin(root: Path) -> Path:
                 'SLURM_NODEID=$k "$@" || exit $?; done\n',
         "scontrol": 'echo head\n',
     }
-    return fake_tools(root / "fakebin", tools)
+    return fake_tools(root / name, tools)
 
 
-def _run(script: Path, root: Path, record: Path, nodes: int, extra: list[str]) -> list[list[str]]:
-    env = {"PATH": f"{_fake_bin(root)}:/usr/bin:/bin", "RECORD_DIR": str(record), "MASTER_ADDR": "10.0.0.1",
+def _run(script: Path, root: Path, record: Path, nodes: int, extra: list[str], bin_dir: Path) -> list[list[str]]:
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "RECORD_DIR": str(record), "MASTER_ADDR": "10.0.0.1",
            "FAKE_NODES": str(nodes), "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_JOB_ID": "7", "HOME": str(root)}
     r = subprocess.run([BASH, str(script), *extra], env=env, capture_output=True, text=True, cwd=root)
     assert r.returncode == 0, r.stderr
@@ -69,20 +69,23 @@ def test_hostile_plan_paths_and_args_run_only_torchrun(tmp_path, scheduler, node
     train.write_text("print('train')\n")
     out = tmp_path / f"out {printable}"
     args = ["--note", payload, payload, "--x=$HOME"]
+    bin_dir = _fake_bin(tmp_path, f"bin {printable}")  # the torchrun path and the log dir are hostile too
+    opts = LaunchOptions(torchrun=str(bin_dir / "torchrun"), log_dir=tmp_path / f"logs {printable}")
     paths = write_launch_scripts(_plan(f"cpu{payload}", f"c{payload}", nodes), train, out, scheduler=scheduler,
-                                 script_args=args)
+                                 script_args=args, options=opts)
     for p in paths[1:]:
         assert all(c.isprintable() for line in p.read_text().splitlines() if line.startswith("#") for c in line)
     record = tmp_path / "record"
     record.mkdir()
     script = paths[-1] if scheduler == "slurm" else out / ("run_local.sh" if nodes == 1 else "node0.sh")
-    calls = _run(script, tmp_path, record, nodes if scheduler == "slurm" else 1, ["--tail", payload])
+    calls = _run(script, tmp_path, record, nodes if scheduler == "slurm" else 1, ["--tail", payload], bin_dir)
     assert not marker.exists(), f"{script.name} ran the payload {payload!r}"
     assert len(calls) == (nodes if scheduler == "slurm" else 1)
     for argv in calls:
         cut = argv.index(str(train.resolve()))
+        assert argv[argv.index("--log-dir") + 1].startswith(str(tmp_path / f"logs {printable}" / "node"))
         assert argv[cut:] == [str(train.resolve()), "--plan", str((out / "plan.yaml").resolve()), *args,
-                              *(["--tail", payload] if scheduler != "slurm" else [])]
+                              "--tail", payload]  # sbatch passes its arguments on too
 
 
 @pytest.mark.parametrize("field, kwargs", [
