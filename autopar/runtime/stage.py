@@ -3,8 +3,9 @@
 A unit's boundary tensors are local tensors of the rows its layout gives this rank (see layout.py),
 full sequence, replicated over the unit's TP group. Between two units of the stage with different
 TP degrees the rows are re-spread (``reshard``); between stages they travel by ``Mailbox.post``.
-Each micro-batch's loss is weighted by its rows' share of the global batch, so the summed gradients
-of all micro-batches, pipelines and DP ranks are the global-batch mean gradient.
+Each micro-batch's loss is scaled so that the pieces of all micro-batches, pipelines and DP ranks
+add up to the single-process loss of the global batch (autopar.runtime.loss: the token cross entropy
+over the global count of valid tokens; a user loss by its rows' share), and so do their gradients.
 
 Every plan, symmetric or not, runs through this one executor rather than
 ``torch.distributed.pipelining`` for the symmetric ones: ``PipelineStage`` wants the same group
@@ -20,7 +21,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
@@ -28,13 +28,10 @@ from torch.distributed.tensor.parallel import loss_parallel
 
 from autopar.plan.schema import Strategy
 from autopar.runtime.layout import Layout
+from autopar.runtime.loss import cross_entropy as cross_entropy  # re-exported: wrap's default loss
+from autopar.runtime.loss import step_loss
 from autopar.runtime.p2p import Exchange, Mailbox, Recv, Send, reshard
 from autopar.runtime.schedule import stage_actions
-
-
-def cross_entropy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Default loss: token-mean cross entropy of logits ``[..., V]`` against class indices ``[...]``."""
-    return F.cross_entropy(output.flatten(0, -2), target.flatten())
 
 
 @dataclass
@@ -67,6 +64,7 @@ class StageRunner:
                  loss_fn: Callable, logits_sharded: bool) -> None:
         self.rank, self.units, self.spec, self.mailbox = rank, units, spec, mailbox
         self.loss_fn, self.logits_sharded = loss_fn, logits_sharded
+        self.loss = step_loss(loss_fn)  # splits the global-batch loss exactly over micro-batches and ranks
         self.actions = stage_actions(schedule, spec.num_stages, spec.stage, spec.num_microbatches)
         mbs = spec.micro_batch_size
         first, last = units[0].layout, units[-1].layout
@@ -124,7 +122,7 @@ class StageRunner:
             return Send(x.detach(), self.send_fwd, self._boundary_tag(k, spec.stage, False), header=k == 0)
         rows = self._rows(self.units[-1].layout, k)
         with self._loss_ctx():
-            loss = self.loss_fn(x, targets[rows]) * ((rows.stop - rows.start) / spec.global_batch)
+            loss = self.loss(x, targets[rows], rows.stop - rows.start, spec.global_batch)
         self.outputs[k] = loss
         if self.reports_loss:
             value = loss.detach()
@@ -170,6 +168,7 @@ class StageRunner:
         self.inputs: dict[int, torch.Tensor] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.loss_sum = torch.zeros((), device=inputs.device)
+        self.loss.begin(targets)
         self.mailbox.shapes.clear()  # shapes may change from step to step: the first micro-batch re-sends them
         last_backward = max(i for i, (kind, _) in enumerate(self.actions) if kind == "B")
         received = self._post(None, self._recv_for(self.actions[0]))
