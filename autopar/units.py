@@ -36,9 +36,12 @@ def has_unit_layout(model: nn.Module) -> bool:
 
 
 def units(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The layer units of ``model`` in execution order, as (name, module)."""
+    """The layer units of ``model`` in execution order, as (name, module).
+
+    A module object at two positions of a Sequential is listed at both (it runs twice).
+    """
     if isinstance(model, nn.Sequential):
-        return list(model.named_children())
+        return [(n, m) for n, m in model._modules.items() if m is not None]
     if has_unit_layout(model):
         return ([("embed", model.embed)] + [(f"layers.{i}", b) for i, b in enumerate(model.layers)]
                 + [("head", model.head)])

@@ -26,6 +26,7 @@ from autopar.runtime.p2p import Mailbox
 from autopar.runtime.sharding import FlatShard, Zero2Reducer, apply_fsdp
 from autopar.runtime.stage import LocalUnit, StageRunner, StageSpec, cross_entropy
 from autopar.runtime.tensor_parallel import apply_tp
+from autopar.runtime.ties import TiedGrads, tie_rank_sets
 from autopar.units import UnitTPInfo
 
 OptimizerFactory = Callable[[Iterable[torch.Tensor]], torch.optim.Optimizer]
@@ -60,8 +61,9 @@ class ParallelModel:
 
     def __init__(self, plan: Plan, device: torch.device, runner: StageRunner, states: list[_UnitState],
                  optimizer: torch.optim.Optimizer, mailbox: Mailbox, shapes: dict, places: dict,
-                 on_nonfinite: str) -> None:
+                 on_nonfinite: str, tied: TiedGrads | None = None) -> None:
         self.plan, self.device, self.runner, self.optimizer = plan, device, runner, optimizer
+        self._tied = tied  # gradients of tensors two units share (autopar.runtime.ties)
         self._states, self._mailbox, self._shapes, self._places = states, mailbox, shapes, places
         self.rank = dist.get_rank()
         self.pipeline, self.stage = runner.spec.pipeline, runner.spec.stage
@@ -99,6 +101,8 @@ class ParallelModel:
                 for proxy, g in zip(st.proxies, synced):
                     proxy.grad = g
             self._free_accumulated_grads(st)
+        if self._tied is not None:
+            self._tied.sync({st.unit.name: st.proxies for st in self._states})
         grads = [g for st in self._states for g in ([st.shard.master.grad] if st.shard is not None
                                                      else [p.grad for p in st.proxies]) if g is not None]
         loss, problem = finite_step(loss_sum, grads, self._calls)
@@ -204,13 +208,13 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
     ensure_process_group(timeout_s)
     rank, world = dist.get_rank(), dist.get_world_size()
     settings = {"seed": seed, "loss_parallel": loss_parallel, "on_nonfinite": on_nonfinite}
-    plan, named, infos = agreed_start(model, plan, world, settings)
+    plan, named, infos, ties = agreed_start(model, plan, world, settings)
     names = [n for n, _ in named]
     modules = dict(named)
 
     places = placements(plan)
     device = device or runtime_device()
-    groups = Groups([s for n in names for s in unit_rank_sets(places[n])], device.type)
+    groups = Groups([s for n in names for s in unit_rank_sets(places[n])] + tie_rank_sets(ties, places), device.type)
     pi, si = next((pi, si) for pi, p in enumerate(plan.pipelines) for si, st in enumerate(p.stages)
                   if rank in st.devices)
     pipe = plan.pipelines[pi]
@@ -243,7 +247,8 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
     # Every rank takes part in one collective on the default group before any subset uses it for
     # batched point-to-point (NCCL requires it; it also means every rank finished wrap()).
     dist.barrier()
-    return ParallelModel(plan, device, runner, states, opt, mailbox, shapes, places, on_nonfinite)
+    return ParallelModel(plan, device, runner, states, opt, mailbox, shapes, places, on_nonfinite,
+                         TiedGrads(ties, places, rank, groups))
 
 
 def _build_unit(ly: StageLayer, module: nn.Module, info: UnitTPInfo, places: list[Placement], pipeline: int,

@@ -38,7 +38,8 @@ def reference_train(build: Callable[[], nn.Module], inputs: torch.Tensor, target
         loss.backward()
         opt.step()
         losses.append(loss.item())
-    return losses, {k: v.detach().clone() for k, v in model.named_parameters()}
+    # Every name of a tied tensor (the runtime keeps one synchronised copy per unit).
+    return losses, {k: v.detach().clone() for k, v in model.named_parameters(remove_duplicate=False)}
 
 
 def _train_rank(rank: int, world: int, build, plan, inputs, targets, steps, lr, loss_fn, seed, meta):
