@@ -61,8 +61,9 @@ class StageRunner:
     """Forward and backward of one stage for every micro-batch of a step, in schedule order."""
 
     def __init__(self, rank: int, units: list[LocalUnit], spec: StageSpec, schedule: str, mailbox: Mailbox,
-                 loss_fn: Callable, logits_sharded: bool) -> None:
+                 loss_fn: Callable, logits_sharded: bool, boundary_check: Callable | None = None) -> None:
         self.rank, self.units, self.spec, self.mailbox = rank, units, spec, mailbox
+        self.boundary_check = boundary_check  # raises on every rank if a unit would send a non-tensor
         self.loss_fn, self.logits_sharded = loss_fn, logits_sharded
         self.loss = step_loss(loss_fn)  # splits the global-batch loss exactly over micro-batches and ranks
         self.actions = stage_actions(schedule, spec.num_stages, spec.stage, spec.num_microbatches)
@@ -165,6 +166,8 @@ class StageRunner:
         Between two actions the previous action's sends and the next action's receives are posted
         as one batch (see p2p.py).
         """
+        if self.boundary_check is not None:
+            self.boundary_check(inputs)
         self.inputs: dict[int, torch.Tensor] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.loss_sum = torch.zeros((), device=inputs.device)

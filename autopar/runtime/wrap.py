@@ -15,6 +15,7 @@ from torch.distributed.tensor import DTensor
 from autopar.errors import AutoparError
 from autopar.plan.schema import Plan, StageLayer
 from autopar.runtime.agreement import agreed_start
+from autopar.runtime.boundaries import BoundaryCheck
 from autopar.runtime.checkpointing import apply_checkpointing
 from autopar.runtime.env import ensure_process_group, runtime_device
 from autopar.runtime.grad_sync import UnitGradSync
@@ -223,6 +224,7 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
     last = stage.layers[-1]
     logits_sharded = (loss_parallel and loss_fn is None and si == len(pipe.stages) - 1 and last.strategy.tp > 1
                       and "logits" in infos[last.name].plan.values())
+    boundary_check = BoundaryCheck(named, plan)  # meta copies of the units, taken before they are sharded
     states = [_build_unit(ly, modules[ly.name], infos[ly.name], places[ly.name], pi, rank, groups, seed, device,
                           logits_sharded and ly is last) for ly in stage.layers]
     for n, m in named:
@@ -240,7 +242,7 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
     )
     mailbox = Mailbox(device)
     runner = StageRunner(rank, [s.unit for s in states], spec, plan.schedule, mailbox,
-                         loss_fn or cross_entropy, logits_sharded)
+                         loss_fn or cross_entropy, logits_sharded, boundary_check)
     tensors = [t for s in states for t in s.proxies]
     # A rank whose units have no parameters still gets a real optimizer (torch refuses empty lists).
     opt = optimizer(tensors or [torch.zeros(0, device=device, requires_grad=True)])
