@@ -30,6 +30,7 @@ import torch.distributed as dist
 from torch import nn
 
 from autopar.errors import AutoparError
+from autopar.models.hf import units_view
 from autopar.plan.rules import id_ranges
 from autopar.plan.schema import Plan
 from autopar.runtime.checks import check_batchnorm, check_plan, check_precision
@@ -149,6 +150,7 @@ def agreed_start(model: nn.Module, plan: Plan | str | os.PathLike, world_size: i
             from autopar.plan.io import load_plan
 
             plan = load_plan(plan)
+        model = units_view(model)  # a transformers model: its embed / layers / head view (same weights)
         named = units(model)
         infos = {n: unit_tp_info(model, n, m) for n, m in named}
         doc = {"plan": plan_doc(plan), "model": model_doc(named), "wrap": settings}

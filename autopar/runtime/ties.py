@@ -7,11 +7,11 @@ copies' gradients are summed among every rank holding a copy (``TiedGrads``): ev
 the gradient of the single shared tensor, the optimizer (element-wise) updates all copies alike, and
 they stay identical, as the one tensor of the single-process model.
 
-Supported where each copy is a plain tensor of its rank: its unit runs with tp 1 and no ZeRO
-sharding (ZeRO on a data-parallel degree of 1 is none). Anything else is refused before any
-collective (``check_ties``), as are ties in a meta-device model (its units are initialised
-separately) and a BatchNorm module shared by two units (its running statistics would update once per
-copy instead of twice on one tensor).
+Every copy may be sharded its own way (TP, ZeRO-1/2/3, other stages): each holder rebuilds the
+copy's full gradient, so the sum is the same everywhere. Refused before any collective
+(``check_ties``): TP together with ZeRO-1/2 on a tied unit (its flat shard holds TP-local slices),
+ties in a meta-device model (its units are initialised separately) and a BatchNorm module shared
+by two units (its running statistics would update once per copy instead of twice on one tensor).
 """
 
 from __future__ import annotations
@@ -22,9 +22,11 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from autopar.errors import AutoparError
 from autopar.plan.schema import Plan
+from autopar.runtime.grad_sync import _local_region
 from autopar.runtime.layout import Placement
 
 
@@ -102,13 +104,12 @@ def check_ties(ties: list[Tie], plan: Plan, meta: bool) -> None:
                 for li, ly in enumerate(st.layers):
                     dp = len(st.devices) // ly.strategy.tp
                     zero = ly.strategy.zero if dp > 1 else 0
-                    if ly.name in tie.units and (ly.strategy.tp > 1 or zero > 0):
-                        field = "tp" if ly.strategy.tp > 1 else "zero"
+                    if ly.name in tie.units and ly.strategy.tp > 1 and zero in (1, 2):
                         raise AutoparError(
-                            f"pipelines[{pi}].stages[{si}].layers[{li}].{field}",
-                            f"{what}: the runtime keeps tied copies in sync only as plain tensors, but unit "
-                            f"{ly.name} has tp {ly.strategy.tp}, zero {ly.strategy.zero} on {len(st.devices)} "
-                            "devices", f"give units {', '.join(tie.units)} tp 1 and zero 0, or untie the weights")
+                            f"pipelines[{pi}].stages[{si}].layers[{li}].zero",
+                            f"{what}: the runtime syncs tied copies under tp or under ZeRO-1/2, not both, but "
+                            f"unit {ly.name} has tp {ly.strategy.tp} and zero {ly.strategy.zero}",
+                            f"give units {', '.join(tie.units)} zero 0 or 3, or tp 1")
 
 
 def tie_rank_sets(ties: list[Tie], places: dict[str, list[Placement]]) -> list[tuple[int, ...]]:
@@ -121,7 +122,12 @@ def _holders(tie: Tie, places: dict[str, list[Placement]]) -> tuple[int, ...]:
 
 
 class TiedGrads:
-    """Per step: set every local copy's gradient to the sum of the copies' (synced) gradients."""
+    """Per step: set every local copy's gradient to the sum of the copies' (synced) gradients.
+
+    Each copy's full gradient is rebuilt on its holders (an all-gather over its ZeRO / FSDP / TP
+    shards; nothing for a plain tensor), one holder per copy contributes it to an all-reduce over
+    every holder of any copy, and each rank keeps its own region of the sum.
+    """
 
     def __init__(self, ties: list[Tie], places: dict[str, list[Placement]], rank: int, groups) -> None:
         self.jobs = []
@@ -134,16 +140,54 @@ class TiedGrads:
                     if any(rank in p.devices for p in places[c.unit])]
             self.jobs.append((mine, groups.get(holders)))
 
-    def sync(self, proxies: dict[str, list[torch.Tensor]]) -> None:
-        """``proxies``: unit name -> the tensors the optimizer steps for it (plain parameters here)."""
+    def sync(self, states: list) -> None:
+        """``states``: this rank's units (wrap's _UnitState: unit.name, unit.module, proxies, shard)."""
+        by_name = {st.unit.name: st for st in states}
         for mine, group in self.jobs:
-            first = proxies[mine[0][0].unit][mine[0][0].index]
-            total = torch.zeros_like(first)
+            total = None
             for c, contributes in mine:
-                g = proxies[c.unit][c.index].grad
-                if contributes and g is not None:
-                    total += g
+                full = _full_grad(by_name[c.unit], c.index)
+                total = torch.zeros_like(full) if total is None else total
+                if contributes:
+                    total += full
             if group is not None:
                 dist.all_reduce(total, group=group)
             for c, _ in mine:
-                proxies[c.unit][c.index].grad = total.clone()
+                _set_grad(by_name[c.unit], c.index, total)
+
+
+def _offset(shard, index: int) -> int:
+    return sum(t.numel() for t in shard.tensors[:index])
+
+
+def _full_grad(st, index: int) -> torch.Tensor:
+    """The full gradient of parameter ``index`` of a unit (a collective over its shards, if sharded)."""
+    if st.shard is not None:
+        sh = st.shard
+        g = sh.master.grad if sh.master.grad is not None else torch.zeros_like(sh.master)
+        flat = torch.empty(sh.size * sh.world, dtype=g.dtype, device=g.device)
+        dist.all_gather_single(flat, g.contiguous(), group=sh.group)
+        t, off = sh.tensors[index], _offset(sh, index)
+        return flat[off:off + t.numel()].view_as(t).clone()
+    p, proxy = list(st.unit.module.parameters())[index], st.proxies[index]
+    g = proxy.grad if proxy.grad is not None else torch.zeros_like(proxy)
+    if isinstance(p, DTensor):
+        return DTensor.from_local(g, p.device_mesh, p.placements, run_check=False, shape=p.shape,
+                                  stride=p.stride()).full_tensor()
+    return g.clone()
+
+
+def _set_grad(st, index: int, total: torch.Tensor) -> None:
+    """Write this rank's region of the summed full gradient where the optimizer reads it."""
+    if st.shard is not None:
+        sh = st.shard
+        if sh.master.grad is None:
+            sh.master.grad = torch.zeros_like(sh.master)
+        off, n, base = _offset(sh, index), total.numel(), sh.index * sh.size
+        lo, hi = max(off, base), min(off + n, base + sh.size)
+        if lo < hi:
+            sh.master.grad[lo - base:hi - base] = total.reshape(-1)[lo - off:hi - off]
+        return
+    p = list(st.unit.module.parameters())[index]
+    region = _local_region(total, p.device_mesh, p.placements) if isinstance(p, DTensor) else total
+    st.proxies[index].grad = region.clone()

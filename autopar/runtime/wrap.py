@@ -103,7 +103,7 @@ class ParallelModel:
                     proxy.grad = g
             self._free_accumulated_grads(st)
         if self._tied is not None:
-            self._tied.sync({st.unit.name: st.proxies for st in self._states})
+            self._tied.sync(self._states)
         grads = [g for st in self._states for g in ([st.shard.master.grad] if st.shard is not None
                                                      else [p.grad for p in st.proxies]) if g is not None]
         loss, problem = finite_step(loss_sum, grads, self._calls)

@@ -12,12 +12,13 @@ from torch import nn
 from autopar.errors import AutoparError
 from autopar.plan.compact import make_plan
 from autopar.runtime.local_ranks import run_distributed
-from tests.runtime.cases import float_data, mse, same, token_data
+from tests.runtime.cases import GPT_UNITS, MODELS, float_data, mse, same, token_data
 from tests.runtime.reference import assert_matches_reference
 
 pytestmark = pytest.mark.dist
 REPEAT_UNITS = [str(i) for i in range(5)]
 TIED_UNITS = [str(i) for i in range(4)]
+E, L0, L1, H = GPT_UNITS
 
 
 def repeated() -> nn.Module:
@@ -105,13 +106,31 @@ def _refused(rank, world, build, plan, meta=False):
     return "accepted"
 
 
-@pytest.mark.parametrize("zero", [1, 2, 3])
-def test_sharded_tied_copies_are_refused_on_every_rank(zero):
-    plan = make_plan([(4, 2, [([0, 1], same(TIED_UNITS[:3]) + [(TIED_UNITS[3], {"zero": zero})])])])
-    out = run_distributed(_refused, 2, tied, plan, timeout_s=30)
-    assert out == [f"pipelines[0].stages[0].layers[3].zero: 0.weight and 3.weight are the same tensor (tied "
-                   "weights): the runtime keeps tied copies in sync only as plain tensors, but unit 3 has tp 1, "
-                   f"zero {zero} on 2 devices; give units 0, 3 tp 1 and zero 0, or untie the weights"] * 2, out
+def tied_gpt() -> nn.Module:
+    model = MODELS["gpt"][0]()
+    model.head.proj.weight = model.embed.tok.weight
+    return model
+
+
+@pytest.mark.parametrize("plan", [
+    [(4, 2, [([0, 1], same(GPT_UNITS, tp=2, sp=True))])],
+    [(4, 2, [([0, 1], [(E, {"zero": 1}), (L0, {}), (L1, {"zero": 3}), (H, {"zero": 2})])])],
+    [(4, 2, [([0, 1], [(E, {"tp": 2})] + same([L0, L1, H], zero=3))])],
+    [(2, 4, [([0, 1], same([E, L0], zero=3)), ([2, 3], [(L1, {"tp": 2}), (H, {"tp": 2, "sp": True})])])],
+    [(2, 3, [([0], same([E], zero=1)), ([1, 2], same([L0, L1, H], zero=3))]), (2, 1, [([3], same(GPT_UNITS))])],
+], ids=["tp2-sp", "zero-1-2-3", "tp-embed-fsdp-head", "pp2-fsdp-then-tp", "asymmetric"])
+def test_tied_copies_sharded_by_tp_and_zero_stay_tied(plan):
+    x, y = token_data()
+    plan = make_plan(plan)
+    assert_matches_reference(tied_gpt, plan, x, y)
+
+
+def test_tp_with_zero_1_on_a_tied_unit_is_refused_on_every_rank():
+    plan = make_plan([(4, 2, [([0, 1, 2, 3], [(E, {"tp": 2, "zero": 1})] + same([L0, L1, H]))])])
+    out = run_distributed(_refused, 4, tied_gpt, plan, timeout_s=30)
+    assert out == ["pipelines[0].stages[0].layers[0].zero: embed.tok.weight and head.proj.weight are the same tensor "
+                   "(tied weights): the runtime syncs tied copies under tp or under ZeRO-1/2, not both, but unit "
+                   "embed has tp 2 and zero 1; give units embed, head zero 0 or 3, or tp 1"] * 4, out
 
 
 def test_tied_meta_model_is_refused():
