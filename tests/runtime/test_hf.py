@@ -1,4 +1,5 @@
-"""transformers' Llama and GPT-2 through the runtime (skipped when transformers is not installed)."""
+"""transformers' Llama and GPT-2 through the runtime (skipped when transformers is not installed):
+tied embeddings stay tied, a raw HF model is wrapped and traced under the same units."""
 
 from __future__ import annotations
 
@@ -84,3 +85,64 @@ def test_hf_op_checkpointing(build):
     plan = make_plan([(4, 2, [([0, 1], [(E, {}), (L0, {"ckpt": "op", "tp": tp}), (L1, {"ckpt": "op", "zero": 3}),
                                         (H, {})])])])
     assert_matches_reference(build, plan, x, y)
+
+
+def tied_llama():
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16,
+                                   tie_word_embeddings=True)
+    return transformers.LlamaForCausalLM(cfg)
+
+
+@pytest.mark.parametrize("build", [gpt2_model, tied_llama], ids=["gpt2", "llama-tied"])
+def test_tied_embeddings_stay_tied(build):
+    from autopar.models.hf import from_transformers
+
+    view = from_transformers(build())
+    emb = next(p for n, p in view.embed.named_parameters() if n.endswith("weight") and p.shape[0] == 64)
+    assert view.head.proj.weight is emb  # the one tensor of the HF model, not a copy
+
+
+@pytest.mark.parametrize("plan", [
+    [(2, 4, [([0], same([E, L0])), ([1], same([L1, H]))])],
+    [(4, 2, [([0, 1], [(E, {"zero": 1}), (L0, {"zero": 3}), (L1, {}), (H, {"zero": 3})])])],
+], ids=["pp2-embed-and-head-on-two-stages", "zero"])
+def test_hf_gpt2_tied_trains_like_the_tied_model(plan):
+    x, y = token_data()
+    assert_matches_reference(hf_gpt2, make_plan(plan), x, y)
+
+
+def hf_tied_llama():
+    from autopar.models.hf import from_transformers
+
+    return from_transformers(tied_llama())
+
+
+def test_hf_llama_tied_with_tensor_parallel_embed_and_head():
+    x, y = token_data()
+    plan = make_plan([(2, 4, [([0, 1], same([E, L0], tp=2)), ([2, 3], same([L1, H], tp=2, sp=True))])])
+    assert_matches_reference(hf_tied_llama, plan, x, y)
+
+
+def _raw_rank(rank, world, plan, x, y):
+    from autopar.runtime import wrap
+
+    torch.manual_seed(0)
+    pm = wrap(llama_model(), plan, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1))  # no from_transformers
+    return [pm.step(x, y) for _ in range(3)], pm.full_state_dict()
+
+
+def test_a_raw_hf_model_is_searched_and_wrapped_under_the_same_units():
+    """wrap and the tracer both take the HF model as it is (through from_transformers, weights kept)."""
+    from autopar.modelspec.trace import spec_from_module
+    from autopar.runtime.local_ranks import run_distributed
+    from tests.runtime.reference import reference_train
+
+    x, y = token_data()
+    assert [ly.name for ly in spec_from_module(llama_model(), x[:1]).layers] == GPT_UNITS
+    plan = make_plan([(4, 2, [([0, 1], same(GPT_UNITS, tp=2))])])
+    out = run_distributed(_raw_rank, 2, plan, x, y, timeout_s=60)
+    ref_losses, ref_state = reference_train(hf_llama, x, y, 3, 0.1)
+    torch.testing.assert_close(torch.tensor(out[0][0]), torch.tensor(ref_losses), atol=1e-5, rtol=1e-5)
+    for name, p in ref_state.items():
+        torch.testing.assert_close(out[0][1][name], p, atol=1e-5, rtol=1e-5)
