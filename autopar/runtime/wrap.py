@@ -177,8 +177,11 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
          on_nonfinite: str = "raise") -> ParallelModel:
     """Place ``model`` on this rank as ``plan`` says; call on every rank with the same arguments.
 
-    model:      an ``nn.Sequential`` or a model with ``embed`` / ``layers`` / ``head`` children
-                (autopar.models). Real weights (same seed on every rank) are used as given; a model
+    model:      an ``nn.Sequential`` (nested ones expanded: units ``0.0``, ``0.1``, ...), a model with
+                ``embed`` / ``layers`` / ``head`` children (autopar.models), or a transformers causal
+                LM (run through ``from_transformers``). Tensors shared by two units (tied embeddings,
+                a module used twice) stay tied (autopar.runtime.ties); BatchNorm is refused unless
+                its unit sees the whole batch in one forward. Real weights (same seed on every rank) are used as given; a model
                 on the meta device is materialised per unit from ``seed`` (autopar.runtime.materialize:
                 ``init_weights(model, seed)`` is the single-device equivalent). ``wrap`` takes the
                 model over: units this rank does not hold are moved to the meta device.
@@ -187,9 +190,14 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
                 ``lambda params: torch.optim.AdamW(params, lr=3e-4)``; each rank calls it once over
                 the plain tensors it updates (its TP / FSDP shards, or its ZeRO-1/2 slices), so
                 element-wise optimizers behave exactly as on one device.
-    loss_fn:    ``(output rows, target rows) -> mean loss over those rows``; default token-mean
-                cross entropy. With the default and a TP head, the loss runs under
-                ``loss_parallel`` on vocabulary-sharded logits (``loss_parallel=False`` gathers them).
+    loss_fn:    default: token-mean cross entropy over the global batch's valid tokens (targets of
+                -100 ignored across ranks and micro-batches, exactly as one ``F.cross_entropy`` over
+                the whole batch); an ``nn.CrossEntropyLoss`` (mean, no class weights) is split the same
+                way. Any other ``(output rows, target rows) -> mean over those rows`` is weighted by
+                its rows' share of the global batch: exact when every row weighs the same, not for a
+                mean over a data-dependent count (autopar.runtime.loss). With the default and a TP
+                head, the loss runs under ``loss_parallel`` on vocabulary-sharded logits
+                (``loss_parallel=False`` gathers them).
     device:     default: this rank's CUDA device under nccl, else the CPU.
     timeout_s:  collective timeout (default 10 minutes) when ``wrap`` initialises the process group
                 from torchrun variables; a group you initialised keeps its own timeout.
