@@ -44,7 +44,6 @@ from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.flop_counter import FlopCounterMode
 
 from autopar.errors import AutoparError
-from autopar.models.hf import units_view
 from autopar.modelspec.spec import LayerSpec, ModelSpec
 from autopar.modelspec.trace_ops import OpTrace, SdpaTrace, op_facts
 from autopar.units import discover
@@ -210,11 +209,11 @@ def spec_from_module(module: nn.Module, example_input, name: str | None = None, 
     if not isinstance(module, nn.Module):
         raise AutoparError("model", f"expected a torch.nn.Module, got {type(module).__name__}",
                            "return an nn.Module from the factory")
-    module_in = module
     name = name or type(module).__name__
-    module = units_view(module)  # a transformers model is traced as wrap runs it: embed / layers / head
-    if isinstance(example_input, dict) and "input_ids" in example_input and module is not module_in:
-        example_input = example_input["input_ids"]
+    if type(module).__module__.startswith("transformers."):  # checked without importing transformers
+        raise AutoparError("model", f"{type(module).__name__} is a transformers model: its own children are not the "
+                           "units wrap runs (wrap converts it to embed / layers / head)",
+                           "trace autopar.models.from_transformers(model), or give its config.json")
     if dtype_bytes is not None and dtype_bytes not in DTYPES:
         raise AutoparError("dtype_bytes", f"must be 2, 4 or 8 to trace, got {dtype_bytes!r}", "use 2 for bf16 training")
     own = next((p for p in module.parameters() if p.is_floating_point()), None)

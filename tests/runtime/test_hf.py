@@ -132,14 +132,20 @@ def _raw_rank(rank, world, plan, x, y):
     return [pm.step(x, y) for _ in range(3)], pm.full_state_dict()
 
 
-def test_a_raw_hf_model_is_searched_and_wrapped_under_the_same_units():
-    """wrap and the tracer both take the HF model as it is (through from_transformers, weights kept)."""
+def test_a_raw_hf_model_is_wrapped_under_the_units_the_tracer_gives_its_view():
+    """wrap takes the HF model as it is (through from_transformers, weights kept); the tracer names
+    the view's units the same and refuses the raw model with the fix (the planner never imports models)."""
+    from autopar.errors import AutoparError
+    from autopar.models.hf import from_transformers
     from autopar.modelspec.trace import spec_from_module
     from autopar.runtime.local_ranks import run_distributed
     from tests.runtime.reference import reference_train
 
     x, y = token_data()
-    assert [ly.name for ly in spec_from_module(llama_model(), x[:1]).layers] == GPT_UNITS
+    assert [ly.name for ly in spec_from_module(from_transformers(llama_model()), x[:1]).layers] == GPT_UNITS
+    with pytest.raises(AutoparError, match=r"^model: LlamaForCausalLM is a transformers model: .*; trace "
+                       r"autopar.models.from_transformers\(model\), or give its config.json$"):
+        spec_from_module(llama_model(), x[:1])
     plan = make_plan([(4, 2, [([0, 1], same(GPT_UNITS, tp=2))])])
     out = run_distributed(_raw_rank, 2, plan, x, y, timeout_s=60)
     ref_losses, ref_state = reference_train(hf_llama, x, y, 3, 0.1)
