@@ -1,4 +1,4 @@
-"""Hugging Face ``transformers`` causal LMs (Llama family, GPT-2) as embed / layers / head units.
+"""Hugging Face ``transformers`` LMs (Llama family, Mixtral, GPT-2, BERT masked LM) as embed / layers / head units.
 
 ``from_transformers(hf_model)`` returns a module whose children are the plan's units and which
 shares the HF model's submodules (no copies of weights). Only needed when ``transformers`` is
@@ -9,6 +9,11 @@ installed; nothing here imports it.
   sequence-parallel norms as in autopar's own Llama. Each block gets its own copy of the rotary
   embedding (no parameters), so a unit never shares a module with another.
 * GPT-2: tp = 1 only (its fused ``c_attn`` cannot be split by heads with a plain column split).
+* Mixtral: Llama-like, its experts replicated in every block (tp = 1: HF's packed / MoE TP styles
+  are not translated; expert parallelism is not built).
+* BERT masked LM (``BertForMaskedLM``): embeddings, encoder layers attending to every position (no
+  padding mask), the MLM head; tp = 1. Labels of -100 (unmasked positions) are ignored by wrap's loss,
+  as in HF's MLM loss.
 
 Tied input / output embeddings (GPT-2, ``tie_word_embeddings``) stay tied: the embed and head units
 share the one tensor, as in the HF model; ``wrap`` keeps a synchronised copy per unit
@@ -29,7 +34,7 @@ from torch import nn
 
 from autopar.errors import AutoparError
 
-LLAMA_LIKE = ("llama", "mistral", "qwen2")
+LLAMA_LIKE = ("llama", "mistral", "qwen2", "mixtral")
 _HF_STYLES = {"colwise": "colwise", "rowwise": "rowwise"}  # HF style name -> autopar style name
 _LLAMA_SP = {
     "layer": "sp_unit",
@@ -87,6 +92,29 @@ class HFBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.block(x, attention_mask=causal_mask(x))
+        return out[0] if isinstance(out, tuple) else out
+
+
+class HFBertEmbed(nn.Module):
+    """BERT's embeddings (word + position + token type 0, LayerNorm, dropout) of token ids."""
+
+    def __init__(self, embeddings: nn.Module) -> None:
+        super().__init__()
+        self.embeddings = embeddings
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.embeddings(input_ids=tokens)
+
+
+class HFBidirectionalBlock(nn.Module):
+    """An encoder layer attending to every position (no mask: as the HF model without padding)."""
+
+    def __init__(self, block: nn.Module) -> None:
+        super().__init__()
+        self.block = block
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.block(x)
         return out[0] if isinstance(out, tuple) else out
 
 
@@ -163,5 +191,11 @@ def from_transformers(hf_model: nn.Module) -> HFCausalLM:
         head = HFHead(base.ln_f, hf_model.lm_head)
         return HFCausalLM(embed, [HFBlock(b) for b in base.h], head, "hf-gpt2",
                           {"embed": None, "block": None, "head": None}, {}, {"block": ("block.attn",)})
-    raise AutoparError("model", f"transformers model type {kind!r} is not supported",
-                       f"use one of {', '.join(LLAMA_LIKE + ('gpt2',))}, or wrap it as an nn.Sequential")
+    if kind == "bert" and hasattr(hf_model, "bert") and hasattr(hf_model, "cls"):
+        base = hf_model.bert
+        layers = [HFBidirectionalBlock(b) for b in base.encoder.layer]
+        return HFCausalLM(HFBertEmbed(base.embeddings), layers, hf_model.cls, "hf-bert",
+                          {"embed": None, "block": None, "head": None}, {}, {"block": ("block.attention",)})
+    raise AutoparError("model", f"transformers model type {kind!r} ({type(hf_model).__name__}) is not supported",
+                       f"use one of {', '.join(LLAMA_LIKE + ('gpt2',))} causal LMs or BertForMaskedLM, or wrap it "
+                       "as an nn.Sequential")

@@ -152,3 +152,57 @@ def test_a_raw_hf_model_is_wrapped_under_the_units_the_tracer_gives_its_view():
     torch.testing.assert_close(torch.tensor(out[0][0]), torch.tensor(ref_losses), atol=1e-5, rtol=1e-5)
     for name, p in ref_state.items():
         torch.testing.assert_close(out[0][1][name], p, atol=1e-5, rtol=1e-5)
+
+
+def mixtral_model():
+    cfg = transformers.MixtralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16,
+                                     num_local_experts=4, num_experts_per_tok=2)
+    return transformers.MixtralForCausalLM(cfg)
+
+
+def bert_model():
+    cfg = transformers.BertConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                  num_attention_heads=4, max_position_embeddings=16, hidden_dropout_prob=0.0,
+                                  attention_probs_dropout_prob=0.0)
+    return transformers.BertForMaskedLM(cfg)
+
+
+@pytest.mark.parametrize("build", [mixtral_model, bert_model], ids=["mixtral", "bert-mlm"])
+def test_more_families_view_equals_the_hf_model(build):
+    from autopar.models.hf import from_transformers
+    from autopar.units import units
+
+    torch.manual_seed(0)
+    hf = build().eval()
+    x = token_data()[0]
+    wrapped = from_transformers(hf)
+    assert [n for n, _ in units(wrapped)] == GPT_UNITS
+    torch.testing.assert_close(wrapped(x), hf(x).logits)
+
+
+def hf_mixtral():
+    from autopar.models.hf import from_transformers
+
+    return from_transformers(mixtral_model())
+
+
+def hf_bert():
+    from autopar.models.hf import from_transformers
+
+    return from_transformers(bert_model())
+
+
+def mlm_labels() -> tuple[torch.Tensor, torch.Tensor]:
+    """Masked-LM targets: about one position in four carries a label, the rest are -100."""
+    x, y = token_data()
+    keep = torch.rand(y.shape, generator=torch.Generator().manual_seed(3)) < 0.25
+    return x, torch.where(keep, y, torch.full_like(y, -100))
+
+
+@pytest.mark.parametrize("build,data", [(hf_mixtral, token_data), (hf_bert, mlm_labels)], ids=["mixtral", "bert-mlm"])
+def test_more_families_train_like_single_process(build, data):
+    x, y = data()
+    plan = make_plan([(2, 4, [([0, 1], [(E, {"zero": 1}), (L0, {"zero": 3, "ckpt": "selective"})]),
+                              ([2], same([L1, H], ckpt="full"))])])
+    assert_matches_reference(build, plan, x, y)
