@@ -192,6 +192,9 @@ def _to_meta(dtype: torch.dtype | None):
 
 def _trace_error(name: str, err: BaseException) -> AutoparError:
     msg = f"{type(err).__name__}: {err}".splitlines()[0][:240] if str(err) else type(err).__name__
+    if "Expected inputs of BF16 type" in msg:  # torch's meta grouped_mm (MoE experts, e.g. HF Mixtral): bf16 only
+        return AutoparError("model", f"tracing {name} on the meta device failed ({msg}): torch's meta kernel of "
+                            "grouped_mm takes bf16 only", "trace in bf16 (dtype_bytes=2, the CLI's --precision bf16)")
     return AutoparError("model", f"tracing {name} on the meta device failed ({msg})",
                         "make forward() run on meta tensors (create tensors with device=x.device, register cached "
                         "tensors as buffers) and give an example_input() that matches forward()'s arguments")

@@ -206,3 +206,15 @@ def test_more_families_train_like_single_process(build, data):
     plan = make_plan([(2, 4, [([0, 1], [(E, {"zero": 1}), (L0, {"zero": 3, "ckpt": "selective"})]),
                               ([2], same([L1, H], ckpt="full"))])])
     assert_matches_reference(build, plan, x, y)
+
+
+def test_mixtral_traces_in_bf16_and_names_the_fix_in_fp32():
+    """torch's meta grouped_mm takes bf16 only: the fp32 trace says so and how to trace instead."""
+    from autopar.errors import AutoparError
+    from autopar.models.hf import from_transformers
+    from autopar.modelspec.trace import spec_from_module
+
+    view, x = from_transformers(mixtral_model()), token_data()[0][:1]
+    assert [ly.name for ly in spec_from_module(view, x, dtype_bytes=2).layers] == GPT_UNITS
+    with pytest.raises(AutoparError, match=r"grouped_mm takes bf16 only; trace in bf16 \(dtype_bytes=2"):
+        spec_from_module(view, x)
