@@ -18,9 +18,17 @@ pytestmark = pytest.mark.dist
 UNITS = ["0", "1", "2", "3"]
 
 
+class NormAct(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.bn = nn.BatchNorm1d(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.bn(x))
+
+
 def bn_model() -> nn.Module:
-    return nn.Sequential(nn.Linear(6, 8), nn.Sequential(nn.BatchNorm1d(8), nn.Tanh()), nn.Linear(8, 8),
-                         nn.Linear(8, 3))
+    return nn.Sequential(nn.Linear(6, 8), NormAct(), nn.Linear(8, 8), nn.Linear(8, 3))
 
 
 EXACT = make_plan([(8, 1, [([0], same(UNITS[:2], zero=3)), ([1], same(UNITS[2:]))])])
@@ -53,10 +61,10 @@ def test_running_statistics_equal_the_single_process_ones():
         mse(ref(x), y).backward()
         opt.step()
     want = dict(ref[1].named_buffers())
-    assert set(got) == {"0.running_mean", "0.running_var", "0.num_batches_tracked"}
+    assert set(got) == {"bn.running_mean", "bn.running_var", "bn.num_batches_tracked"}
     for k, v in want.items():
         torch.testing.assert_close(got[k], v, atol=1e-6, rtol=1e-6)
-    assert int(got["0.num_batches_tracked"]) == 3
+    assert int(got["bn.num_batches_tracked"]) == 3
 
 
 def _wrap_error(rank, world, plan):
@@ -82,6 +90,6 @@ def _wrap_error(rank, world, plan):
 ], ids=["dp2", "micro-batches", "two-pipelines", "full-ckpt"])
 def test_inexact_batchnorm_is_refused_on_every_rank(plan, where, why):
     out = run_distributed(_wrap_error, 2, make_plan(plan), timeout_s=30)
-    assert out == [f"{where}: unit 1 has BatchNorm 1.0, whose statistics would be taken over part of the batch "
+    assert out == [f"{where}: unit 1 has BatchNorm 1.bn, whose statistics would be taken over part of the batch "
                    f"({why}), unlike single-process training; use GroupNorm or LayerNorm, or a plan with one "
                    "pipeline, one micro-batch, data-parallel degree 1 and no full/op ckpt for that unit"] * 2, out
