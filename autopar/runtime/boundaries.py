@@ -54,8 +54,11 @@ class BoundaryCheck:
     def __init__(self, named: list[tuple[str, nn.Module]], plan: Plan) -> None:
         self.crossing = crossing_units(plan)
         self.rows = plan.pipelines[0].micro_batch_size
-        self.units = [(n, _meta_copy(m)) for n, m in named] if self.crossing else []
         self.checked: set = set()
+        try:
+            self.units = [(n, _meta_copy(m)) for n, m in named] if self.crossing else []
+        except Exception:  # noqa: BLE001  (a module that cannot be deep-copied: leave the model unchecked)
+            self.crossing, self.units = {}, []
 
     def __call__(self, inputs: torch.Tensor) -> None:
         key = (tuple(inputs.shape[1:]), inputs.dtype)

@@ -12,6 +12,8 @@ copy's full gradient, so the sum is the same everywhere. Refused before any coll
 (``check_ties``): TP together with ZeRO-1/2 on a tied unit (its flat shard holds TP-local slices),
 ties in a meta-device model (its units are initialised separately) and a BatchNorm module shared
 by two units (its running statistics would update once per copy instead of twice on one tensor).
+Other shared buffers are copied, right for constants (rotary tables, masks), not for a buffer a
+forward pass mutates. A global gradient norm must count a tie once (skip the copies after ``Tie.copies[0]``).
 """
 
 from __future__ import annotations
