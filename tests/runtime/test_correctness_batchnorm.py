@@ -39,6 +39,14 @@ def test_batchnorm_on_an_exact_plan_matches_single_process():
     assert_matches_reference(bn_model, EXACT, x, y, loss_fn=mse)
 
 
+def test_batchnorm_on_four_stages_with_dp_elsewhere_is_exact():
+    """Four ranks: the BatchNorm unit alone on one rank, the units around it data-parallel."""
+    x, y = float_data()
+    plan = make_plan([(8, 1, [([0, 1], same(UNITS[:1], zero=2)), ([2], same(UNITS[1:2])),
+                              ([3], same(UNITS[2:]))])])
+    assert_matches_reference(bn_model, plan, x, y, loss_fn=mse)
+
+
 def _running_stats(rank, world, plan, x, y):
     from autopar.runtime import wrap
 
