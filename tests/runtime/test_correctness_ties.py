@@ -118,7 +118,8 @@ def tied_gpt() -> nn.Module:
     [(4, 2, [([0, 1], [(E, {"tp": 2})] + same([L0, L1, H], zero=3))])],
     [(2, 4, [([0, 1], same([E, L0], zero=3)), ([2, 3], [(L1, {"tp": 2}), (H, {"tp": 2, "sp": True})])])],
     [(2, 3, [([0], same([E], zero=1)), ([1, 2], same([L0, L1, H], zero=3))]), (2, 1, [([3], same(GPT_UNITS))])],
-], ids=["tp2-sp", "zero-1-2-3", "tp-embed-fsdp-head", "pp2-fsdp-then-tp", "asymmetric"])
+    [(4, 2, [([0, 1, 2, 3], [(E, {"tp": 2, "zero": 3}), (L0, {}), (L1, {"zero": 1}), (H, {"tp": 2, "zero": 3})])])],
+], ids=["tp2-sp", "zero-1-2-3", "tp-embed-fsdp-head", "pp2-fsdp-then-tp", "asymmetric", "fsdp-x-tp-2d-mesh"])
 def test_tied_copies_sharded_by_tp_and_zero_stay_tied(plan):
     x, y = token_data()
     plan = make_plan(plan)
