@@ -27,6 +27,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 from autopar.plan.schema import Strategy
+from autopar.runtime.boundaries import BoundaryCheck
 from autopar.runtime.layout import Layout
 from autopar.runtime.loss import cross_entropy as cross_entropy  # re-exported: wrap's default loss
 from autopar.runtime.loss import step_loss
@@ -61,9 +62,9 @@ class StageRunner:
     """Forward and backward of one stage for every micro-batch of a step, in schedule order."""
 
     def __init__(self, rank: int, units: list[LocalUnit], spec: StageSpec, schedule: str, mailbox: Mailbox,
-                 loss_fn: Callable, logits_sharded: bool, boundary_check: Callable | None = None) -> None:
+                 loss_fn: Callable, logits_sharded: bool, boundary_check: BoundaryCheck | None = None) -> None:
         self.rank, self.units, self.spec, self.mailbox = rank, units, spec, mailbox
-        self.boundary_check = boundary_check  # raises on every rank if a unit would send a non-tensor
+        self.boundary_check = boundary_check  # packs tuple / dict boundaries; refuses what cannot cross
         self.loss_fn, self.logits_sharded = loss_fn, logits_sharded
         self.loss = step_loss(loss_fn)  # splits the global-batch loss exactly over micro-batches and ranks
         self.actions = stage_actions(schedule, spec.num_stages, spec.stage, spec.num_microbatches)
@@ -113,11 +114,14 @@ class StageRunner:
             if x.is_floating_point():
                 x.requires_grad_(True)
             self.inputs[k] = x
+        check = self.boundary_check
         for i, unit in enumerate(self.units):
             if self.reshards[i] is not None:
                 fwd, bwd = self.reshards[i]
                 x = reshard(x, self.mailbox, fwd, bwd, self._reshard_tag(k, i))
-            x = unit.module(x)
+            x = unit.module(x if check is None else check.unpack(unit.name, x))
+            if check is not None:  # a tuple / dict crossing ranks travels packed as one tensor
+                x = check.pack(unit.name, x)
         if self.send_fwd is not None:
             self.outputs[k] = x
             return Send(x.detach(), self.send_fwd, self._boundary_tag(k, spec.stage, False), header=k == 0)
