@@ -97,8 +97,8 @@ class BoundaryCheck:
         self.crossing = crossing_units(plan)
         self.before = {nxt: name for name, nxt in self.crossing.items()}
         self.rows = plan.pipelines[0].micro_batch_size
-        self.checked: set = set()
-        self.packing: dict[str, Packing] = {}
+        self.checked: dict[tuple, dict[str, Packing]] = {}  # input shape -> how its crossing outputs pack
+        self.packing: dict[str, Packing] = {}  # for this step's input shape
         try:
             self.units = [(n, _meta_copy(m)) for n, m in named] if self.crossing else []
         except Exception:  # noqa: BLE001  (a module that cannot be deep-copied: leave the model unchecked)
@@ -116,9 +116,12 @@ class BoundaryCheck:
 
     def __call__(self, inputs: torch.Tensor) -> None:
         key = (tuple(inputs.shape[1:]), inputs.dtype)
-        if not self.crossing or key in self.checked:
+        if not self.crossing:
             return
-        self.checked.add(key)
+        if key in self.checked:  # leaf shapes may depend on the input's (a sequence length): this step's
+            self.packing = self.checked[key]
+            return
+        self.packing = self.checked[key] = {}
         x = torch.empty((self.rows, *inputs.shape[1:]), dtype=inputs.dtype, device="meta")
         if not x.is_floating_point():
             x = x.zero_()
@@ -136,10 +139,11 @@ class BoundaryCheck:
         except Exception:  # noqa: BLE001  (a forward the meta device cannot run: leave it unchecked)
             return
         if problem is not None:
+            del self.checked[key]  # refused again if the caller goes on with this shape
             name, nxt, what = problem
             raise AutoparError("model", f"unit {name} returns {what} for a micro-batch of {self.rows} rows, but its "
                                f"output goes to {nxt} on other ranks (pipeline stage or layout change), which "
                                "takes tensors of one floating dtype (or one tensor) with the micro-batch rows first",
                                f"return such tensors from {name} (a tuple or dict of them is fine), or keep {name} "
                                f"and {nxt} in one stage with the same tp")
-        self.packing = packing
+        self.packing.update(packing)
