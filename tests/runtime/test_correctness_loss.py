@@ -62,3 +62,29 @@ def test_cross_entropy_loss_module_is_split_by_valid_rows():
     loss = nn.CrossEntropyLoss(ignore_index=3, label_smoothing=0.1)
     plan = make_plan([(2, 4, [([0], same(["0", "1"])), ([1], same(["2"]))])])
     assert_matches_reference(classifier, plan, x, y, loss_fn=loss)
+
+
+def _all_ignored(rank, world, plan, x, y):
+    from autopar.errors import AutoparError
+    from autopar.runtime import wrap
+
+    torch.manual_seed(0)
+    pm = wrap(MODELS["gpt"][0](), plan, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1))
+    try:
+        pm.step(x, y)
+    except AutoparError as e:
+        return str(e)
+    return "ran"
+
+
+def test_a_batch_without_valid_tokens_is_nan_as_on_one_process():
+    """0 valid tokens: single-process F.cross_entropy is 0/0 = nan; so is the step's loss (and it raises)."""
+    from autopar.runtime.local_ranks import run_distributed
+    from autopar.runtime.loss import cross_entropy
+
+    x, y = token_data()
+    y = torch.full_like(y, -100)
+    torch.manual_seed(0)
+    assert torch.isnan(cross_entropy(MODELS["gpt"][0]()(x), y))
+    out = run_distributed(_all_ignored, 2, make_plan(PLANS["pp2-1f1b"]), x, y, timeout_s=30)
+    assert all(o.startswith("step: non-finite loss (nan) at step 1") for o in out), out
