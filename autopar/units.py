@@ -2,7 +2,10 @@
 
 A *unit* is what a plan places: for models with ``embed`` / ``layers`` / ``head`` children the units
 are ``embed``, ``layers.0`` ... ``layers.N-1``, ``head``; for an ``nn.Sequential`` they are its
-children by name. Units run one after the other, each taking the previous unit's output.
+children by name, nested Sequentials expanded (``0.0``, ``0.1``, ``1``). Units run one after the
+other, each taking the previous unit's output. ``discover`` is the one expansion rule, shared by the
+planner's tracer (which also expands ``ModuleList`` / ``ModuleDict`` inside any module, since it
+only measures) and ``units`` (what the runtime can run), so a searched plan names units wrap accepts.
 ``unit_tp_info`` is what the runtime and the tracer ask of a unit: its TP table (or None: tp = 1
 only), the numbers a TP degree must divide, and the submodules selective checkpointing recomputes.
 ``AttentionCore`` marks the part selective checkpointing recomputes.
@@ -35,10 +38,35 @@ def has_unit_layout(model: nn.Module) -> bool:
             and hasattr(model, "head"))
 
 
+CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+
+
+def discover(model: nn.Module, containers: tuple[type, ...] = CONTAINERS, repeats: bool = True,
+             ) -> list[tuple[str, nn.Module]]:
+    """Candidate units of ``model`` in registration order, as (FQN, module): its children, those
+    that are ``containers`` expanded recursively. ``repeats``: a module object registered at two
+    positions is listed at both (else at its first only). A model without children: [("model", model)]."""
+    def children(mod: nn.Module) -> list[tuple[str, nn.Module]]:
+        if repeats:
+            return [(n, c) for n, c in mod._modules.items() if c is not None]
+        return list(mod.named_children())
+
+    def expand(prefix: str, mod: nn.Module) -> list[tuple[str, nn.Module]]:
+        if isinstance(mod, containers) or not prefix:
+            return [u for n, c in children(mod) for u in expand(f"{prefix}.{n}" if prefix else n, c)]
+        return [(prefix, mod)]
+
+    return expand("", model) or [("model", model)]
+
+
 def units(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The layer units of ``model`` in execution order, as (name, module)."""
+    """The layer units of ``model`` in execution order, as (name, module).
+
+    An ``nn.Sequential`` runs its children in order, so its units are ``discover``'s (nested
+    Sequentials expanded); a module object at two positions is listed at both (it runs twice).
+    """
     if isinstance(model, nn.Sequential):
-        return list(model.named_children())
+        return discover(model, (nn.Sequential,))
     if has_unit_layout(model):
         return ([("embed", model.embed)] + [(f"layers.{i}", b) for i, b in enumerate(model.layers)]
                 + [("head", model.head)])

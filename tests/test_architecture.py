@@ -33,7 +33,7 @@ ALLOWED: dict[str, set[str]] = {
     "autopar.search": {"autopar.errors", "autopar.version", "autopar.cluster", "autopar.modelspec", "autopar.plan",
                        "autopar.estimate", "cost_models"},
     "autopar.models": {"autopar.errors", "autopar.units"},
-    "autopar.runtime": {"autopar.errors", "autopar.units", "autopar.plan"},
+    "autopar.runtime": {"autopar.errors", "autopar.units", "autopar.models", "autopar.plan"},
     "autopar.launch": {"autopar.errors", "autopar.fileio", "autopar.fields", "autopar.cluster", "autopar.plan"},
     "autopar.profile": {"autopar.errors", "autopar.version", "autopar.fileio", "autopar.fields", "autopar.units",
                         "autopar.cluster", "autopar.modelspec", "autopar.plan", "autopar.estimate",

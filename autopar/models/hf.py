@@ -1,4 +1,4 @@
-"""Hugging Face ``transformers`` causal LMs (Llama family, GPT-2) as embed / layers / head units.
+"""Hugging Face ``transformers`` LMs (Llama family, Mixtral, GPT-2, BERT masked LM) as embed / layers / head units.
 
 ``from_transformers(hf_model)`` returns a module whose children are the plan's units and which
 shares the HF model's submodules (no copies of weights). Only needed when ``transformers`` is
@@ -8,8 +8,16 @@ installed; nothing here imports it.
   (the colwise / rowwise entries HF ships), plus vocabulary-parallel embedding / logits and
   sequence-parallel norms as in autopar's own Llama. Each block gets its own copy of the rotary
   embedding (no parameters), so a unit never shares a module with another.
-* GPT-2: tp = 1 only (its fused ``c_attn`` cannot be split by heads with a plain column split). Its
-  tied ``wte`` / ``lm_head`` are untied (the head gets a copy), since units sync gradients on their own.
+* GPT-2: tp = 1 only (its fused ``c_attn`` cannot be split by heads with a plain column split).
+* Mixtral: Llama-like, its experts replicated in every block (tp = 1: HF's packed / MoE TP styles
+  are not translated; expert parallelism is not built).
+* BERT masked LM (``BertForMaskedLM``): embeddings, encoder layers attending to every position (no
+  padding mask), the MLM head; tp = 1. Labels of -100 (unmasked positions) are ignored by wrap's loss,
+  as in HF's MLM loss.
+
+Tied input / output embeddings (GPT-2, ``tie_word_embeddings``) stay tied: the embed and head units
+share the one tensor, as in the HF model; ``wrap`` keeps a synchronised copy per unit
+(autopar.runtime.ties), so training equals the tied single-process model.
 
 Blocks get an explicit causal mask (correct for every attention implementation). Selective
 checkpointing recomputes the whole attention module: HF's attention core is a function, not a module.
@@ -26,7 +34,7 @@ from torch import nn
 
 from autopar.errors import AutoparError
 
-LLAMA_LIKE = ("llama", "mistral", "qwen2")
+LLAMA_LIKE = ("llama", "mistral", "qwen2", "mixtral")
 _HF_STYLES = {"colwise": "colwise", "rowwise": "rowwise"}  # HF style name -> autopar style name
 _LLAMA_SP = {
     "layer": "sp_unit",
@@ -87,6 +95,29 @@ class HFBlock(nn.Module):
         return out[0] if isinstance(out, tuple) else out
 
 
+class HFBertEmbed(nn.Module):
+    """BERT's embeddings (word + position + token type 0, LayerNorm, dropout) of token ids."""
+
+    def __init__(self, embeddings: nn.Module) -> None:
+        super().__init__()
+        self.embeddings = embeddings
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.embeddings(input_ids=tokens)
+
+
+class HFBidirectionalBlock(nn.Module):
+    """An encoder layer attending to every position (no mask: as the HF model without padding)."""
+
+    def __init__(self, block: nn.Module) -> None:
+        super().__init__()
+        self.block = block
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.block(x)
+        return out[0] if isinstance(out, tuple) else out
+
+
 class HFHead(nn.Module):
     def __init__(self, norm: nn.Module, proj: nn.Linear) -> None:
         super().__init__()
@@ -125,6 +156,20 @@ def _llama_block_plan(cfg) -> dict[str, str] | None:
     return {**_LLAMA_SP, **plan} if plan else None
 
 
+def is_transformers_model(model: nn.Module) -> bool:
+    """True for a module defined by the ``transformers`` package (checked without importing it)."""
+    return type(model).__module__.startswith("transformers.")
+
+
+def units_view(model: nn.Module) -> nn.Module:
+    """``model``, or ``from_transformers(model)`` for a transformers model: what wrap and the tracer run.
+
+    Both call this, so a raw Hugging Face model is searched and wrapped under the same unit names
+    (``embed``, ``layers.i``, ``head``) and its own weights.
+    """
+    return from_transformers(model) if is_transformers_model(model) else model
+
+
 def from_transformers(hf_model: nn.Module) -> HFCausalLM:
     """Units view of a ``transformers`` causal LM (shares its modules). Raises AutoparError if unsupported."""
     cfg = hf_model.config
@@ -133,7 +178,7 @@ def from_transformers(hf_model: nn.Module) -> HFCausalLM:
         base = hf_model.model
         embed = HFTokenEmbed(base.embed_tokens)
         layers = [HFRotaryBlock(layer, copy.deepcopy(base.rotary_emb)) for layer in base.layers]
-        head = HFHead(base.norm, _untied(hf_model.lm_head, base.embed_tokens))
+        head = HFHead(base.norm, hf_model.lm_head)
         block = _llama_block_plan(cfg)
         plans = {"embed": {"tok": "vocab_embed"} if block else None, "block": block,
                  "head": {"": "sp_unit_in", "norm": "sp_norm", "proj": "logits"} if block else None}
@@ -143,14 +188,14 @@ def from_transformers(hf_model: nn.Module) -> HFCausalLM:
     if kind == "gpt2":
         base = hf_model.transformer
         embed = HFGPT2Embed(base.wte, base.wpe, base.drop)
-        head = HFHead(base.ln_f, _untied(hf_model.lm_head, base.wte))
+        head = HFHead(base.ln_f, hf_model.lm_head)
         return HFCausalLM(embed, [HFBlock(b) for b in base.h], head, "hf-gpt2",
                           {"embed": None, "block": None, "head": None}, {}, {"block": ("block.attn",)})
-    raise AutoparError("model", f"transformers model type {kind!r} is not supported",
-                       f"use one of {', '.join(LLAMA_LIKE + ('gpt2',))}, or wrap it as an nn.Sequential")
-
-
-def _untied(proj: nn.Linear, embedding: nn.Embedding) -> nn.Linear:
-    if proj.weight is embedding.weight:
-        proj.weight = nn.Parameter(proj.weight.detach().clone())
-    return proj
+    if kind == "bert" and hasattr(hf_model, "bert") and hasattr(hf_model, "cls"):
+        base = hf_model.bert
+        layers = [HFBidirectionalBlock(b) for b in base.encoder.layer]
+        return HFCausalLM(HFBertEmbed(base.embeddings), layers, hf_model.cls, "hf-bert",
+                          {"embed": None, "block": None, "head": None}, {}, {"block": ("block.attention",)})
+    raise AutoparError("model", f"transformers model type {kind!r} ({type(hf_model).__name__}) is not supported",
+                       f"use one of {', '.join(LLAMA_LIKE + ('gpt2',))} causal LMs or BertForMaskedLM, or wrap it "
+                       "as an nn.Sequential")

@@ -46,8 +46,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from autopar.errors import AutoparError
 from autopar.modelspec.spec import LayerSpec, ModelSpec
 from autopar.modelspec.trace_ops import OpTrace, SdpaTrace, op_facts
+from autopar.units import discover
 
-CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 NORMS = (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm, nn.modules.batchnorm._BatchNorm)
 DTYPES = {2: torch.bfloat16, 4: torch.float32, 8: torch.float64}
 # Unit kinds of autopar.models TP plans (Megatron layout): LayerSpec.kind, all-reduces per forward,
@@ -61,13 +61,12 @@ TP_KINDS = {
 
 
 def unit_modules(module: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The candidate units of ``module`` in registration order: (FQN, module)."""
-    def expand(prefix: str, mod: nn.Module) -> list[tuple[str, nn.Module]]:
-        if isinstance(mod, CONTAINERS) or not prefix:
-            return [u for n, c in mod.named_children() for u in expand(f"{prefix}.{n}" if prefix else n, c)]
-        return [(prefix, mod)]
+    """The candidate units of ``module`` in registration order: (FQN, module) (``autopar.units.discover``).
 
-    return expand("", module) or [("model", module)]
+    A module object registered at two positions of a Sequential is a unit at both (as ``wrap``
+    runs it); elsewhere containers are expanded and each module counted once.
+    """
+    return discover(module, repeats=isinstance(module, nn.Sequential))
 
 
 def _is_norm(mod: nn.Module) -> bool:
@@ -86,7 +85,7 @@ def _sid(t: torch.Tensor) -> int:
 class _Recorder:
     """Per-unit forward FLOPs, saved bytes and boundaries while the traced model runs."""
 
-    def __init__(self, units: dict[nn.Module, str], counter: FlopCounterMode, seq_len: int, skip: set[int]):
+    def __init__(self, units: dict[nn.Module, list[str]], counter: FlopCounterMode, seq_len: int, skip: set[int]):
         self.units, self.counter, self.seq_len, self.skip = units, counter, seq_len, skip
         self.order: list[str] = []  # units by first execution
         self.stack: list[str] = []  # units running now (a unit may call another)
@@ -121,7 +120,8 @@ class _Recorder:
 
     def pre(self, mod, args, kwargs) -> None:
         self._charge()
-        name = self.units[mod]
+        names = self.units[mod]  # a module at two positions: its first call is the first position, and so on
+        name = next((n for n in names if n not in self.stats and n not in self.stack), names[-1])
         if name not in self.stats:
             self.order.append(name)
             self.stats[name] = self._new(_nbytes((args, kwargs)), None)
@@ -192,6 +192,9 @@ def _to_meta(dtype: torch.dtype | None):
 
 def _trace_error(name: str, err: BaseException) -> AutoparError:
     msg = f"{type(err).__name__}: {err}".splitlines()[0][:240] if str(err) else type(err).__name__
+    if "Expected inputs of BF16 type" in msg:  # torch's meta grouped_mm (MoE experts, e.g. HF Mixtral): bf16 only
+        return AutoparError("model", f"tracing {name} on the meta device failed ({msg}): torch's meta kernel of "
+                            "grouped_mm takes bf16 only", "trace in bf16 (dtype_bytes=2, the CLI's --precision bf16)")
     return AutoparError("model", f"tracing {name} on the meta device failed ({msg})",
                         "make forward() run on meta tensors (create tensors with device=x.device, register cached "
                         "tensors as buffers) and give an example_input() that matches forward()'s arguments")
@@ -210,6 +213,10 @@ def spec_from_module(module: nn.Module, example_input, name: str | None = None, 
         raise AutoparError("model", f"expected a torch.nn.Module, got {type(module).__name__}",
                            "return an nn.Module from the factory")
     name = name or type(module).__name__
+    if type(module).__module__.startswith("transformers."):  # checked without importing transformers
+        raise AutoparError("model", f"{type(module).__name__} is a transformers model: its own children are not the "
+                           "units wrap runs (wrap converts it to embed / layers / head)",
+                           "trace autopar.models.from_transformers(model), or give its config.json")
     if dtype_bytes is not None and dtype_bytes not in DTYPES:
         raise AutoparError("dtype_bytes", f"must be 2, 4 or 8 to trace, got {dtype_bytes!r}", "use 2 for bf16 training")
     own = next((p for p in module.parameters() if p.is_floating_point()), None)
@@ -224,7 +231,9 @@ def spec_from_module(module: nn.Module, example_input, name: str | None = None, 
     meta_state.update({k: _to_meta(dtype)(b) for k, b in module.named_buffers()})
     skip = {_sid(t) for t in meta_state.values()}
     units = unit_modules(module)
-    unit_of = {m: n for n, m in units}
+    unit_of: dict[nn.Module, list[str]] = {}
+    for n, m in units:
+        unit_of.setdefault(m, []).append(n)
     inputs = tree_map(_to_meta(dtype), example_input)
     args, kwargs = ((), inputs) if isinstance(inputs, dict) else \
         ((tuple(inputs), {}) if isinstance(inputs, (tuple, list)) else ((inputs,), {}))

@@ -30,9 +30,12 @@ import torch.distributed as dist
 from torch import nn
 
 from autopar.errors import AutoparError
+from autopar.models.hf import units_view
 from autopar.plan.rules import id_ranges
 from autopar.plan.schema import Plan
-from autopar.runtime.checks import check_plan, check_precision, check_untied
+from autopar.runtime.checks import check_batchnorm, check_plan, check_precision
+from autopar.runtime.materialize import is_meta
+from autopar.runtime.ties import Tie, check_ties, untie
 from autopar.units import UnitTPInfo, unit_tp_info, units
 
 _FIXES = {"plan": "give every rank the same plan file", "model": "build the same model on every rank",
@@ -134,24 +137,30 @@ def agree(doc: dict | None, error: BaseException | None) -> None:
 
 
 def agreed_start(model: nn.Module, plan: Plan | str | os.PathLike, world_size: int, settings: dict,
-                 ) -> tuple[Plan, list[tuple[str, nn.Module]], dict[str, UnitTPInfo]]:
+                 ) -> tuple[Plan, list[tuple[str, nn.Module]], dict[str, UnitTPInfo], list[Tie]]:
     """Load the plan, read the model's units and check them on this rank, then ``agree`` (a collective).
 
-    Returns (plan, named units, their TP facts) once every rank holds the same and all passed.
+    Returns (plan, named units, their TP facts, the ties between units) once every rank holds the
+    same and all passed. Units sharing a tensor or module get their own copies (``ties.untie``).
     """
     doc = error = None
+    ties: list[Tie] = []
     try:
         if isinstance(plan, (str, os.PathLike)):
             from autopar.plan.io import load_plan
 
             plan = load_plan(plan)
+        model = units_view(model)  # a transformers model: its embed / layers / head view (same weights)
         named = units(model)
         infos = {n: unit_tp_info(model, n, m) for n, m in named}
         doc = {"plan": plan_doc(plan), "model": model_doc(named), "wrap": settings}
         check_plan(plan, [n for n, _ in named], infos, world_size)
-        check_untied(named)
+        meta = any(is_meta(m) for _, m in named)
+        named, ties = untie(named)
+        check_ties(ties, plan, meta)
+        check_batchnorm(plan, named)
         check_precision(plan, named)
     except Exception as e:  # noqa: BLE001  (every rank must hear of it before anyone waits on a peer)
         error = e
     agree(doc, error)
-    return plan, named, infos
+    return plan, named, infos, ties

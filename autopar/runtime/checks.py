@@ -37,15 +37,38 @@ def check_plan(plan: Plan, unit_names: list[str], tp_info: dict[str, UnitTPInfo]
         raise AutoparError(*problems[0])
 
 
-def check_untied(named_units: list[tuple[str, nn.Module]]) -> None:
-    """Refuse parameters shared by two units (tied embeddings): each unit's gradients are synced on their own."""
-    owner: dict[int, str] = {}
+def check_batchnorm(plan: Plan, named_units: list[tuple[str, nn.Module]]) -> None:
+    """Refuse BatchNorm where its batch statistics would differ from single-process training.
+
+    A BatchNorm normalises by its input batch's statistics and updates its running statistics once
+    per forward: exact only when one forward sees the whole global batch, i.e. one pipeline, one
+    micro-batch, data-parallel degree 1 for its unit, and no recomputation (full / op checkpointing
+    runs the forward twice). SyncBatchNorm across ranks would still differ with micro-batches.
+    """
     for name, unit in named_units:
-        for fqn, p in unit.named_parameters(remove_duplicate=False):
-            other = owner.setdefault(id(p), f"{name}.{fqn}")
-            if not other.startswith(f"{name}."):
-                raise AutoparError("model", f"{other} and {name}.{fqn} are the same tensor (tied weights across "
-                                   "units)", "untie them (clone one) or keep both in one unit")
+        bn = next((f for f, m in unit.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)), None)
+        if bn is None:
+            continue
+        where = f"{name}.{bn}" if bn else name
+        for pi, pipe in enumerate(plan.pipelines):
+            for si, st in enumerate(pipe.stages):
+                li = next((i for i, ly in enumerate(st.layers) if ly.name == name), None)
+                if li is None:
+                    continue
+                ly = st.layers[li]
+                dp = len(st.devices) // ly.strategy.tp
+                why = (f"{len(plan.pipelines)} pipelines share the batch" if len(plan.pipelines) > 1
+                       else f"{pipe.num_microbatches} micro-batches" if pipe.num_microbatches > 1
+                       else f"data-parallel degree {dp}" if dp > 1
+                       else f"ckpt {ly.strategy.ckpt} runs its forward twice" if ly.strategy.ckpt in ("full", "op")
+                       else None)
+                if why:
+                    raise AutoparError(
+                        f"pipelines[{pi}].stages[{si}].layers[{li}]",
+                        f"unit {name} has BatchNorm {where}, whose statistics would be taken over part of the "
+                        f"batch ({why}), unlike single-process training",
+                        "use GroupNorm or LayerNorm, or a plan with one pipeline, one micro-batch, data-parallel "
+                        "degree 1 and no full/op ckpt for that unit")
 
 
 # The runtime trains in the model's own parameter dtype and casts nothing (no autocast, no Float8

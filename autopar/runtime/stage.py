@@ -3,8 +3,9 @@
 A unit's boundary tensors are local tensors of the rows its layout gives this rank (see layout.py),
 full sequence, replicated over the unit's TP group. Between two units of the stage with different
 TP degrees the rows are re-spread (``reshard``); between stages they travel by ``Mailbox.post``.
-Each micro-batch's loss is weighted by its rows' share of the global batch, so the summed gradients
-of all micro-batches, pipelines and DP ranks are the global-batch mean gradient.
+Each micro-batch's loss is scaled so that the pieces of all micro-batches, pipelines and DP ranks
+add up to the single-process loss of the global batch (autopar.runtime.loss: the token cross entropy
+over the global count of valid tokens; a user loss by its rows' share), and so do their gradients.
 
 Every plan, symmetric or not, runs through this one executor rather than
 ``torch.distributed.pipelining`` for the symmetric ones: ``PipelineStage`` wants the same group
@@ -20,21 +21,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 from autopar.plan.schema import Strategy
+from autopar.runtime.boundaries import BoundaryCheck
 from autopar.runtime.layout import Layout
+from autopar.runtime.loss import cross_entropy as cross_entropy  # re-exported: wrap's default loss
+from autopar.runtime.loss import step_loss
 from autopar.runtime.p2p import Exchange, Mailbox, Recv, Send, reshard
 from autopar.runtime.schedule import stage_actions
-
-
-def cross_entropy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Default loss: token-mean cross entropy of logits ``[..., V]`` against class indices ``[...]``."""
-    return F.cross_entropy(output.flatten(0, -2), target.flatten())
 
 
 @dataclass
@@ -64,9 +62,11 @@ class StageRunner:
     """Forward and backward of one stage for every micro-batch of a step, in schedule order."""
 
     def __init__(self, rank: int, units: list[LocalUnit], spec: StageSpec, schedule: str, mailbox: Mailbox,
-                 loss_fn: Callable, logits_sharded: bool) -> None:
+                 loss_fn: Callable, logits_sharded: bool, boundary_check: BoundaryCheck | None = None) -> None:
         self.rank, self.units, self.spec, self.mailbox = rank, units, spec, mailbox
+        self.boundary_check = boundary_check  # packs tuple / dict boundaries; refuses what cannot cross
         self.loss_fn, self.logits_sharded = loss_fn, logits_sharded
+        self.loss = step_loss(loss_fn)  # splits the global-batch loss exactly over micro-batches and ranks
         self.actions = stage_actions(schedule, spec.num_stages, spec.stage, spec.num_microbatches)
         mbs = spec.micro_batch_size
         first, last = units[0].layout, units[-1].layout
@@ -114,17 +114,20 @@ class StageRunner:
             if x.is_floating_point():
                 x.requires_grad_(True)
             self.inputs[k] = x
+        check = self.boundary_check
         for i, unit in enumerate(self.units):
             if self.reshards[i] is not None:
                 fwd, bwd = self.reshards[i]
                 x = reshard(x, self.mailbox, fwd, bwd, self._reshard_tag(k, i))
-            x = unit.module(x)
+            x = unit.module(x if check is None else check.unpack(unit.name, x))
+            if check is not None:  # a tuple / dict crossing ranks travels packed as one tensor
+                x = check.pack(unit.name, x)
         if self.send_fwd is not None:
             self.outputs[k] = x
             return Send(x.detach(), self.send_fwd, self._boundary_tag(k, spec.stage, False), header=k == 0)
         rows = self._rows(self.units[-1].layout, k)
         with self._loss_ctx():
-            loss = self.loss_fn(x, targets[rows]) * ((rows.stop - rows.start) / spec.global_batch)
+            loss = self.loss(x, targets[rows], rows.stop - rows.start, spec.global_batch)
         self.outputs[k] = loss
         if self.reports_loss:
             value = loss.detach()
@@ -167,9 +170,12 @@ class StageRunner:
         Between two actions the previous action's sends and the next action's receives are posted
         as one batch (see p2p.py).
         """
+        if self.boundary_check is not None:
+            self.boundary_check(inputs)
         self.inputs: dict[int, torch.Tensor] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.loss_sum = torch.zeros((), device=inputs.device)
+        self.loss.begin(targets)
         self.mailbox.shapes.clear()  # shapes may change from step to step: the first micro-batch re-sends them
         last_backward = max(i for i, (kind, _) in enumerate(self.actions) if kind == "B")
         received = self._post(None, self._recv_for(self.actions[0]))

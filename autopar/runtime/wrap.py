@@ -15,6 +15,7 @@ from torch.distributed.tensor import DTensor
 from autopar.errors import AutoparError
 from autopar.plan.schema import Plan, StageLayer
 from autopar.runtime.agreement import agreed_start
+from autopar.runtime.boundaries import BoundaryCheck
 from autopar.runtime.checkpointing import apply_checkpointing
 from autopar.runtime.env import ensure_process_group, runtime_device
 from autopar.runtime.grad_sync import UnitGradSync
@@ -26,6 +27,7 @@ from autopar.runtime.p2p import Mailbox
 from autopar.runtime.sharding import FlatShard, Zero2Reducer, apply_fsdp
 from autopar.runtime.stage import LocalUnit, StageRunner, StageSpec, cross_entropy
 from autopar.runtime.tensor_parallel import apply_tp
+from autopar.runtime.ties import TiedGrads, tie_rank_sets
 from autopar.units import UnitTPInfo
 
 OptimizerFactory = Callable[[Iterable[torch.Tensor]], torch.optim.Optimizer]
@@ -60,8 +62,9 @@ class ParallelModel:
 
     def __init__(self, plan: Plan, device: torch.device, runner: StageRunner, states: list[_UnitState],
                  optimizer: torch.optim.Optimizer, mailbox: Mailbox, shapes: dict, places: dict,
-                 on_nonfinite: str) -> None:
+                 on_nonfinite: str, tied: TiedGrads | None = None) -> None:
         self.plan, self.device, self.runner, self.optimizer = plan, device, runner, optimizer
+        self._tied = tied  # gradients of tensors two units share (autopar.runtime.ties)
         self._states, self._mailbox, self._shapes, self._places = states, mailbox, shapes, places
         self.rank = dist.get_rank()
         self.pipeline, self.stage = runner.spec.pipeline, runner.spec.stage
@@ -99,6 +102,8 @@ class ParallelModel:
                 for proxy, g in zip(st.proxies, synced):
                     proxy.grad = g
             self._free_accumulated_grads(st)
+        if self._tied is not None:
+            self._tied.sync(self._states)
         grads = [g for st in self._states for g in ([st.shard.master.grad] if st.shard is not None
                                                      else [p.grad for p in st.proxies]) if g is not None]
         loss, problem = finite_step(loss_sum, grads, self._calls)
@@ -172,8 +177,11 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
          on_nonfinite: str = "raise") -> ParallelModel:
     """Place ``model`` on this rank as ``plan`` says; call on every rank with the same arguments.
 
-    model:      an ``nn.Sequential`` or a model with ``embed`` / ``layers`` / ``head`` children
-                (autopar.models). Real weights (same seed on every rank) are used as given; a model
+    model:      an ``nn.Sequential`` (nested ones expanded: units ``0.0``, ``0.1``, ...), a model with
+                ``embed`` / ``layers`` / ``head`` children (autopar.models), or a transformers causal
+                LM (run through ``from_transformers``). Tensors shared by two units (tied embeddings,
+                a module used twice) stay tied (autopar.runtime.ties); BatchNorm is refused unless
+                its unit sees the whole batch in one forward. Real weights (same seed on every rank) are used as given; a model
                 on the meta device is materialised per unit from ``seed`` (autopar.runtime.materialize:
                 ``init_weights(model, seed)`` is the single-device equivalent). ``wrap`` takes the
                 model over: units this rank does not hold are moved to the meta device.
@@ -182,9 +190,14 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
                 ``lambda params: torch.optim.AdamW(params, lr=3e-4)``; each rank calls it once over
                 the plain tensors it updates (its TP / FSDP shards, or its ZeRO-1/2 slices), so
                 element-wise optimizers behave exactly as on one device.
-    loss_fn:    ``(output rows, target rows) -> mean loss over those rows``; default token-mean
-                cross entropy. With the default and a TP head, the loss runs under
-                ``loss_parallel`` on vocabulary-sharded logits (``loss_parallel=False`` gathers them).
+    loss_fn:    default: token-mean cross entropy over the global batch's valid tokens (targets of
+                -100 ignored across ranks and micro-batches, exactly as one ``F.cross_entropy`` over
+                the whole batch); an ``nn.CrossEntropyLoss`` (mean, no class weights) is split the same
+                way. Any other ``(output rows, target rows) -> mean over those rows`` is weighted by
+                its rows' share of the global batch: exact when every row weighs the same, not for a
+                mean over a data-dependent count (autopar.runtime.loss). With the default and a TP
+                head, the loss runs under ``loss_parallel`` on vocabulary-sharded logits
+                (``loss_parallel=False`` gathers them).
     device:     default: this rank's CUDA device under nccl, else the CPU.
     timeout_s:  collective timeout (default 10 minutes) when ``wrap`` initialises the process group
                 from torchrun variables; a group you initialised keeps its own timeout.
@@ -204,13 +217,13 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
     ensure_process_group(timeout_s)
     rank, world = dist.get_rank(), dist.get_world_size()
     settings = {"seed": seed, "loss_parallel": loss_parallel, "on_nonfinite": on_nonfinite}
-    plan, named, infos = agreed_start(model, plan, world, settings)
+    plan, named, infos, ties = agreed_start(model, plan, world, settings)
     names = [n for n, _ in named]
     modules = dict(named)
 
     places = placements(plan)
     device = device or runtime_device()
-    groups = Groups([s for n in names for s in unit_rank_sets(places[n])], device.type)
+    groups = Groups([s for n in names for s in unit_rank_sets(places[n])] + tie_rank_sets(ties, places), device.type)
     pi, si = next((pi, si) for pi, p in enumerate(plan.pipelines) for si, st in enumerate(p.stages)
                   if rank in st.devices)
     pipe = plan.pipelines[pi]
@@ -219,6 +232,7 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
     last = stage.layers[-1]
     logits_sharded = (loss_parallel and loss_fn is None and si == len(pipe.stages) - 1 and last.strategy.tp > 1
                       and "logits" in infos[last.name].plan.values())
+    boundary_check = BoundaryCheck(named, plan)  # meta copies of the units, taken before they are sharded
     states = [_build_unit(ly, modules[ly.name], infos[ly.name], places[ly.name], pi, rank, groups, seed, device,
                           logits_sharded and ly is last) for ly in stage.layers]
     for n, m in named:
@@ -236,14 +250,15 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
     )
     mailbox = Mailbox(device)
     runner = StageRunner(rank, [s.unit for s in states], spec, plan.schedule, mailbox,
-                         loss_fn or cross_entropy, logits_sharded)
+                         loss_fn or cross_entropy, logits_sharded, boundary_check)
     tensors = [t for s in states for t in s.proxies]
     # A rank whose units have no parameters still gets a real optimizer (torch refuses empty lists).
     opt = optimizer(tensors or [torch.zeros(0, device=device, requires_grad=True)])
     # Every rank takes part in one collective on the default group before any subset uses it for
     # batched point-to-point (NCCL requires it; it also means every rank finished wrap()).
     dist.barrier()
-    return ParallelModel(plan, device, runner, states, opt, mailbox, shapes, places, on_nonfinite)
+    return ParallelModel(plan, device, runner, states, opt, mailbox, shapes, places, on_nonfinite,
+                         TiedGrads(ties, places, rank, groups))
 
 
 def _build_unit(ly: StageLayer, module: nn.Module, info: UnitTPInfo, places: list[Placement], pipeline: int,

@@ -171,3 +171,16 @@ def test_modelspec_from_module_spelling():
 
     m = ModelSpec.from_module(nn.Sequential(nn.Linear(3, 5)), torch.randn(2, 3))
     assert m.num_params == 20 and m.flops_per_sample == 30
+
+
+def test_units_are_named_as_wrap_names_them():
+    """One discovery (autopar.units.discover): nested Sequentials expanded, a module used twice is a
+    unit at both positions (its second run charged there, its parameters to the first)."""
+    from autopar.units import units
+
+    lin = nn.Linear(6, 6)
+    model = nn.Sequential(nn.Sequential(nn.Linear(6, 6), nn.Tanh()), lin, nn.Tanh(), lin, nn.Linear(6, 3))
+    spec = spec_from_module(model, torch.zeros(4, 6))
+    assert [ly.name for ly in spec.layers] == [n for n, _ in units(model)] == ["0.0", "0.1", "1", "2", "3", "4"]
+    by = {ly.name: ly for ly in spec.layers}
+    assert by["1"].flops == by["3"].flops == 2 * 6 * 6 and by["1"].params == 42 and by["3"].params == 0

@@ -91,12 +91,14 @@ def test_a_plan_file_missing_on_one_rank_is_named_on_every_rank(tmp_path):
 def _one_rank_model_breaks(rank, world):
     from autopar.runtime import wrap
 
-    class Broken(nn.Sequential):
-        def named_children(self):
+    class Broken(nn.Linear):
+        def named_parameters(self, *args, **kwargs):
             raise RuntimeError("model broke on purpose")
 
     build = MODELS["mlp"][0]
-    model = Broken(*build()) if rank == 1 else build()
+    model = build()
+    if rank == 1:
+        model[0] = Broken(6, 13)
     try:
         wrap(model, make_plan([(4, 2, [([0, 1], same(MLP_UNITS))])]), loss_fn=MODELS["mlp"][3],
              optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1))

@@ -111,16 +111,3 @@ def test_zero3_with_tp_needs_a_2d_mesh_at_runtime():
     _validate("gpt", plan)  # the planner has no meshes: only the runtime refuses it
     _refused("gpt", plan, 4, "pipelines[0].stages[0].devices:", "zero 3 with tp 2", "2-D device mesh",
              "increasing order")
-
-
-def test_tied_weights_across_units_are_refused():
-    from torch import nn
-
-    from autopar.runtime.checks import check_untied
-
-    emb, head = nn.Embedding(10, 4), nn.Linear(4, 10, bias=False)
-    head.weight = emb.weight
-    model = nn.Sequential(emb, nn.ReLU(), head)
-    with pytest.raises(AutoparError, match="0.weight and 2.weight are the same tensor"):
-        check_untied(units(model))
-    check_untied(units(mlp()))
