@@ -4,11 +4,12 @@ Modules: layout (pure placement arithmetic), checks (plan vs model vs world), ag
 first collective: every rank holds the same plan and model), guards (per-step batch and NaN checks),
 groups (process groups, meshes), materialize (deterministic weights), tensor_parallel (DTensor
 TP/SP), checkpointing, sharding (ZeRO-1/2/3), p2p (pipeline and in-stage row exchanges), schedule
-(1F1B / GPipe), stage (one stage's micro-batch loop), grad_sync, wrap; local_ranks (fork-based
+(1F1B / GPipe), stage (one stage's micro-batch loop), grad_sync, parallel_model (the ParallelModel ``wrap`` returns), wrap; local_ranks (fork-based
 multi-process launcher).
 """
 
 from autopar.runtime.materialize import init_weights
-from autopar.runtime.wrap import ParallelModel, wrap
+from autopar.runtime.parallel_model import ParallelModel
+from autopar.runtime.wrap import wrap
 
 __all__ = ["ParallelModel", "init_weights", "wrap"]
