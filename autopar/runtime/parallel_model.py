@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 
 import torch
@@ -12,12 +13,16 @@ from torch.distributed.tensor import DTensor
 
 from autopar.errors import AutoparError
 from autopar.plan.schema import Plan
+from autopar.runtime.checkpoint_io import load_checkpoint, save_checkpoint
+from autopar.runtime.clip import clip_coefficient, global_grad_norm, optimizer_grads, scale_grads
 from autopar.runtime.grad_sync import UnitGradSync
 from autopar.runtime.guards import check_same_batch, finite_step
 from autopar.runtime.layout import Placement
+from autopar.runtime.outputs import gather_outputs, global_loss
 from autopar.runtime.p2p import Mailbox
 from autopar.runtime.sharding import FlatShard, Zero2Reducer
 from autopar.runtime.stage import LocalUnit, StageRunner
+from autopar.runtime.step_log import StepLogger
 
 log = logging.getLogger(__name__)
 
@@ -35,43 +40,113 @@ class _UnitState:
 class ParallelModel:
     """This rank's share of a model trained as a plan says. Build it with ``wrap``.
 
-    ``step(inputs, targets)`` runs one optimizer step over the whole global batch; every rank passes
-    the same full global-batch tensors (batch dimension first) and gets the global mean loss back.
-    ``full_state_dict()`` returns every unsharded parameter on every rank (a collective).
+    Every call below is collective (all ranks call it, in the same order, with the same batch):
+
+    - ``step(inputs, targets, accumulate=False)``: forward and backward over the whole global batch
+      (batch dimension first, the same full tensors on every rank) and, unless ``accumulate``, the
+      optimizer step; returns the global mean loss of this batch (the same on every rank).
+    - ``eval_step(inputs, targets)``: the global mean loss, forward only (no graph, no gradients,
+      no optimizer; pipelines included). ``predict(inputs)`` / ``pm(inputs)``: the model's output
+      for the whole batch, gathered on every rank.
+    - ``train()`` / ``eval()``: the training flag of every local unit (dropout, ...).
+    - ``save(dir)`` / ``load(dir)``: a torch.distributed.checkpoint of the whole training state,
+      loadable under another plan (autopar.runtime.checkpoint_io).
+    - ``full_state_dict()``: every unsharded parameter on every rank.
+
     ``optimizer`` is the optimizer the factory built over this rank's tensors. ``skipped_steps``
-    lists the steps (numbered from 1 by ``step`` call) skipped under ``on_nonfinite="skip"``.
+    lists the steps (numbered from 1 by ``step`` call) skipped under ``on_nonfinite="skip"``;
+    ``optimizer_steps`` counts the optimizer steps taken; ``last_grad_norm`` is the global gradient
+    norm of the last optimizer step (before clipping) when ``max_grad_norm`` is set, else None.
     """
 
     def __init__(self, plan: Plan, device: torch.device, runner: StageRunner, states: list[_UnitState],
                  optimizer: torch.optim.Optimizer, mailbox: Mailbox, shapes: dict, places: dict,
-                 on_nonfinite: str) -> None:
+                 on_nonfinite: str, max_grad_norm: float | None = None, log_every: int = 0) -> None:
         self.plan, self.device, self.runner, self.optimizer = plan, device, runner, optimizer
         self._states, self._mailbox, self._shapes, self._places = states, mailbox, shapes, places
         self.rank = dist.get_rank()
         self.pipeline, self.stage = runner.spec.pipeline, runner.spec.stage
         self.on_nonfinite, self.skipped_steps, self._calls = on_nonfinite, [], 0
+        self.max_grad_norm, self.last_grad_norm = max_grad_norm, None
+        self.optimizer_steps, self._accumulated, self.training = 0, 0, True
+        num_params = sum(torch.Size(s).numel() for shapes_ in shapes.values() for _, s, _ in shapes_)
+        self._logger = StepLogger(log_every, plan, num_params, self.rank, device)
 
     @property
     def local_units(self) -> dict[str, nn.Module]:
         """The units this rank runs (TP / FSDP-wrapped modules), by name."""
         return {s.unit.name: s.unit.module for s in self._states}
 
-    def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
-        """One optimizer step over the global batch; returns the global mean loss (same on every rank).
+    # -- modes and forward-only calls ------------------------------------------------------------
+    def train(self, mode: bool = True) -> ParallelModel:
+        """Set the training flag of every local unit (as ``nn.Module.train``); returns self."""
+        self.training = mode
+        for st in self._states:
+            st.unit.module.train(mode)
+        return self
+
+    def eval(self) -> ParallelModel:
+        """``train(False)``: dropout off, as ``nn.Module.eval``; returns self."""
+        return self.train(False)
+
+    def _batch(self, what: str, inputs: torch.Tensor, targets: torch.Tensor | None,
+               ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The batch on this rank's device, after checking it is the same on every rank and whole."""
+        inputs = inputs.to(self.device)
+        targets = targets.to(self.device) if targets is not None else None
+        check_same_batch(inputs, targets if targets is not None else inputs[:0], self._calls)
+        gbs = self.plan.global_batch_size
+        if inputs.shape[0] != gbs or (targets is not None and targets.shape[0] != gbs):
+            got = inputs.shape[0] if targets is None else f"{inputs.shape[0]} / {targets.shape[0]}"
+            raise AutoparError(f"{what} inputs", f"batch dimensions {got} differ from the plan's "
+                               f"global_batch_size {gbs}", "pass the whole global batch on every rank")
+        return inputs, targets
+
+    def eval_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
+        """The global mean loss of a global batch, forward only (in the current train/eval mode)."""
+        inputs, targets = self._batch("eval_step", inputs, targets)
+        loss_sum, _ = self.runner.run_forward(inputs, targets)
+        self._mailbox.flush()
+        return global_loss(loss_sum)
+
+    def predict(self, inputs: torch.Tensor) -> torch.Tensor:
+        """The model's output for a whole global batch, forward only, on every rank (a collective).
+
+        Rows come in batch order; vocabulary-sharded logits are gathered. The output is as the last
+        unit computed it (its dtype included); its rows travel in one all-reduce over the world.
+        """
+        inputs, _ = self._batch("predict", inputs, None)
+        _, outputs = self.runner.run_forward(inputs, None)
+        self._mailbox.flush()
+        return gather_outputs(self.runner, outputs, self.plan.global_batch_size, self.device)
+
+    __call__ = predict
+
+    # -- training --------------------------------------------------------------------------------
+    def step(self, inputs: torch.Tensor, targets: torch.Tensor, *, accumulate: bool = False) -> float:
+        """Forward and backward over the global batch, then (unless ``accumulate``) the optimizer step.
+
+        Returns this batch's global mean loss (same on every rank). ``accumulate=True`` keeps the
+        gradients and takes no optimizer step; the next ``step`` without it steps on the mean
+        gradient over every accumulated batch, i.e. the gradient of the mean loss over all their
+        samples (each call's batch has the same size, so each call's mean weighs 1/N). With
+        ``max_grad_norm`` that mean gradient is clipped to the global norm first.
 
         Raises AutoparError, the same on every rank, if the ranks passed different batches, or (with
         ``on_nonfinite="raise"``) if the loss or a gradient is NaN/inf; ``"skip"`` leaves the
         parameters and optimizer state untouched for that step instead and returns the loss.
         """
         self._calls += 1
-        inputs, targets = inputs.to(self.device), targets.to(self.device)
-        check_same_batch(inputs, targets, self._calls)
-        gbs = self.plan.global_batch_size
-        if inputs.shape[0] != gbs or targets.shape[0] != gbs:
-            raise AutoparError("step inputs", f"batch dimensions {inputs.shape[0]} / {targets.shape[0]} differ "
-                               f"from the plan's global_batch_size {gbs}", "pass the whole global batch on every rank")
+        inputs, targets = self._batch("step", inputs, targets)
+        self._logger.count(inputs)
         loss_sum = self.runner.run(inputs, targets)
         self._mailbox.flush()
+        self._accumulated += 1
+        if accumulate:
+            for st in self._states:
+                if st.zero2 is not None:
+                    st.zero2.flush()
+            return global_loss(loss_sum)
         for st in self._states:
             if st.zero2 is not None:  # already reduce-scattered during backward
                 st.zero2.flush()
@@ -83,11 +158,17 @@ class ParallelModel:
                 for proxy, g in zip(st.proxies, synced):
                     proxy.grad = g
             self._free_accumulated_grads(st)
-        grads = [g for st in self._states for g in ([st.shard.master.grad] if st.shard is not None
-                                                     else [p.grad for p in st.proxies]) if g is not None]
-        loss, problem = finite_step(loss_sum, grads, self._calls)
+        if self._accumulated > 1:
+            scale_grads(self._states, 1.0 / self._accumulated)
+        self._accumulated = 0
+        if self.max_grad_norm is not None:
+            self.last_grad_norm = global_grad_norm(self._states, self._places, self.rank, self.device)
+            coef = clip_coefficient(self.last_grad_norm, self.max_grad_norm)
+            scale_grads(self._states, coef)
+        loss, problem = finite_step(loss_sum, optimizer_grads(self._states), self._calls)
         if problem is None:
             self.optimizer.step()
+            self.optimizer_steps += 1
         for st in self._states:
             if st.shard is not None and problem is None:
                 st.shard.all_gather_params()
@@ -101,7 +182,17 @@ class ParallelModel:
             self.skipped_steps.append(self._calls)
             if self.rank == 0:
                 log.warning("autopar: %s: optimizer step skipped (on_nonfinite='skip')", problem)
+        self._logger.after_step(self.optimizer_steps + len(self.skipped_steps), loss, self.last_grad_norm)
         return loss
+
+    # -- checkpoints -----------------------------------------------------------------------------
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the training state to directory ``path`` (collective; see checkpoint_io)."""
+        save_checkpoint(self, path)
+
+    def load(self, path: str | os.PathLike) -> None:
+        """Read a checkpoint written by ``save`` under any plan into this model (collective)."""
+        load_checkpoint(self, path)
 
     @staticmethod
     def _free_accumulated_grads(st: _UnitState) -> None:

@@ -38,7 +38,8 @@ def _local(p: torch.Tensor) -> torch.Tensor:
 def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerFactory | None = None,
          loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None, *, seed: int = 0,
          device: torch.device | None = None, loss_parallel: bool = True, timeout_s: float = 600.0,
-         on_nonfinite: str = "raise") -> ParallelModel:
+         on_nonfinite: str = "raise", max_grad_norm: float | None = None, log_every: int = 0,
+         ) -> ParallelModel:
     """Place ``model`` on this rank as ``plan`` says; call on every rank with the same arguments.
 
     model:      an ``nn.Sequential`` or a model with ``embed`` / ``layers`` / ``head`` children
@@ -60,6 +61,12 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
     on_nonfinite: ``"raise"`` (default): a NaN/inf loss or gradient makes ``step`` raise on every
                 rank, naming the step; ``"skip"``: that step's optimizer update is skipped (logged
                 on rank 0, recorded in ``skipped_steps``) and training goes on.
+    max_grad_norm: clip the gradient to this global L2 norm before each optimizer step (None: no
+                clipping), computed over every TP / PP / ZeRO / FSDP shard exactly once: equal to
+                ``torch.nn.utils.clip_grad_norm_`` on one device. Clipping inside the optimizer
+                would see only this rank's shard and be wrong. ``pm.last_grad_norm`` holds the norm.
+    log_every:  log one line every this many optimizer steps on rank 0 (step, loss, grad norm,
+                memory, tokens/s, TFLOP/s, MFU; autopar.runtime.step_log); 0 (default): off.
 
     Raises AutoparError, the same on every rank, if the plan does not fit the model or the world,
     or if the ranks' plans, model structures or these settings differ (checked in wrap's first
@@ -70,9 +77,14 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
                            "pass optimizer=lambda params: torch.optim.AdamW(params, lr=3e-4)")
     if on_nonfinite not in NONFINITE:
         raise AutoparError("on_nonfinite", f"unknown value {on_nonfinite!r}", "use 'raise' or 'skip'")
+    if max_grad_norm is not None and not max_grad_norm > 0:
+        raise AutoparError("max_grad_norm", f"must be positive, got {max_grad_norm}", "pass a norm > 0 or None")
+    if not isinstance(log_every, int) or log_every < 0:
+        raise AutoparError("log_every", f"must be a whole number >= 0, got {log_every!r}", "pass 0 (off) or N")
     ensure_process_group(timeout_s)
     rank, world = dist.get_rank(), dist.get_world_size()
-    settings = {"seed": seed, "loss_parallel": loss_parallel, "on_nonfinite": on_nonfinite}
+    settings = {"seed": seed, "loss_parallel": loss_parallel, "on_nonfinite": on_nonfinite,
+                "max_grad_norm": max_grad_norm}
     plan, named, infos = agreed_start(model, plan, world, settings)
     names = [n for n, _ in named]
     modules = dict(named)
@@ -112,7 +124,8 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
     # Every rank takes part in one collective on the default group before any subset uses it for
     # batched point-to-point (NCCL requires it; it also means every rank finished wrap()).
     dist.barrier()
-    return ParallelModel(plan, device, runner, states, opt, mailbox, shapes, places, on_nonfinite)
+    return ParallelModel(plan, device, runner, states, opt, mailbox, shapes, places, on_nonfinite,
+                         max_grad_norm=max_grad_norm, log_every=log_every)
 
 
 def _build_unit(ly: StageLayer, module: nn.Module, info: UnitTPInfo, places: list[Placement], pipeline: int,
