@@ -12,8 +12,8 @@
   precision), as the planner's MFU is defined.
 - ``memory``: ``torch.cuda.max_memory_allocated`` on CUDA, else the process's peak RSS.
 
-Written to the ``autopar.steps`` logger at INFO; when nothing configured that logger, it gets its
-own stdout handler so the lines show up as they do in torchtitan.
+Written to the ``autopar.steps`` logger at INFO (its level is set to INFO unless you set one); when
+no handler would print them, it gets its own stdout handler so the lines show up as in torchtitan.
 """
 
 from __future__ import annotations
@@ -69,11 +69,13 @@ class StepLogger:
         self.peak = peak_flops(plan)
         self.tokens = 0
         self.since = time.perf_counter()
-        if rank == 0 and every and not log.hasHandlers():
-            handler = logging.StreamHandler(sys.stdout)
-            handler.setFormatter(logging.Formatter("%(message)s"))
-            log.addHandler(handler)
-            log.setLevel(logging.INFO)
+        if rank == 0 and every:
+            if log.level == logging.NOTSET:  # asking for step lines means showing them
+                log.setLevel(logging.INFO)
+            if not log.hasHandlers():
+                handler = logging.StreamHandler(sys.stdout)
+                handler.setFormatter(logging.Formatter("%(message)s"))
+                log.addHandler(handler)
 
     def count(self, inputs: torch.Tensor) -> None:
         """Add one ``step`` call's batch to the tokens of the next line."""
