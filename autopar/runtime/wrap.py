@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.distributed.tensor import DTensor
 
 from autopar.errors import AutoparError
@@ -21,6 +23,7 @@ from autopar.runtime.layout import Layout, Placement, placements
 from autopar.runtime.materialize import materialize_unit
 from autopar.runtime.p2p import Mailbox
 from autopar.runtime.parallel_model import ParallelModel, _UnitState
+from autopar.runtime.precision_policy import apply_cast, check_policy, fsdp_policy
 from autopar.runtime.sharding import FlatShard, Zero2Reducer, apply_fsdp
 from autopar.runtime.stage import LocalUnit, StageRunner, StageSpec, cross_entropy
 from autopar.runtime.tensor_parallel import apply_tp
@@ -39,6 +42,7 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
          loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None, *, seed: int = 0,
          device: torch.device | None = None, loss_parallel: bool = True, timeout_s: float = 600.0,
          on_nonfinite: str = "raise", max_grad_norm: float | None = None, log_every: int = 0,
+         mixed_precision: MixedPrecisionPolicy | None = None, compile: bool | dict = False,  # noqa: A002
          ) -> ParallelModel:
     """Place ``model`` on this rank as ``plan`` says; call on every rank with the same arguments.
 
@@ -67,6 +71,13 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
                 would see only this rank's shard and be wrong. ``pm.last_grad_norm`` holds the norm.
     log_every:  log one line every this many optimizer steps on rank 0 (step, loss, grad norm,
                 memory, tokens/s, TFLOP/s, MFU; autopar.runtime.step_log); 0 (default): off.
+    mixed_precision: a ``torch.distributed.fsdp.MixedPrecisionPolicy`` applied to every unit, whatever
+                its strategy (autopar.runtime.precision_policy): compute in ``param_dtype`` on fp32
+                master weights, gradients accumulated and reduced in fp32, the model's output in
+                ``output_dtype``. None (default): the model's own dtype throughout.
+    compile:    ``torch.compile`` each unit's forward on this rank (inside TP / FSDP hooks, around
+                activation checkpointing); True for torch's defaults, or a dict of torch.compile
+                arguments, e.g. ``{"backend": "aot_eager"}``.
 
     Raises AutoparError, the same on every rank, if the plan does not fit the model or the world,
     or if the ranks' plans, model structures or these settings differ (checked in wrap's first
@@ -83,9 +94,12 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
         raise AutoparError("log_every", f"must be a whole number >= 0, got {log_every!r}", "pass 0 (off) or N")
     ensure_process_group(timeout_s)
     rank, world = dist.get_rank(), dist.get_world_size()
+    compile_kwargs = _compile_kwargs(compile)
     settings = {"seed": seed, "loss_parallel": loss_parallel, "on_nonfinite": on_nonfinite,
-                "max_grad_norm": max_grad_norm}
+                "max_grad_norm": max_grad_norm, "mixed_precision": repr(mixed_precision),
+                "compile": repr(compile_kwargs)}
     plan, named, infos = agreed_start(model, plan, world, settings)
+    check_policy(mixed_precision, model, plan.precision)
     names = [n for n, _ in named]
     modules = dict(named)
 
@@ -100,8 +114,9 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
     last = stage.layers[-1]
     logits_sharded = (loss_parallel and loss_fn is None and si == len(pipe.stages) - 1 and last.strategy.tp > 1
                       and "logits" in infos[last.name].plan.values())
+    options = _UnitOptions(mixed_precision, names[-1], compile_kwargs)
     states = [_build_unit(ly, modules[ly.name], infos[ly.name], places[ly.name], pi, rank, groups, seed, device,
-                          logits_sharded and ly is last) for ly in stage.layers]
+                          logits_sharded and ly is last, options) for ly in stage.layers]
     for n, m in named:
         if n not in stage.layer_names:
             m.to_empty(device="meta")  # this rank never runs it: free its memory
@@ -128,9 +143,30 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
                          max_grad_norm=max_grad_norm, log_every=log_every)
 
 
+def _compile_kwargs(compile: bool | dict) -> dict | None:  # noqa: A002
+    """torch.compile's arguments for ``wrap(compile=...)`` (None: do not compile)."""
+    if compile is True:
+        return {}
+    if compile is False:
+        return None
+    if isinstance(compile, dict):
+        return dict(compile)
+    raise AutoparError("compile", f"must be True, False or a dict of torch.compile arguments, got {compile!r}",
+                       "pass compile=True or compile={'backend': 'aot_eager'}")
+
+
+@dataclass(frozen=True)
+class _UnitOptions:
+    mixed_precision: MixedPrecisionPolicy | None
+    last_unit: str  # the model's last unit (its output dtype is the policy's output_dtype)
+    compile_kwargs: dict | None
+
+
 def _build_unit(ly: StageLayer, module: nn.Module, info: UnitTPInfo, places: list[Placement], pipeline: int,
-                rank: int, groups: Groups, seed: int, device: torch.device, logits_sharded: bool) -> _UnitState:
-    """Materialise one unit of this rank's stage and apply TP, checkpointing, ZeRO; set up its sync."""
+                rank: int, groups: Groups, seed: int, device: torch.device, logits_sharded: bool,
+                options: _UnitOptions) -> _UnitState:
+    """Materialise one unit of this rank's stage and apply TP, the precision policy, checkpointing,
+    compilation and ZeRO (in that order); set up its sync."""
     mine = next(p for p in places if p.pipeline == pipeline)
     lay, strat = mine.layout, ly.strategy
     module = materialize_unit(module, ly.name, seed, device)
@@ -145,10 +181,15 @@ def _build_unit(ly: StageLayer, module: nn.Module, info: UnitTPInfo, places: lis
             fsdp_mesh = groups.mesh_1d(tuple(sorted(mine.devices)))
     if tp_mesh is not None:
         apply_tp(module, info.plan, tp_mesh, strat.sp, logits_sharded=logits_sharded)
-    apply_checkpointing(module, strat.ckpt, info.selective)
     params = list(module.parameters())
+    policy, last = options.mixed_precision, ly.name == options.last_unit
+    if policy is not None and (fsdp_mesh is None or not params):
+        apply_cast(module, policy, last)
+    apply_checkpointing(module, strat.ckpt, info.selective)
+    if options.compile_kwargs is not None:
+        module.forward = torch.compile(module.forward, **options.compile_kwargs)
     if fsdp_mesh is not None and params:
-        apply_fsdp(module, fsdp_mesh)
+        apply_fsdp(module, fsdp_mesh, fsdp_policy(policy, params[0].dtype, last) if policy is not None else None)
         params = list(module.parameters())
     sync = UnitGradSync(module, places, mine, rank, groups)
     shard, proxies, zero2 = None, [_local(p) for p in params], None
