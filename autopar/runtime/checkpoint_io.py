@@ -197,7 +197,8 @@ def _local(t: object) -> object:
 
 @torch.no_grad()
 def _install(pm, sd: dict, optim: list) -> None:
-    """Put the loaded optimizer state into the optimizer (ZeRO-1/2: this rank's flat slice)."""
+    """Replace the optimizer's state by the loaded one (ZeRO-1/2: this rank's flat slice)."""
+    pm.optimizer.state.clear()  # a tensor the checkpoint has no state for starts fresh, as after wrap
     by_state: dict[int, list] = {}
     for st, targets in optim:
         by_state.setdefault(id(st), [st, []])[1].append({key: _local(sd[k]) for key, k in targets})

@@ -68,7 +68,7 @@ class ParallelModel:
         self.pipeline, self.stage = runner.spec.pipeline, runner.spec.stage
         self.on_nonfinite, self.skipped_steps, self._calls = on_nonfinite, [], 0
         self.max_grad_norm, self.last_grad_norm = max_grad_norm, None
-        self.optimizer_steps, self._accumulated, self.training = 0, 0, True
+        self.optimizer_steps, self._accumulated, self._accumulated_loss, self.training = 0, 0, 0.0, True
         num_params = sum(torch.Size(s).numel() for shapes_ in shapes.values() for _, s, _ in shapes_)
         self._logger = StepLogger(log_every, plan, num_params, self.rank, device)
 
@@ -146,7 +146,9 @@ class ParallelModel:
             for st in self._states:
                 if st.zero2 is not None:
                     st.zero2.flush()
-            return global_loss(loss_sum)
+            loss = global_loss(loss_sum)
+            self._accumulated_loss += loss
+            return loss
         for st in self._states:
             if st.zero2 is not None:  # already reduce-scattered during backward
                 st.zero2.flush()
@@ -158,9 +160,10 @@ class ParallelModel:
                 for proxy, g in zip(st.proxies, synced):
                     proxy.grad = g
             self._free_accumulated_grads(st)
-        if self._accumulated > 1:
-            scale_grads(self._states, 1.0 / self._accumulated)
-        self._accumulated = 0
+        calls, earlier_loss = self._accumulated, self._accumulated_loss
+        if calls > 1:
+            scale_grads(self._states, 1.0 / calls)
+        self._accumulated, self._accumulated_loss = 0, 0.0
         if self.max_grad_norm is not None:
             self.last_grad_norm = global_grad_norm(self._states, self._places, self.rank, self.device)
             coef = clip_coefficient(self.last_grad_norm, self.max_grad_norm)
@@ -182,16 +185,26 @@ class ParallelModel:
             self.skipped_steps.append(self._calls)
             if self.rank == 0:
                 log.warning("autopar: %s: optimizer step skipped (on_nonfinite='skip')", problem)
-        self._logger.after_step(self.optimizer_steps + len(self.skipped_steps), loss, self.last_grad_norm)
+        # The line reports the optimizer step's loss: the mean over its accumulated calls.
+        self._logger.after_step(self.optimizer_steps + len(self.skipped_steps), (earlier_loss + loss) / calls,
+                                self.last_grad_norm)
         return loss
 
     # -- checkpoints -----------------------------------------------------------------------------
+    def _no_pending_gradients(self, what: str) -> None:
+        if self._accumulated:
+            raise AutoparError(what, f"{self._accumulated} accumulate=True step call(s) hold gradients no optimizer "
+                               "step has used (a checkpoint holds no gradients)",
+                               "finish the accumulation with step(..., accumulate=False) first")
+
     def save(self, path: str | os.PathLike) -> None:
         """Write the training state to directory ``path`` (collective; see checkpoint_io)."""
+        self._no_pending_gradients("save")
         save_checkpoint(self, path)
 
     def load(self, path: str | os.PathLike) -> None:
-        """Read a checkpoint written by ``save`` under any plan into this model (collective)."""
+        """Replace this model's training state by a checkpoint ``save`` wrote under any plan (collective)."""
+        self._no_pending_gradients("load")
         load_checkpoint(self, path)
 
     @staticmethod

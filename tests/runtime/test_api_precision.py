@@ -33,13 +33,13 @@ PLANS = {
 LOSS_TOL, PARAM_TOL = 1e-3, 5e-4
 
 
-def _rank(rank, world, model, plan, policy):
+def _rank(rank, world, model, plan, policy, compile_arg=False):
     from autopar.runtime import wrap
 
     build, _, (x, y), loss_fn = MODELS[model]
     torch.manual_seed(0)
     pm = wrap(build(), plan, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1), loss_fn=loss_fn,
-              mixed_precision=policy)
+              mixed_precision=policy, compile=compile_arg)
     dtypes = {p.dtype for u in pm.local_units.values() for p in u.parameters()}
     outs: dict[str, set] = {}
     for name, unit in pm.local_units.items():
@@ -70,10 +70,14 @@ def _reference(model):
     return losses, {k: v.detach().clone() for k, v in m.named_parameters()}
 
 
-@pytest.mark.parametrize("name", sorted(PLANS))
-def test_bf16_compute_fp32_master_matches_one_process_under_the_policy(name):
+CASES = [(name, False) for name in sorted(PLANS)] + [("zero3_fsdp_policy", {"backend": "aot_eager"})]
+
+
+@pytest.mark.parametrize("name,compile_arg", CASES, ids=[n + ("_compiled" if c else "") for n, c in CASES])
+def test_bf16_compute_fp32_master_matches_one_process_under_the_policy(name, compile_arg):
     model, pipelines = PLANS[name]
-    got = run_distributed(_rank, make_plan(pipelines).world_size, model, make_plan(pipelines), POLICY)
+    got = run_distributed(_rank, make_plan(pipelines).world_size, model, make_plan(pipelines), POLICY, compile_arg,
+                          timeout_s=120)
     ref_losses, ref_state = _reference(model)
     units = MODELS[model][1]
     seen = {}

@@ -101,3 +101,17 @@ def test_checkpoint_of_another_model_is_refused(tmp_path):
     run_distributed(_phase, 2, mlp_plan, tmp_path / "c", [0], False, model="mlp")
     with pytest.raises(RankError, match="checkpoint: .* has no parameter embed.tok.weight"):
         run_distributed(_phase, 2, make_plan(PLANS["tp2_sp"]), tmp_path / "c", [1], True)
+
+
+def _save_mid_accumulation(rank, world, plan, path):
+    from autopar.runtime import wrap
+
+    build, _, (x, y), _ = MODELS["llama"]
+    pm = wrap(build(), plan, optimizer=adamw)
+    pm.step(x, y, accumulate=True)
+    pm.save(path)
+
+
+def test_save_with_accumulated_gradients_is_refused(tmp_path):
+    with pytest.raises(RankError, match=r"save: 1 accumulate=True step call\(s\) hold gradients"):
+        run_distributed(_save_mid_accumulation, 2, make_plan(PLANS["dp2_zero1"]), tmp_path / "c")
