@@ -125,3 +125,25 @@ def test_train_eval_switch_every_local_unit(pipelines):
         assert abs(loss - ref_loss) < 1e-6 and abs(step_loss - ref_loss) < 1e-6
         assert abs(after - ref_after) < 1e-6
         torch.testing.assert_close(out, ref_out, atol=1e-6, rtol=1e-6)
+
+
+class _Pair(nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x, x
+
+
+def _tuple_rank(rank, world):
+    from autopar.runtime import wrap
+    from tests.runtime.cases import float_data
+
+    torch.manual_seed(0)
+    plan = make_plan([(4, 2, [([0], same(["0"])), ([1], same(["1"]))])])
+    pm = wrap(nn.Sequential(nn.Linear(6, 3), _Pair()), plan, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1))
+    pm.predict(float_data()[0])
+
+
+def test_predict_refuses_a_non_tensor_output_on_every_rank():
+    from autopar.runtime.local_ranks import RankError
+
+    with pytest.raises(RankError, match="predict: the model's output is not a single float or integer tensor"):
+        run_distributed(_tuple_rank, 2)

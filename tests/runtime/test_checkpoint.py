@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 
 from autopar.plan.compact import make_plan
 from autopar.runtime.local_ranks import RankError, run_distributed
@@ -115,3 +116,38 @@ def _save_mid_accumulation(rank, world, plan, path):
 def test_save_with_accumulated_gradients_is_refused(tmp_path):
     with pytest.raises(RankError, match=r"save: 1 accumulate=True step call\(s\) hold gradients"):
         run_distributed(_save_mid_accumulation, 2, make_plan(PLANS["dp2_zero1"]), tmp_path / "c")
+
+
+class _Scale(nn.Module):
+    """A unit with a persistent buffer and no parameters."""
+
+    def __init__(self, value: float) -> None:
+        super().__init__()
+        self.register_buffer("scale", torch.tensor([value]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.scale
+
+
+def _buffer_rank(rank, world, scale, path, save):
+    from autopar.runtime import wrap
+    from tests.runtime.cases import float_data, mse
+
+    torch.manual_seed(0)
+    plan = make_plan([(4, 2, [([0, 1], [("0", {"zero": 3}), ("1", {}), ("2", {"zero": 1})])])] if save else
+                     [(2, 4, [([0], same(["0"])), ([1], same(["1", "2"]))])])
+    pm = wrap(nn.Sequential(nn.Linear(6, 5), _Scale(scale), nn.Linear(5, 3)), plan,
+              optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1), loss_fn=mse)
+    if save:
+        pm.step(*float_data())
+        pm.save(path)
+    else:
+        pm.load(path)
+    return pm(float_data()[0])
+
+
+def test_buffers_travel_in_checkpoints(tmp_path):
+    """A unit's persistent buffer (3.0 when saved, 1.0 in the loading model) comes back with the weights."""
+    saved = run_distributed(_buffer_rank, 2, 3.0, tmp_path / "c", True)
+    loaded = run_distributed(_buffer_rank, 2, 1.0, tmp_path / "c", False)
+    assert torch.equal(saved[0], loaded[0]) and torch.equal(loaded[0], loaded[1])
