@@ -98,3 +98,22 @@ def test_bf16_reduce_dtype_is_refused():
     bad = MixedPrecisionPolicy(param_dtype=BF16, reduce_dtype=BF16)
     with pytest.raises(RankError, match="mixed_precision.reduce_dtype: is torch.bfloat16"):
         run_distributed(_rank, 2, "mlp", make_plan(pipelines), bad)
+
+
+@pytest.mark.parametrize("policy,model,precision,message", [
+    ("bf16", torch.nn.Linear(2, 2), "bf16", "mixed_precision: is a str"),
+    (POLICY, torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2).to(BF16)), "bf16",
+     "mixed_precision: the model's parameters have several dtypes"),
+    (MixedPrecisionPolicy(param_dtype=BF16, reduce_dtype=BF16), torch.nn.Linear(2, 2), "bf16",
+     "mixed_precision.reduce_dtype: is torch.bfloat16"),
+    (POLICY, torch.nn.Linear(2, 2), "fp32", "mixed_precision.param_dtype: is torch.bfloat16 but the plan was searched "
+     "for fp32"),
+], ids=["not_a_policy", "mixed_master_dtypes", "bf16_reduction", "plan_searched_for_fp32"])
+def test_policies_the_runtime_cannot_run_are_refused(policy, model, precision, message):
+    from autopar.errors import AutoparError
+    from autopar.runtime.precision_policy import check_policy
+
+    with pytest.raises(AutoparError, match=message):
+        check_policy(policy, model, precision)
+    check_policy(POLICY, torch.nn.Linear(2, 2), "bf16")  # the supported case passes
+    check_policy(None, model, precision)
