@@ -77,7 +77,8 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
                 ``output_dtype``. None (default): the model's own dtype throughout.
     compile:    ``torch.compile`` each unit's forward on this rank (inside TP / FSDP hooks, around
                 activation checkpointing); True for torch's defaults, or a dict of torch.compile
-                arguments, e.g. ``{"backend": "aot_eager"}``.
+                arguments, e.g. ``{"backend": "aot_eager"}``. Refused for TP units with activation
+                checkpointing (dynamo cannot trace that combination).
 
     Raises AutoparError, the same on every rank, if the plan does not fit the model or the world,
     or if the ranks' plans, model structures or these settings differ (checked in wrap's first
@@ -100,6 +101,8 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
                 "compile": repr(compile_kwargs)}
     plan, named, infos = agreed_start(model, plan, world, settings)
     check_policy(mixed_precision, model, plan.precision)
+    if compile_kwargs is not None:
+        _check_compilable(plan)
     names = [n for n, _ in named]
     modules = dict(named)
 
@@ -153,6 +156,18 @@ def _compile_kwargs(compile: bool | dict) -> dict | None:  # noqa: A002
         return dict(compile)
     raise AutoparError("compile", f"must be True, False or a dict of torch.compile arguments, got {compile!r}",
                        "pass compile=True or compile={'backend': 'aot_eager'}")
+
+
+def _check_compilable(plan: Plan) -> None:
+    """Refuse what torch.compile cannot trace here: activation checkpointing around DTensor TP code
+    (torch 2.13's dynamo fails on the DeviceMesh the checkpoint would save)."""
+    for pipe in plan.pipelines:
+        for st in pipe.stages:
+            for ly in st.layers:
+                if ly.strategy.tp > 1 and ly.strategy.ckpt != "none":
+                    raise AutoparError("compile", f"unit {ly.name} has tp {ly.strategy.tp} with ckpt "
+                                       f"{ly.strategy.ckpt}: torch.compile cannot trace activation checkpointing "
+                                       "around tensor-parallel code", "use ckpt none on TP units, or compile=False")
 
 
 @dataclass(frozen=True)

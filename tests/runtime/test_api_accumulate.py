@@ -16,12 +16,10 @@ E, L0, L1, H = GPT_UNITS
 SCRIPT = [(0, True), (1, True), (2, False), (1, True), (0, False)]
 PLANS = {
     "dp2": ("mlp", [(4, 2, [([0, 1], same(MLP_UNITS))])]),
-    "zero1": ("mlp", [(4, 2, [([0, 1], same(MLP_UNITS, zero=1))])]),
     "zero2_reduce_scatter_in_backward": ("mlp", [(4, 2, [([0, 1], same(MLP_UNITS, zero=2))])]),
     "zero3": ("gpt", [(4, 2, [([0, 1], same(GPT_UNITS, zero=3))])]),
-    "tp2_sp": ("gpt", [(4, 2, [([0, 1], same(GPT_UNITS, tp=2, sp=True))])]),
     "pp2_1f1b": ("gpt", [(2, 4, [([0], same([E, L0])), ([1], same([L1, H]))])]),
-    "mixed_4ranks": ("gpt", [(2, 4, [([0, 1], same([E, L0], tp=2)),
+    "mixed_4ranks": ("gpt", [(2, 4, [([0, 1], same([E, L0], tp=2, sp=True, zero=1)),
                                      ([2, 3], [(L1, {"zero": 3, "ckpt": "full"}), (H, {"zero": 2})])])]),
 }
 
