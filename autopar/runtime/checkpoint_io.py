@@ -7,6 +7,7 @@ The checkpoint holds *logical* tensors keyed by fully qualified name, whatever p
   ``exp_avg_sq``: the parameter's shape; ``step``: a scalar), as if one optimizer had run over the
   unsharded model;
 - ``autopar.calls`` / ``autopar.optimizer_steps`` / ``autopar.skipped_steps``: the step counters;
+  ``autopar.optimizer``: the optimizer's class (``load`` refuses another one);
   ``rng.rank<r>.cpu`` (and ``.cuda``): each rank's RNG state.
 
 Each rank offers its own region: TP and FSDP parameters as their DTensors, ZeRO-1/2 optimizer state
@@ -115,6 +116,7 @@ def save_checkpoint(pm, path: str | os.PathLike) -> None:
                 sd[f"optim.{name}.{fqn}.{key}"] = logical
         for fqn, b in _persistent_buffers(st.unit.module):
             sd[f"model.{name}.{fqn}"] = b
+    sd["autopar.optimizer"] = type(pm.optimizer).__name__
     sd["autopar.calls"] = pm._calls
     sd["autopar.optimizer_steps"] = pm.optimizer_steps
     sd["autopar.skipped_steps"] = list(pm.skipped_steps)
@@ -141,6 +143,13 @@ def load_checkpoint(pm, path: str | os.PathLike) -> None:
     except (FileNotFoundError, OSError) as e:
         raise AutoparError("checkpoint", f"cannot read {path}: {e}",
                            "pass a directory ParallelModel.save wrote") from None
+    kind: dict[str, object] = {"autopar.optimizer": None}
+    if "autopar.optimizer" in meta:  # read first: a mismatch is refused before anything is overwritten
+        dcp.load(kind, checkpoint_id=path)
+        if kind["autopar.optimizer"] != type(pm.optimizer).__name__:
+            raise AutoparError("checkpoint", f"{path} holds {kind['autopar.optimizer']} state but this model's "
+                               f"optimizer is {type(pm.optimizer).__name__}",
+                               "build the same optimizer as the run that saved it")
     sd: dict[str, object] = {}
     optim: list[tuple[object, list]] = []  # (unit state, [(state key, checkpoint key)]) per parameter
     problem = ""

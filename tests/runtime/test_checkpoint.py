@@ -123,6 +123,13 @@ def test_optimizer_without_elementwise_state_is_refused(tmp_path):
         run_distributed(_phase, 2, plan, tmp_path / "c", [0], False, lambda ps: torch.optim.Adafactor(ps))
 
 
+def test_checkpoint_of_another_optimizer_is_refused(tmp_path):
+    plan = make_plan(PLANS["tp2_sp"])
+    run_distributed(_phase, 2, plan, tmp_path / "c", [0], False, sgd_momentum)
+    with pytest.raises(RankError, match="checkpoint: .* holds SGD state but this model's optimizer is AdamW"):
+        run_distributed(_phase, 2, plan, tmp_path / "c", [1], True)
+
+
 def test_checkpoint_of_another_model_is_refused(tmp_path):
     mlp_plan = make_plan([(4, 2, [([0, 1], same(MLP_UNITS))])])
     run_distributed(_phase, 2, mlp_plan, tmp_path / "c", [0], False, model="mlp")
