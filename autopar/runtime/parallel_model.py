@@ -47,7 +47,7 @@ class ParallelModel:
       optimizer step; returns the global mean loss of this batch (the same on every rank).
     - ``eval_step(inputs, targets)``: the global mean loss, forward only (no graph, no gradients,
       no optimizer; pipelines included). ``predict(inputs)`` / ``pm(inputs)``: the model's output
-      for the whole batch, gathered on every rank.
+      for a batch of any size, gathered on every rank.
     - ``train()`` / ``eval()``: the training flag of every local unit (dropout, ...).
     - ``save(dir)`` / ``load(dir)``: a torch.distributed.checkpoint of the whole training state,
       loadable under another plan (autopar.runtime.checkpoint_io).
@@ -110,15 +110,28 @@ class ParallelModel:
         return global_loss(loss_sum)
 
     def predict(self, inputs: torch.Tensor) -> torch.Tensor:
-        """The model's output for a whole global batch, forward only, on every rank (a collective).
+        """The model's output for a batch of any size, forward only, on every rank (a collective).
 
-        Rows come in batch order; vocabulary-sharded logits are gathered. The output is as the last
-        unit computed it (its dtype included); its rows travel in one all-reduce over the world.
+        The batch runs as consecutive global batches of the plan's size, the last one padded with
+        copies of its first row (their outputs are dropped: rows must not interact, as in any model
+        without batch statistics in the current mode). Rows come in batch order; vocabulary-sharded
+        logits are gathered. The output is as the last unit computed it (its dtype included); each
+        global batch's rows travel in one all-reduce over the world.
         """
-        inputs, _ = self._batch("predict", inputs, None)
-        _, outputs = self.runner.run_forward(inputs, None)
-        self._mailbox.flush()
-        return gather_outputs(self.runner, outputs, self.plan.global_batch_size, self.device)
+        gbs = self.plan.global_batch_size
+        if inputs.dim() == 0 or inputs.shape[0] == 0:
+            raise AutoparError("predict inputs", "the batch is empty", "pass at least one row (batch dimension first)")
+        pieces = []
+        for lo in range(0, inputs.shape[0], gbs):
+            chunk = inputs[lo:lo + gbs]
+            rows = chunk.shape[0]
+            if rows < gbs:
+                chunk = torch.cat([chunk, chunk[:1].expand(gbs - rows, *chunk.shape[1:])])
+            chunk, _ = self._batch("predict", chunk, None)
+            _, outputs = self.runner.run_forward(chunk, None)
+            self._mailbox.flush()
+            pieces.append(gather_outputs(self.runner, outputs, gbs, self.device)[:rows])
+        return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
 
     __call__ = predict
 

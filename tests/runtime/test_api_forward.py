@@ -36,7 +36,8 @@ def _forward_rank(rank, world, model_name, plan):
     trained = pm.step(x, y)
     after = pm.eval_step(x, y)
     out1 = pm(x)
-    return before, out0, trained, after, out1
+    odd = pm.predict(torch.cat([x, x[:3]]))  # 1 global batch + 3 rows: two runs, the second padded
+    return before, out0, trained, after, out1, odd
 
 
 def _reference(model_name):
@@ -62,12 +63,13 @@ def _reference(model_name):
 @pytest.mark.parametrize("name", sorted(PLANS))
 def test_eval_step_and_predict_match_one_process(name):
     """eval_step = the single-process loss (no update: a step after it still matches), predict = model(x)
-    on every rank, before and after one training step."""
+    on every rank, before and after one training step, also for a batch that is not the plan's size."""
     model_name, pipelines = PLANS[name]
     plan = make_plan(pipelines)
     got = run_distributed(_forward_rank, plan.world_size, model_name, plan)
     ref = _reference(model_name)
-    for rank, (before, out0, trained, after, out1) in enumerate(got):
+    for rank, (before, out0, trained, after, out1, odd) in enumerate(got):
+        torch.testing.assert_close(odd, torch.cat([ref[4], ref[4][:3]]), atol=1e-5, rtol=1e-5)
         assert abs(before - ref[0]) < 1e-5, (rank, before, ref[0])
         assert abs(trained - ref[2]) < 1e-5, (rank, trained, ref[2])
         assert abs(after - ref[3]) < 1e-5, (rank, after, ref[3])
