@@ -152,6 +152,10 @@ def load_checkpoint(pm, path: str | os.PathLike) -> None:
                                "build the same optimizer as the run that saved it")
     sd: dict[str, object] = {}
     optim: list[tuple[object, list]] = []  # (unit state, [(state key, checkpoint key)]) per parameter
+    saved_states: dict[str, list[str]] = {}  # "optim.<unit>.<fqn>" -> its checkpoint keys
+    for k in sorted(meta):
+        if k.startswith("optim."):
+            saved_states.setdefault(k.rsplit(".", 1)[0], []).append(k)
     problem = ""
     for st in pm._states:
         name = st.unit.name
@@ -165,10 +169,8 @@ def load_checkpoint(pm, path: str | os.PathLike) -> None:
                 continue
             sd[key] = p.detach()
             targets = []
-            for k in sorted(meta):
-                prefix = f"optim.{name}.{fqn}."
-                if not k.startswith(prefix):
-                    continue
+            prefix = f"optim.{name}.{fqn}."
+            for k in saved_states.get(prefix[:-1], []):
                 md_k = meta[k]
                 if isinstance(md_k, BytesStorageMetadata):
                     sd[k] = None
