@@ -23,8 +23,12 @@ def _op_contexts():
 
 
 def _checkpointed(fn: Callable, context_fn: Callable = noop_context_fn) -> Callable:
+    # The default context_fn is left out rather than passed: torch.compile (wrap(compile=...)) traces
+    # checkpoint only without an explicit no-op context_fn.
+    extra = {} if context_fn is noop_context_fn else {"context_fn": context_fn}
+
     def run(*args, **kwargs):
-        return checkpoint(fn, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
+        return checkpoint(fn, *args, use_reentrant=False, **extra, **kwargs)
 
     return run
 

@@ -18,12 +18,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 
-def apply_fsdp(unit: nn.Module, mesh: DeviceMesh) -> None:
-    """ZeRO-3 ``unit`` over ``mesh`` (1-D DP mesh, or the "dp" dimension of a 2-D (dp, tp) mesh)."""
-    fully_shard(unit, mesh=mesh, reshard_after_forward=True)
+def apply_fsdp(unit: nn.Module, mesh: DeviceMesh, mp_policy: MixedPrecisionPolicy | None = None) -> None:
+    """ZeRO-3 ``unit`` over ``mesh`` (1-D DP mesh, or the "dp" dimension of a 2-D (dp, tp) mesh), with
+    FSDP2's mixed-precision policy when one is given (precision_policy.fsdp_policy)."""
+    fully_shard(unit, mesh=mesh, reshard_after_forward=True, mp_policy=mp_policy or MixedPrecisionPolicy())
     unit.set_gradient_divide_factor(1.0)
     unit.set_force_sum_reduction_for_comms(True)  # a plain SUM: gloo has no PREMUL_SUM
 

@@ -125,6 +125,9 @@ class StageRunner:
         if self.send_fwd is not None:
             self.outputs[k] = x
             return Send(x.detach(), self.send_fwd, self._boundary_tag(k, spec.stage, False), header=k == 0)
+        if targets is None:  # forward-only prediction: keep the output rows, no loss
+            self.outputs[k] = x
+            return None
         rows = self._rows(self.units[-1].layout, k)
         with self._loss_ctx():
             loss = self.loss(x, targets[rows], rows.stop - rows.start, spec.global_batch)
@@ -190,3 +193,28 @@ class StageRunner:
             following = self.actions[i + 1] if i + 1 < len(self.actions) else None
             received = self._post(send, self._recv_for(following))
         return self.loss_sum
+
+    @torch.no_grad()
+    def run_forward(self, inputs: torch.Tensor, targets: torch.Tensor | None,
+                    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """Forward only, no autograd graph: every micro-batch in order (GPipe's forward half).
+
+        Returns this rank's weighted loss sum (zero without ``targets``) and, on the last stage
+        without ``targets``, the last unit's output rows by micro-batch (empty elsewhere).
+        """
+        if self.boundary_check is not None:
+            self.boundary_check(inputs)
+        self.inputs, self.outputs = {}, {}
+        self.loss_sum = torch.zeros((), device=inputs.device)
+        if targets is not None:
+            self.loss.begin(targets)
+        self.mailbox.shapes.clear()
+        actions = [("F", k) for k in range(self.spec.num_microbatches)]
+        received = self._post(None, self._recv_for(actions[0]))
+        for i, (_, k) in enumerate(actions):
+            send = self.forward(k, inputs, targets, received)
+            following = actions[i + 1] if i + 1 < len(actions) else None
+            received = self._post(send, self._recv_for(following))
+        outputs = self.outputs if targets is None and self.send_fwd is None else {}
+        self.inputs, self.outputs = {}, {}
+        return self.loss_sum, outputs

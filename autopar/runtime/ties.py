@@ -133,6 +133,8 @@ class TiedGrads:
 
     def __init__(self, ties: list[Tie], places: dict[str, list[Placement]], rank: int, groups) -> None:
         self.jobs = []
+        # (unit, parameter index) of every copy after the first: a global gradient norm skips them.
+        self.duplicates = frozenset((c.unit, c.index) for tie in ties for c in tie.copies[1:])
         for tie in ties:
             holders = _holders(tie, places)
             if rank not in holders:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -10,6 +9,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.distributed.tensor import DTensor
 
 from autopar.errors import AutoparError
@@ -20,10 +20,11 @@ from autopar.runtime.checkpointing import apply_checkpointing
 from autopar.runtime.env import ensure_process_group, runtime_device
 from autopar.runtime.grad_sync import UnitGradSync
 from autopar.runtime.groups import Groups, unit_rank_sets
-from autopar.runtime.guards import check_same_batch, finite_step
 from autopar.runtime.layout import Layout, Placement, placements
 from autopar.runtime.materialize import materialize_unit
 from autopar.runtime.p2p import Mailbox
+from autopar.runtime.parallel_model import ParallelModel, _UnitState
+from autopar.runtime.precision_policy import apply_cast, check_policy, fsdp_policy
 from autopar.runtime.sharding import FlatShard, Zero2Reducer, apply_fsdp
 from autopar.runtime.stage import LocalUnit, StageRunner, StageSpec, cross_entropy
 from autopar.runtime.tensor_parallel import apply_tp
@@ -32,7 +33,6 @@ from autopar.units import UnitTPInfo
 
 OptimizerFactory = Callable[[Iterable[torch.Tensor]], torch.optim.Optimizer]
 NONFINITE = ("raise", "skip")
-log = logging.getLogger(__name__)
 
 
 def _local(p: torch.Tensor) -> torch.Tensor:
@@ -40,141 +40,12 @@ def _local(p: torch.Tensor) -> torch.Tensor:
     return p.to_local().detach() if isinstance(p, DTensor) else p
 
 
-@dataclass
-class _UnitState:
-    unit: LocalUnit
-    place: Placement
-    sync: UnitGradSync
-    proxies: list[torch.Tensor]  # what the optimizer steps for this unit
-    shard: FlatShard | None  # ZeRO-1/2
-    zero2: Zero2Reducer | None  # ZeRO-2 whose sync group is its shard group: reduce-scatters in backward
-
-
-class ParallelModel:
-    """This rank's share of a model trained as a plan says. Build it with ``wrap``.
-
-    ``step(inputs, targets)`` runs one optimizer step over the whole global batch; every rank passes
-    the same full global-batch tensors (batch dimension first) and gets the global mean loss back.
-    ``full_state_dict()`` returns every unsharded parameter on every rank (a collective).
-    ``optimizer`` is the optimizer the factory built over this rank's tensors. ``skipped_steps``
-    lists the steps (numbered from 1 by ``step`` call) skipped under ``on_nonfinite="skip"``.
-    """
-
-    def __init__(self, plan: Plan, device: torch.device, runner: StageRunner, states: list[_UnitState],
-                 optimizer: torch.optim.Optimizer, mailbox: Mailbox, shapes: dict, places: dict,
-                 on_nonfinite: str, tied: TiedGrads | None = None) -> None:
-        self.plan, self.device, self.runner, self.optimizer = plan, device, runner, optimizer
-        self._tied = tied  # gradients of tensors two units share (autopar.runtime.ties)
-        self._states, self._mailbox, self._shapes, self._places = states, mailbox, shapes, places
-        self.rank = dist.get_rank()
-        self.pipeline, self.stage = runner.spec.pipeline, runner.spec.stage
-        self.on_nonfinite, self.skipped_steps, self._calls = on_nonfinite, [], 0
-
-    @property
-    def local_units(self) -> dict[str, nn.Module]:
-        """The units this rank runs (TP / FSDP-wrapped modules), by name."""
-        return {s.unit.name: s.unit.module for s in self._states}
-
-    def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
-        """One optimizer step over the global batch; returns the global mean loss (same on every rank).
-
-        Raises AutoparError, the same on every rank, if the ranks passed different batches, or (with
-        ``on_nonfinite="raise"``) if the loss or a gradient is NaN/inf; ``"skip"`` leaves the
-        parameters and optimizer state untouched for that step instead and returns the loss.
-        """
-        self._calls += 1
-        inputs, targets = inputs.to(self.device), targets.to(self.device)
-        check_same_batch(inputs, targets, self._calls)
-        gbs = self.plan.global_batch_size
-        if inputs.shape[0] != gbs or targets.shape[0] != gbs:
-            raise AutoparError("step inputs", f"batch dimensions {inputs.shape[0]} / {targets.shape[0]} differ "
-                               f"from the plan's global_batch_size {gbs}", "pass the whole global batch on every rank")
-        loss_sum = self.runner.run(inputs, targets)
-        self._mailbox.flush()
-        for st in self._states:
-            if st.zero2 is not None:  # already reduce-scattered during backward
-                st.zero2.flush()
-                continue
-            synced = st.sync.sync()
-            if st.shard is not None:
-                st.shard.set_grad_from_full(synced)
-            else:
-                for proxy, g in zip(st.proxies, synced):
-                    proxy.grad = g
-            self._free_accumulated_grads(st)
-        if self._tied is not None:
-            self._tied.sync(self._states)
-        grads = [g for st in self._states for g in ([st.shard.master.grad] if st.shard is not None
-                                                     else [p.grad for p in st.proxies]) if g is not None]
-        loss, problem = finite_step(loss_sum, grads, self._calls)
-        if problem is None:
-            self.optimizer.step()
-        for st in self._states:
-            if st.shard is not None and problem is None:
-                st.shard.all_gather_params()
-            for p in st.unit.module.parameters():
-                p.grad = None
-        self.optimizer.zero_grad(set_to_none=True)
-        if problem is not None:
-            if self.on_nonfinite == "raise":
-                raise AutoparError("step", problem, "check this step's batch and the learning rate, or pass "
-                                   "wrap(..., on_nonfinite='skip') to skip such steps")
-            self.skipped_steps.append(self._calls)
-            if self.rank == 0:
-                log.warning("autopar: %s: optimizer step skipped (on_nonfinite='skip')", problem)
-        return loss
-
-    @staticmethod
-    def _free_accumulated_grads(st: _UnitState) -> None:
-        """Drop the unit's accumulated gradients once the optimizer's copies are set.
-
-        The optimizer reads the synced gradients from the proxies (or the ZeRO-1/2 shard); the
-        module's own ``.grad`` (a DTensor wrapper under TP, the full gradient under ZeRO-1/2) would
-        otherwise stay alive beside them through the optimizer step. A plain parameter that is its
-        own proxy keeps its gradient (the proxies share storage with what they were given).
-        """
-        proxies = {id(t) for t in st.proxies}
-        for p in st.unit.module.parameters():
-            if id(p) not in proxies:
-                p.grad = None
-
-    @torch.no_grad()
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Every parameter of the model, unsharded, on the CPU of every rank (call on all ranks).
-
-        Each unit is taken from its first placement (pipeline 0) and broadcast from that stage's
-        first device.
-        """
-        local = {s.unit.name: s for s in self._states}
-        out: dict[str, torch.Tensor] = {}
-        # Gathering FSDP x TP parameters takes two all-gathers and torch logs a warning per parameter
-        # about it; this runs once per export, so keep the log readable.
-        logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
-        for name, shapes in self._shapes.items():
-            if not shapes:
-                continue
-            owner = self._places[name][0]
-            flat = None
-            if name in local and self.runner.spec.pipeline == owner.pipeline:
-                fulls = [p.full_tensor() if isinstance(p, DTensor) else p.detach()
-                         for p in local[name].unit.module.parameters()]
-                flat = torch.cat([f.reshape(-1) for f in fulls]).to(self.device)
-            numel = sum(torch.Size(s).numel() for _, s, _ in shapes)
-            if self.rank != owner.devices[0]:
-                flat = torch.empty(numel, dtype=shapes[0][2], device=self.device)
-            dist.broadcast(flat, src=owner.devices[0])
-            offset = 0
-            for fqn, shape, _ in shapes:
-                n = torch.Size(shape).numel()
-                out[f"{name}.{fqn}"] = flat[offset:offset + n].view(shape).cpu().clone()
-                offset += n
-        return out
-
-
 def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerFactory | None = None,
          loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None, *, seed: int = 0,
          device: torch.device | None = None, loss_parallel: bool = True, timeout_s: float = 600.0,
-         on_nonfinite: str = "raise") -> ParallelModel:
+         on_nonfinite: str = "raise", max_grad_norm: float | None = None, log_every: int = 0,
+         mixed_precision: MixedPrecisionPolicy | None = None, compile: bool | dict = False,  # noqa: A002
+         ) -> ParallelModel:
     """Place ``model`` on this rank as ``plan`` says; call on every rank with the same arguments.
 
     model:      an ``nn.Sequential`` (nested ones expanded: units ``0.0``, ``0.1``, ...), a model with
@@ -204,6 +75,20 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
     on_nonfinite: ``"raise"`` (default): a NaN/inf loss or gradient makes ``step`` raise on every
                 rank, naming the step; ``"skip"``: that step's optimizer update is skipped (logged
                 on rank 0, recorded in ``skipped_steps``) and training goes on.
+    max_grad_norm: clip the gradient to this global L2 norm before each optimizer step (None: no
+                clipping), computed over every TP / PP / ZeRO / FSDP shard exactly once: equal to
+                ``torch.nn.utils.clip_grad_norm_`` on one device. Clipping inside the optimizer
+                would see only this rank's shard and be wrong. ``pm.last_grad_norm`` holds the norm.
+    log_every:  log one line every this many optimizer steps on rank 0 (step, loss, grad norm,
+                memory, tokens/s, TFLOP/s, MFU; autopar.runtime.step_log); 0 (default): off.
+    mixed_precision: a ``torch.distributed.fsdp.MixedPrecisionPolicy`` applied to every unit, whatever
+                its strategy (autopar.runtime.precision_policy): compute in ``param_dtype`` on fp32
+                master weights, gradients accumulated and reduced in fp32, the model's output in
+                ``output_dtype``. None (default): the model's own dtype throughout.
+    compile:    ``torch.compile`` each unit's forward on this rank (inside TP / FSDP hooks, around
+                activation checkpointing); True for torch's defaults, or a dict of torch.compile
+                arguments, e.g. ``{"backend": "aot_eager"}``. Refused for TP units with activation
+                checkpointing (dynamo cannot trace that combination).
 
     Raises AutoparError, the same on every rank, if the plan does not fit the model or the world,
     or if the ranks' plans, model structures or these settings differ (checked in wrap's first
@@ -214,10 +99,20 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
                            "pass optimizer=lambda params: torch.optim.AdamW(params, lr=3e-4)")
     if on_nonfinite not in NONFINITE:
         raise AutoparError("on_nonfinite", f"unknown value {on_nonfinite!r}", "use 'raise' or 'skip'")
+    if max_grad_norm is not None and not max_grad_norm > 0:
+        raise AutoparError("max_grad_norm", f"must be positive, got {max_grad_norm}", "pass a norm > 0 or None")
+    if not isinstance(log_every, int) or log_every < 0:
+        raise AutoparError("log_every", f"must be a whole number >= 0, got {log_every!r}", "pass 0 (off) or N")
     ensure_process_group(timeout_s)
     rank, world = dist.get_rank(), dist.get_world_size()
-    settings = {"seed": seed, "loss_parallel": loss_parallel, "on_nonfinite": on_nonfinite}
+    compile_kwargs = _compile_kwargs(compile)
+    settings = {"seed": seed, "loss_parallel": loss_parallel, "on_nonfinite": on_nonfinite,
+                "max_grad_norm": max_grad_norm, "mixed_precision": repr(mixed_precision),
+                "compile": repr(compile_kwargs)}
     plan, named, infos, ties = agreed_start(model, plan, world, settings)
+    check_policy(mixed_precision, model, plan.precision)
+    if compile_kwargs is not None:
+        _check_compilable(plan)
     names = [n for n, _ in named]
     modules = dict(named)
 
@@ -233,8 +128,9 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
     logits_sharded = (loss_parallel and loss_fn is None and si == len(pipe.stages) - 1 and last.strategy.tp > 1
                       and "logits" in infos[last.name].plan.values())
     boundary_check = BoundaryCheck(named, plan)  # meta copies of the units, taken before they are sharded
+    options = _UnitOptions(mixed_precision, names[-1], compile_kwargs)
     states = [_build_unit(ly, modules[ly.name], infos[ly.name], places[ly.name], pi, rank, groups, seed, device,
-                          logits_sharded and ly is last) for ly in stage.layers]
+                          logits_sharded and ly is last, options) for ly in stage.layers]
     for n, m in named:
         if n not in stage.layer_names:
             m.to_empty(device="meta")  # this rank never runs it: free its memory
@@ -258,12 +154,45 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
     # batched point-to-point (NCCL requires it; it also means every rank finished wrap()).
     dist.barrier()
     return ParallelModel(plan, device, runner, states, opt, mailbox, shapes, places, on_nonfinite,
-                         TiedGrads(ties, places, rank, groups))
+                         max_grad_norm=max_grad_norm, log_every=log_every, tied=TiedGrads(ties, places, rank, groups))
+
+
+def _compile_kwargs(compile: bool | dict) -> dict | None:  # noqa: A002
+    """torch.compile's arguments for ``wrap(compile=...)`` (None: do not compile)."""
+    if compile is True:
+        return {}
+    if compile is False:
+        return None
+    if isinstance(compile, dict):
+        return dict(compile)
+    raise AutoparError("compile", f"must be True, False or a dict of torch.compile arguments, got {compile!r}",
+                       "pass compile=True or compile={'backend': 'aot_eager'}")
+
+
+def _check_compilable(plan: Plan) -> None:
+    """Refuse what torch.compile cannot trace here: activation checkpointing around DTensor TP code
+    (torch 2.13's dynamo fails on the DeviceMesh the checkpoint would save)."""
+    for pipe in plan.pipelines:
+        for st in pipe.stages:
+            for ly in st.layers:
+                if ly.strategy.tp > 1 and ly.strategy.ckpt != "none":
+                    raise AutoparError("compile", f"unit {ly.name} has tp {ly.strategy.tp} with ckpt "
+                                       f"{ly.strategy.ckpt}: torch.compile cannot trace activation checkpointing "
+                                       "around tensor-parallel code", "use ckpt none on TP units, or compile=False")
+
+
+@dataclass(frozen=True)
+class _UnitOptions:
+    mixed_precision: MixedPrecisionPolicy | None
+    last_unit: str  # the model's last unit (its output dtype is the policy's output_dtype)
+    compile_kwargs: dict | None
 
 
 def _build_unit(ly: StageLayer, module: nn.Module, info: UnitTPInfo, places: list[Placement], pipeline: int,
-                rank: int, groups: Groups, seed: int, device: torch.device, logits_sharded: bool) -> _UnitState:
-    """Materialise one unit of this rank's stage and apply TP, checkpointing, ZeRO; set up its sync."""
+                rank: int, groups: Groups, seed: int, device: torch.device, logits_sharded: bool,
+                options: _UnitOptions) -> _UnitState:
+    """Materialise one unit of this rank's stage and apply TP, the precision policy, checkpointing,
+    compilation and ZeRO (in that order); set up its sync."""
     mine = next(p for p in places if p.pipeline == pipeline)
     lay, strat = mine.layout, ly.strategy
     module = materialize_unit(module, ly.name, seed, device)
@@ -278,10 +207,15 @@ def _build_unit(ly: StageLayer, module: nn.Module, info: UnitTPInfo, places: lis
             fsdp_mesh = groups.mesh_1d(tuple(sorted(mine.devices)))
     if tp_mesh is not None:
         apply_tp(module, info.plan, tp_mesh, strat.sp, logits_sharded=logits_sharded)
-    apply_checkpointing(module, strat.ckpt, info.selective)
     params = list(module.parameters())
+    policy, last = options.mixed_precision, ly.name == options.last_unit
+    if policy is not None and (fsdp_mesh is None or not params):
+        apply_cast(module, policy, last)
+    apply_checkpointing(module, strat.ckpt, info.selective)
+    if options.compile_kwargs is not None:
+        module.forward = torch.compile(module.forward, **options.compile_kwargs)
     if fsdp_mesh is not None and params:
-        apply_fsdp(module, fsdp_mesh)
+        apply_fsdp(module, fsdp_mesh, fsdp_policy(policy, params[0].dtype, last) if policy is not None else None)
         params = list(module.parameters())
     sync = UnitGradSync(module, places, mine, rank, groups)
     shard, proxies, zero2 = None, [_local(p) for p in params], None

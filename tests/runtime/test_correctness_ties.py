@@ -161,3 +161,37 @@ def test_untie_keeps_unshared_tensors_and_copies_shared_ones():
     assert named[3][1] is not model[3] and named[3][1].weight is not model[0].weight
     assert torch.equal(named[3][1].weight, model[0].weight)
     assert [[(c.unit, c.index, c.fqn) for c in t.copies] for t in ties] == [[("0", 0, "weight"), ("3", 0, "weight")]]
+
+
+def _clipped_rank(rank, world, plan, x, y, steps, max_norm):
+    from autopar.runtime import wrap
+
+    torch.manual_seed(0)
+    pm = wrap(tied(), plan, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.5), max_grad_norm=max_norm)
+    norms = []
+    for _ in range(steps):
+        pm.step(x, y)
+        norms.append(pm.last_grad_norm)
+    return norms, pm.full_state_dict()
+
+
+@pytest.mark.parametrize("plan", ["one-stage-dp2", "pp2-copies-on-two-stages"])
+def test_clipping_counts_a_tied_tensor_once(plan):
+    """max_grad_norm on a tied model: the global norm is clip_grad_norm_'s over the single tensor
+    (not over its two copies), and clipped training matches one process within 1e-5."""
+    x, y = token_data()
+    out = run_distributed(_clipped_rank, 2, make_plan(PLANS[plan](TIED_UNITS)), x, y, 3, 0.05, timeout_s=30)
+    torch.manual_seed(0)
+    ref = tied()
+    opt = torch.optim.SGD(ref.parameters(), lr=0.5)
+    ref_norms = []
+    for _ in range(3):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(ref(x).flatten(0, -2), y.flatten()).backward()
+        ref_norms.append(float(torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.05)))
+        opt.step()
+    assert all(n > 0.05 for n in ref_norms)  # every step clips
+    norms, state = out[0]
+    torch.testing.assert_close(torch.tensor(norms), torch.tensor(ref_norms), atol=1e-5, rtol=1e-5)
+    for name, p in ref.named_parameters(remove_duplicate=False):
+        torch.testing.assert_close(state[name], p.detach(), atol=1e-5, rtol=1e-5)
