@@ -145,7 +145,9 @@ class ParallelModel:
         Returns this batch's global mean loss (same on every rank). ``accumulate=True`` keeps the
         gradients and takes no optimizer step; the next ``step`` without it steps on the mean
         gradient over every accumulated batch, i.e. the gradient of the mean loss over all their
-        samples (each call's batch has the same size, so each call's mean weighs 1/N). With
+        samples (each call's batch has the same size, so each call's mean weighs 1/N; with ignored
+        targets each call's loss is the mean over its own valid tokens, so calls weigh equally, not by
+        their valid-token counts, as in torch's usual accumulation loop). With
         ``max_grad_norm`` that mean gradient is clipped to the global norm first.
 
         Raises AutoparError, the same on every rank, if the ranks passed different batches, or (with
