@@ -33,7 +33,8 @@ import os
 import statistics
 from pathlib import Path
 
-from autopar.calibrate import FITTABLE, CalRun, fit_identifiable, predict, scores
+from autopar.calibrate import FITTABLE, CalRun, fit_identifiable, scores
+from autopar.calibrate.fit import evaluate
 from autopar.estimate import estimate_plan, plan_cost_params
 from autopar.measured import RunSet, load_runs
 from cost_models import CostParams
@@ -83,15 +84,15 @@ def _nearest(runs: list[CalRun], i: int) -> list[CalRun]:
 
 def calibrated(rs: RunSet) -> dict[str, dict]:
     """Per scored run: its held-out calibrated prediction and how it was fitted (see the module docstring)."""
-    runs = [CalRun(r.case_id, r.plan, r.model, float(r.measured_s), r.group, rs.name, plan_cost_params(r.plan))
-            for r in rs.runs]
+    runs = [CalRun(r.case_id, r.plan, r.model, float(r.measured_s), r.group, rs.name, plan_cost_params(r.plan),
+                   r.measured_memory_gib) for r in rs.runs]
     rows, start, out = list(FITTABLE), CostParams(), {}
 
     def score_with(train: list[CalRun], test: list[CalRun], how: str) -> None:
         fitted, notes = fit_identifiable(train, rows, start)
-        for run, p in zip(test, predict(test, fitted)):
-            out[run.case_id] = {"predicted_s": float(p), "how": how, "trained_on": len(train), "fitted": fitted,
-                                "notes": notes}
+        for run, p, mem in zip(test, *evaluate(test, fitted)):
+            out[run.case_id] = {"predicted_s": float(p), "memory_gib": float(mem), "how": how,
+                                "trained_on": len(train), "fitted": fitted, "notes": notes}
 
     small = []
     for g in dict.fromkeys(r.group for r in runs):
@@ -136,6 +137,7 @@ def score(rs: RunSet) -> dict:
                       "predicted_s": est.step_time_s, "fits": est.fits, "max_memory_gib": est.max_memory_gib,
                       "measured_memory_gib": run.measured_memory_gib,
                       "source_predicted_s": run.source_predicted_s, "calibrated_s": held.get("predicted_s"),
+                      "calibrated_memory_gib": held.get("memory_gib"),
                       "calibrated_how": held.get("how"), "calibrated_fit": held.get("fitted"),
                       "calibrated_notes": held.get("notes"), "notes": run.notes})
     groups = {}
@@ -165,19 +167,27 @@ def _memory_stats(cases: list[dict]) -> dict:
     if not pairs:
         return {"n": 0}
     ratios = [p / m for p, m in pairs]
-    return {"n": len(pairs), "mape_pct": 100 * statistics.fmean(abs(x - 1) for x in ratios),
-            "median_ratio": statistics.median(ratios), "min_ratio": min(ratios), "max_ratio": max(ratios)}
+    out = {"n": len(pairs), "mape_pct": 100 * statistics.fmean(abs(x - 1) for x in ratios),
+           "median_ratio": statistics.median(ratios), "min_ratio": min(ratios), "max_ratio": max(ratios)}
+    # held out: act_mem_factor and reserve_gib fitted (with the time rows) on other runs of the group
+    cal = [c["calibrated_memory_gib"] / c["measured_memory_gib"] for c in cases
+           if c["measured_memory_gib"] and c.get("calibrated_memory_gib") is not None]
+    out.update(cal_n=len(cal), cal_mape_pct=100 * statistics.fmean(abs(x - 1) for x in cal) if cal else None,
+               cal_median_ratio=statistics.median(cal) if cal else None)
+    return out
 
 
 def memory_table(results: list[dict]) -> str:
     """Peak memory, predicted vs published, for the sources that publish it."""
-    head = f"{'source':<34} {'runs':>4} {'MAPE%':>6} {'med p/m':>7} {'min':>5} {'max':>5}"
+    head = (f"{'source':<34} {'runs':>4} {'MAPE%':>6} {'med p/m':>7} {'min':>5} {'max':>5} "
+            f"{'cal scored':>10} {'MAPE%':>6} {'med p/m':>7}")
     lines = [head, "-" * len(head)]
     for r in results:
         m = r["memory"]
         if m["n"]:
             lines.append(f"{r['name']:<34} {m['n']:>4} {m['mape_pct']:>6.1f} {m['median_ratio']:>7.2f} "
-                         f"{m['min_ratio']:>5.2f} {m['max_ratio']:>5.2f}")
+                         f"{m['min_ratio']:>5.2f} {m['max_ratio']:>5.2f} {m.get('cal_n', 0):>10} "
+                         f"{_fmt(m.get('cal_mape_pct'), '.1f'):>6} {_fmt(m.get('cal_median_ratio'), '.2f'):>7}")
     return "\n".join(lines)
 
 
@@ -234,7 +244,7 @@ def main() -> None:
         r["path"] = os.path.relpath(r["path"], HERE.parent)
     print(table(results))
     print()
-    print("peak memory per GPU, predicted (defaults) vs published:")
+    print("peak memory per GPU, predicted vs published (defaults; calibrated, held out):")
     print(memory_table(results))
     print()
     print(f"calibrated (fitting what the runs identify of {', '.join(r.name for r in FITTABLE)}), held out:")
