@@ -31,6 +31,7 @@ import json
 import math
 import os
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 from autopar.calibrate import FITTABLE, CalRun, fit_identifiable, scores
@@ -130,14 +131,21 @@ def score(rs: RunSet) -> dict:
     """The figures of one source: per case, per group and for the whole source."""
     cases = []
     cal = calibrated(rs)
+    by_group = {}  # a failed run is judged under a fit of its group's runs (none of them is itself)
+    for cid, held in cal.items():
+        by_group.setdefault(next(r.group for r in rs.runs if r.case_id == cid), held["fitted"])
     for run in rs.runs + rs.failed:
         est = estimate_plan(run.plan, run.model)
         held = cal.get(run.case_id, {})
+        fitted = held.get("fitted", by_group.get(run.group))
+        cal_fits = None
+        if fitted is not None and any(k in fitted for k in ("act_mem_factor", "reserve_gib")):
+            cal_fits = estimate_plan(run.plan, run.model, replace(plan_cost_params(run.plan), **fitted)).fits
         cases.append({"id": run.case_id, "group": run.group, "status": run.status, "measured_s": run.measured_s,
                       "predicted_s": est.step_time_s, "fits": est.fits, "max_memory_gib": est.max_memory_gib,
                       "measured_memory_gib": run.measured_memory_gib,
                       "source_predicted_s": run.source_predicted_s, "calibrated_s": held.get("predicted_s"),
-                      "calibrated_memory_gib": held.get("memory_gib"),
+                      "calibrated_memory_gib": held.get("memory_gib"), "calibrated_fits": cal_fits,
                       "calibrated_how": held.get("how"), "calibrated_fit": held.get("fitted"),
                       "calibrated_notes": held.get("notes"), "notes": run.notes})
     groups = {}
@@ -153,6 +161,12 @@ def score(rs: RunSet) -> dict:
         src.setdefault(f"{key}_groups", 0)
     for key in ("failed", "failed_said_oom", "ran_said_oom"):
         src[key] = sum(g[key] for g in groups.values())
+    # out of memory under the calibrated memory rows (held out), where a fit of the group has them
+    judged = [c for c in cases if c["calibrated_fits"] is not None]
+    src["calibrated_oom"] = {"failed": sum(c["status"] == "failed" for c in judged),
+                             "failed_said_oom": sum(c["status"] == "failed" and not c["calibrated_fits"] for c in judged),
+                             "ran": sum(c["status"] == "ok" for c in judged),
+                             "ran_said_oom": sum(c["status"] == "ok" and not c["calibrated_fits"] for c in judged)}
     src["memory"] = _memory_stats(cases)
     src["calibrated"] = _cal_stats(cases)
     src["calibrated_groups_of_4"] = _cal_stats(cases, only_groups=True)
@@ -246,6 +260,10 @@ def main() -> None:
     print()
     print("peak memory per GPU, predicted vs published (defaults; calibrated, held out):")
     print(memory_table(results))
+    print()
+    print("out of memory with the calibrated memory rows (held out): " + "; ".join(
+        f"{r['name']}: failed said OOM {o['failed_said_oom']}/{o['failed']}, ran said OOM {o['ran_said_oom']}/{o['ran']}"
+        for r in results if (o := r["calibrated_oom"])["failed"] + o["ran"]))
     print()
     print(f"calibrated (fitting what the runs identify of {', '.join(r.name for r in FITTABLE)}), held out:")
     print(calibrated_table(results))
