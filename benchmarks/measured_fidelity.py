@@ -20,6 +20,9 @@ group); a run of a smaller group is scored by a fit on the (at most 8) other run
 to it (same GPUs, then closest device count). No fitted run is ever scored. Per source: calibrated MAPE,
 Spearman and regret of the scored runs next to the defaults'; ``targets``: the issue's targets (MAPE <=
 0.12, Spearman >= 0.9, regret <= 1.03) over the runs of groups of 4+ (calibrated on their own cluster).
+The table's memory rows (``act_mem_factor``, ``reserve_gib``) are fitted in the same fits to the peaks
+a source publishes: per source, the held-out peak memory error, and the out-of-memory calls under them
+(a scored run under its own fit, a failed run under a fit of its group).
 
     python benchmarks/measured_fidelity.py        # prints the table, writes results/measured_fidelity.json
 """
