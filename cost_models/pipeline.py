@@ -22,7 +22,7 @@ def stage_work(cost: ArrayLike, step: ArrayLike, num_microbatches: int) -> Array
 
 
 def pipeline_time(stage_costs: Sequence[float], round_trips: Sequence[float], num_microbatches: int,
-                  slot_overhead_s: float = 0.0, steps: Sequence[float] | None = None) -> float:
+                  slot_overhead_s: float = 0.0, *, steps: Sequence[float] | None = None) -> float:
     """Step time of a synchronous pipeline (1F1B or GPipe) with uneven stages.
 
     Stage i costs ``c_i = w_i + s_i / m`` per micro-batch (``stage_costs``): ``w_i`` its forward +

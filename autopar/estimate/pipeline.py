@@ -62,7 +62,7 @@ def pipeline_time(stages: list[StageEstimate], num_microbatches: int, params: Co
     + slots, with w_i = c_i - s_i / m (forward + backward) and s_i the stage's step tail."""
     return pipe_model.pipeline_time([st.cost_per_microbatch_s for st in stages],
                                     [2.0 * st.p2p_s for st in stages], num_microbatches, params.slot_overhead_s,
-                                    [st.step_s for st in stages])
+                                    steps=[st.step_s for st in stages])
 
 
 def spec_layers(model: ModelSpec, index: dict[str, int], names: list[str]) -> list[LayerSpec]:

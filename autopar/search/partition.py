@@ -67,7 +67,7 @@ def _step_time(C: list[np.ndarray], S: list[np.ndarray], P: list[np.ndarray], bo
     steps = [float(Si[bounds[i], bounds[i + 1]]) for i, Si in enumerate(S)]
     sends = [float(Pi[bounds[i + 1]]) for i, Pi in enumerate(P)]
     worst = max((m - 1) * stage_work(c, s, m) + s for c, s in zip(costs, steps))
-    return pipeline_time(costs, sends, m, slot_s, steps), worst
+    return pipeline_time(costs, sends, m, slot_s, steps=steps), worst
 
 
 def best_partition(C: list[np.ndarray], P: list[np.ndarray], m: int, slot_s: float = 0.0,

@@ -11,7 +11,7 @@ from tests.cost_models.schedule_sim import simulate_step
 def closed_form(f, b, d, s, m, slot=0.0):
     """``pipeline_time`` on per-stage times: c = f + b + s / m, round trips 2 d (0 after the last stage)."""
     costs = [fi + bi + si / m for fi, bi, si in zip(f, b, s)]
-    return pipeline_time(costs, [2.0 * x for x in d] + [0.0], m, slot, s)
+    return pipeline_time(costs, [2.0 * x for x in d] + [0.0], m, slot, steps=s)
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])

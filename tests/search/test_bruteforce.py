@@ -116,7 +116,8 @@ def brute_force(model, cluster, B, budget_gib, params=PARAMS, with_joint=False):
                     slots = params.slot_overhead_s * (m + p - 1)
                     picks = [(c, s) for c, s in pts]
                     cs = [(float(c[np.argmin(c)]), float(s[np.argmin(c)])) for c, s in picks]
-                    best = min(best, pipeline_time([c for c, _ in cs], P, m, params.slot_overhead_s, [s for _, s in cs]))
+                    best = min(best, pipeline_time([c for c, _ in cs], P, m, params.slot_overhead_s,
+                                                     steps=[s for _, s in cs]))
                     joint = min(joint, joint_best(pts, P, m, slots))
     return (best, joint) if with_joint else best
 

@@ -34,7 +34,7 @@ class PipelineRate:
     def time(self, m: int) -> float:
         """T(m): the cost model's pipeline formula with every boundary's round trips summed into P."""
         c = [f + s / m for f, s in zip(self.fb, self.st)]
-        return pipeline_time(c, [self.p2p] + [0.0] * (len(c) - 1), m, self.slot_s, self.st)
+        return pipeline_time(c, [self.p2p] + [0.0] * (len(c) - 1), m, self.slot_s, steps=self.st)
 
 
 def proportional(total: int, weights: list[float], granule: list[int]) -> list[int]:
