@@ -20,6 +20,9 @@ group); a run of a smaller group is scored by a fit on the (at most 8) other run
 to it (same GPUs, then closest device count). No fitted run is ever scored. Per source: calibrated MAPE,
 Spearman and regret of the scored runs next to the defaults'; ``targets``: the issue's targets (MAPE <=
 0.12, Spearman >= 0.9, regret <= 1.03) over the runs of groups of 4+ (calibrated on their own cluster).
+The table's memory rows (``act_mem_factor``, ``reserve_gib``) are fitted in the same fits to the peaks
+a source publishes: per source, the held-out peak memory error, and the out-of-memory calls under them
+(a scored run under its own fit, a failed run under a fit of its group).
 
     python benchmarks/measured_fidelity.py        # prints the table, writes results/measured_fidelity.json
 """
@@ -31,9 +34,11 @@ import json
 import math
 import os
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
-from autopar.calibrate import FITTABLE, CalRun, fit_identifiable, predict, scores
+from autopar.calibrate import FITTABLE, CalRun, fit_identifiable, scores
+from autopar.calibrate.fit import evaluate
 from autopar.estimate import estimate_plan, plan_cost_params
 from autopar.measured import RunSet, load_runs
 from cost_models import CostParams
@@ -83,15 +88,15 @@ def _nearest(runs: list[CalRun], i: int) -> list[CalRun]:
 
 def calibrated(rs: RunSet) -> dict[str, dict]:
     """Per scored run: its held-out calibrated prediction and how it was fitted (see the module docstring)."""
-    runs = [CalRun(r.case_id, r.plan, r.model, float(r.measured_s), r.group, rs.name, plan_cost_params(r.plan))
-            for r in rs.runs]
+    runs = [CalRun(r.case_id, r.plan, r.model, float(r.measured_s), r.group, rs.name, plan_cost_params(r.plan),
+                   r.measured_memory_gib) for r in rs.runs]
     rows, start, out = list(FITTABLE), CostParams(), {}
 
     def score_with(train: list[CalRun], test: list[CalRun], how: str) -> None:
         fitted, notes = fit_identifiable(train, rows, start)
-        for run, p in zip(test, predict(test, fitted)):
-            out[run.case_id] = {"predicted_s": float(p), "how": how, "trained_on": len(train), "fitted": fitted,
-                                "notes": notes}
+        for run, p, mem in zip(test, *evaluate(test, fitted)):
+            out[run.case_id] = {"predicted_s": float(p), "memory_gib": float(mem), "how": how,
+                                "trained_on": len(train), "fitted": fitted, "notes": notes}
 
     small = []
     for g in dict.fromkeys(r.group for r in runs):
@@ -129,13 +134,21 @@ def score(rs: RunSet) -> dict:
     """The figures of one source: per case, per group and for the whole source."""
     cases = []
     cal = calibrated(rs)
+    by_group = {}  # a failed run is judged under a fit of its group's runs (none of them is itself)
+    for cid, held in cal.items():
+        by_group.setdefault(next(r.group for r in rs.runs if r.case_id == cid), held["fitted"])
     for run in rs.runs + rs.failed:
         est = estimate_plan(run.plan, run.model)
         held = cal.get(run.case_id, {})
+        fitted = held.get("fitted", by_group.get(run.group))
+        cal_fits = None
+        if fitted is not None and any(k in fitted for k in ("act_mem_factor", "reserve_gib")):
+            cal_fits = estimate_plan(run.plan, run.model, replace(plan_cost_params(run.plan), **fitted)).fits
         cases.append({"id": run.case_id, "group": run.group, "status": run.status, "measured_s": run.measured_s,
                       "predicted_s": est.step_time_s, "fits": est.fits, "max_memory_gib": est.max_memory_gib,
                       "measured_memory_gib": run.measured_memory_gib,
                       "source_predicted_s": run.source_predicted_s, "calibrated_s": held.get("predicted_s"),
+                      "calibrated_memory_gib": held.get("memory_gib"), "calibrated_fits": cal_fits,
                       "calibrated_how": held.get("how"), "calibrated_fit": held.get("fitted"),
                       "calibrated_notes": held.get("notes"), "notes": run.notes})
     groups = {}
@@ -151,6 +164,12 @@ def score(rs: RunSet) -> dict:
         src.setdefault(f"{key}_groups", 0)
     for key in ("failed", "failed_said_oom", "ran_said_oom"):
         src[key] = sum(g[key] for g in groups.values())
+    # out of memory under the calibrated memory rows (held out), where a fit of the group has them
+    judged = [c for c in cases if c["calibrated_fits"] is not None]
+    src["calibrated_oom"] = {"failed": sum(c["status"] == "failed" for c in judged),
+                             "failed_said_oom": sum(c["status"] == "failed" and not c["calibrated_fits"] for c in judged),
+                             "ran": sum(c["status"] == "ok" for c in judged),
+                             "ran_said_oom": sum(c["status"] == "ok" and not c["calibrated_fits"] for c in judged)}
     src["memory"] = _memory_stats(cases)
     src["calibrated"] = _cal_stats(cases)
     src["calibrated_groups_of_4"] = _cal_stats(cases, only_groups=True)
@@ -165,19 +184,27 @@ def _memory_stats(cases: list[dict]) -> dict:
     if not pairs:
         return {"n": 0}
     ratios = [p / m for p, m in pairs]
-    return {"n": len(pairs), "mape_pct": 100 * statistics.fmean(abs(x - 1) for x in ratios),
-            "median_ratio": statistics.median(ratios), "min_ratio": min(ratios), "max_ratio": max(ratios)}
+    out = {"n": len(pairs), "mape_pct": 100 * statistics.fmean(abs(x - 1) for x in ratios),
+           "median_ratio": statistics.median(ratios), "min_ratio": min(ratios), "max_ratio": max(ratios)}
+    # held out: act_mem_factor and reserve_gib fitted (with the time rows) on other runs of the group
+    cal = [c["calibrated_memory_gib"] / c["measured_memory_gib"] for c in cases
+           if c["measured_memory_gib"] and c.get("calibrated_memory_gib") is not None]
+    out.update(cal_n=len(cal), cal_mape_pct=100 * statistics.fmean(abs(x - 1) for x in cal) if cal else None,
+               cal_median_ratio=statistics.median(cal) if cal else None)
+    return out
 
 
 def memory_table(results: list[dict]) -> str:
     """Peak memory, predicted vs published, for the sources that publish it."""
-    head = f"{'source':<34} {'runs':>4} {'MAPE%':>6} {'med p/m':>7} {'min':>5} {'max':>5}"
+    head = (f"{'source':<34} {'runs':>4} {'MAPE%':>6} {'med p/m':>7} {'min':>5} {'max':>5} "
+            f"{'cal scored':>10} {'MAPE%':>6} {'med p/m':>7}")
     lines = [head, "-" * len(head)]
     for r in results:
         m = r["memory"]
         if m["n"]:
             lines.append(f"{r['name']:<34} {m['n']:>4} {m['mape_pct']:>6.1f} {m['median_ratio']:>7.2f} "
-                         f"{m['min_ratio']:>5.2f} {m['max_ratio']:>5.2f}")
+                         f"{m['min_ratio']:>5.2f} {m['max_ratio']:>5.2f} {m.get('cal_n', 0):>10} "
+                         f"{_fmt(m.get('cal_mape_pct'), '.1f'):>6} {_fmt(m.get('cal_median_ratio'), '.2f'):>7}")
     return "\n".join(lines)
 
 
@@ -234,8 +261,12 @@ def main() -> None:
         r["path"] = os.path.relpath(r["path"], HERE.parent)
     print(table(results))
     print()
-    print("peak memory per GPU, predicted (defaults) vs published:")
+    print("peak memory per GPU, predicted vs published (defaults; calibrated, held out):")
     print(memory_table(results))
+    print()
+    print("out of memory with the calibrated memory rows (held out): " + "; ".join(
+        f"{r['name']}: failed said OOM {o['failed_said_oom']}/{o['failed']}, ran said OOM {o['ran_said_oom']}/{o['ran']}"
+        for r in results if (o := r["calibrated_oom"])["failed"] + o["ran"]))
     print()
     print(f"calibrated (fitting what the runs identify of {', '.join(r.name for r in FITTABLE)}), held out:")
     print(calibrated_table(results))

@@ -281,8 +281,8 @@ def layer_costs(layer: Layer, strategies: list[Strategy], stage: Stage) -> Layer
     owned = np.where(zero >= 1, shard / dp, shard)
     step = exposed + memory_bound_time(owned * p.opt_bytes_touched, stage.hbm_bw) + p.step_overhead_per_unit_s
 
-    mem_states = model_state_bytes(shard, zero, dp, p.state_bytes, p.param_bytes, p.state_table)
-    mem_act = saved * b_local
+    mem_states = model_state_bytes(shard, zero, dp, p.state_bytes, p.param_bytes, p.state_table, p.grad_bytes)
+    mem_act = saved * b_local * p.act_mem_factor
     cost = fwd + bwd + step / stage.num_microbatches
     return LayerCosts(fwd, bwd, step, cost, mem_states, mem_act)
 
@@ -312,12 +312,12 @@ def transient_bytes(layer: Layer, stage: Stage, strategy: Strategy) -> float:
     """Working set beyond saved activations while the layer runs under ``strategy``, per rank.
 
     Its full activations of one micro-batch share (recompute under checkpointing, and the
-    activation gradients of backward), and under ZeRO-3 two unsharded copies of its TP shard of the
+    activation gradients of backward; times ``act_mem_factor``, as saved activations), and under ZeRO-3 two unsharded copies of its TP shard of the
     parameters (the gathered layer and the prefetched next one). Without ZeRO-3 the parameters are
     resident and counted in the model states: a TP-8 layer of a 1T model holds no extra copy.
     """
     b_local = stage.micro_batch_size * strategy.tp / stage.n
-    act = layer.saved_bytes("none", strategy.tp, strategy.sp) * b_local
+    act = layer.saved_bytes("none", strategy.tp, strategy.sp) * b_local * stage.params.act_mem_factor
     if strategy.zero != 3 or strategy.tp >= stage.n:  # ZeRO-3 without data parallelism gathers nothing
         return act
     return act + 2.0 * float(shard_params(layer, np.array([float(strategy.tp)]))[0]) * stage.params.param_bytes

@@ -6,13 +6,19 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 
-def model_state_bytes(params: ArrayLike, zero: ArrayLike, dp: ArrayLike, state_bytes: float = 16,
-                      param_bytes: float = 2, table: tuple = ()) -> np.ndarray:
+def model_state_bytes(params: ArrayLike, zero: ArrayLike, dp: ArrayLike, state_bytes: float = 18,
+                      param_bytes: float = 2, table: tuple = (), grad_bytes: float = 4) -> np.ndarray:
     """Bytes of parameters, gradients and Adam states one rank holds for ``params`` parameters.
 
-    Mixed-precision Adam keeps ``state_bytes`` = 16 bytes/param unsharded: 2 (bf16 param) + 2 (grad)
-    + 12 (fp32 master, m, v). ZeRO shards over the ``dp`` ranks (Rajbhandari et al.):
-      zero 0: 16;  zero 1: 4 + 12/d;  zero 2: 2 + 14/d;  zero 3: 16/d   (bytes per parameter)
+    A rank holds ``param_bytes`` of compute-dtype parameter, ``grad_bytes`` of gradient buffer (the
+    dtype gradients are accumulated and reduced in) and ``opt = state_bytes - param_bytes - grad_bytes``
+    of optimizer state (fp32 master copy where there is one, Adam m and v) per parameter. ZeRO shards
+    over the ``dp`` ranks (Rajbhandari et al.):
+      zero 0: state;  zero 1: param + grad + opt/d;  zero 2: param + (grad + opt)/d;  zero 3: state/d
+    With Megatron-LM's rows (docs: api-guide/dist_optimizer, "theoretical number of bytes per
+    parameter"): bf16 params with fp32 gradients (2, 4, 12) give 18 and 6 + 12/d; fp16 params and
+    gradients (2, 2, 16: fp32 master, fp32 main gradient, m, v) 20 and 4 + 16/d; fp32 (4, 4, 8) 16
+    and 8 + 8/d. DeepSpeed's BF16 optimizer (BLOOM) also accumulates gradients in fp32.
     ``table``: measured ((a, b) per ZeRO stage 0..3) instead: a + b/d bytes per parameter for d > 1;
     d = 1 shards nothing, so every stage holds stage 0's a + b there.
     """
@@ -22,12 +28,12 @@ def model_state_bytes(params: ArrayLike, zero: ArrayLike, dp: ArrayLike, state_b
         b = np.array([row[1] for row in table], float)
         eff = np.where(d > 1, z, 0)
         return p * (a[eff] + b[eff] / d)
-    opt = state_bytes - 2 * param_bytes  # 12: master + m + v
+    opt = state_bytes - param_bytes - grad_bytes
     per_param = np.select(
         [z == 0, z == 1, z == 2, z == 3],
         [state_bytes,
-         2 * param_bytes + opt / d,
-         param_bytes + (param_bytes + opt) / d,
+         param_bytes + grad_bytes + opt / d,
+         param_bytes + (grad_bytes + opt) / d,
          state_bytes / d],
     )
     return p * per_param

@@ -19,8 +19,12 @@ class CostParams:
         and dispatch, ~10 kernels of ~5 us on a GPU. It is what makes small per-rank work slow.
     param_bytes: bytes of a parameter in the compute dtype (bf16).
     grad_comm_bytes: bytes per gradient element on the wire (fp32 reduction, the Megatron/FSDP2 default).
+    grad_bytes: bytes per gradient element in the gradient buffer a rank holds (fp32: Megatron-LM
+        accumulates bf16 training's gradients in an fp32 main_grad buffer, DeepSpeed's BF16 optimizer
+        in fp32 too; fp16 training keeps fp16 gradients and an fp32 copy with the optimizer).
     state_bytes: model-state bytes per parameter with mixed-precision Adam, unsharded
-        (2 param + 2 grad + 4 master + 4 m + 4 v = 16; ZeRO divides the shardable parts).
+        (2 bf16 param + 4 fp32 grad + 4 master + 4 m + 4 v = 18, Megatron-LM's figure for bf16
+        params with fp32 gradients; ZeRO divides the shardable parts: ``memory.model_state_bytes``).
     opt_bytes_touched: bytes read+written per owned parameter by the optimizer step (memory bound).
     overlap_sync: fraction of a layer's backward that can hide its step-level gradient sync. 0 by
         default: autopar's runtime sums each unit's gradients once, after the step's last backward
@@ -29,6 +33,11 @@ class CostParams:
         (PyTorch DDP, Megatron-core with overlap) hide part of it: calibrate it for them.
     overlap_zero3: fraction of compute that can hide ZeRO-3 parameter gathers (prefetch).
     reserve_gib: framework reserve per device (CUDA context, NCCL buffers, allocator fragmentation).
+    act_mem_factor: bytes the caching allocator holds per byte of activations the model counts (saved
+        for backward, and a layer's transient working set): above 1 where freed activation blocks of
+        mixed sizes cannot be reused (fragmentation) and the framework makes activation-sized
+        temporaries the layer formulas do not name. 1 by default (the lean count); ``autopar calibrate``
+        fits it, with ``reserve_gib``, from published peak memory (``calibrate.table``, target memory).
     act_traffic: HBM bytes the memory-bound kernels of a layer (norms, activations, softmax, dropout,
         residual adds, their gradients) move per byte of activations the layer saves for backward,
         forward and backward together (a third in forward, two thirds in backward, like FLOPs). Each
@@ -60,11 +69,13 @@ class CostParams:
     layer_overhead_s: float = 5e-5
     param_bytes: int = 2
     grad_comm_bytes: int = 4
-    state_bytes: int = 16
+    grad_bytes: int = 4
+    state_bytes: int = 18
     opt_bytes_touched: int = 36
     overlap_sync: float = 0.0
     overlap_zero3: float = 1.0
     reserve_gib: float = 1.0
+    act_mem_factor: float = 1.0
     act_traffic: float = 3.0
     slot_overhead_s: float = 0.0
     eff_by_kind: tuple = ()

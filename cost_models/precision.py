@@ -29,6 +29,7 @@ class Precision:
     act_bytes: bytes of an activation element saved for backward or sent between stages.
     param_bytes: bytes of a parameter in the compute dtype (what ZeRO-3 gathers and a rank holds unsharded).
     grad_comm_bytes: bytes of a gradient element on the wire (data-parallel reduction).
+    grad_bytes: bytes of a gradient element in the gradient buffer a rank holds (accumulation dtype).
     state_bytes: model-state bytes per parameter with Adam, unsharded (params, grads, master copy, m, v).
     attn_peak: the column the attention core (QK^T, softmax . V) runs at: ``peak`` except where the
         precision converts the linear layers only.
@@ -40,6 +41,7 @@ class Precision:
     param_bytes: int
     grad_comm_bytes: int
     state_bytes: int
+    grad_bytes: int
     what: str
     attn_peak: str = ""
 
@@ -50,25 +52,29 @@ class Precision:
 
 PRECISIONS: dict[str, Precision] = {p.name: p for p in (
     # Mixed precision (Megatron --bf16, FSDP2 MixedPrecisionPolicy(bf16, reduce fp32)): bf16 GEMMs and
-    # activations, bf16 params for compute, gradients reduced in fp32, fp32 master + Adam m, v:
-    # 2 + 2 + 4 + 4 + 4 = 16 bytes per parameter.
-    Precision("bf16", "tflops", 2, 2, 4, 16, "bf16 mixed precision (fp32 master weights and reduction)"),
+    # activations, bf16 params for compute, gradients accumulated and reduced in fp32 (Megatron-LM
+    # forces accumulate_allreduce_grads_in_fp32 under bf16; DeepSpeed's BF16 optimizer does the same),
+    # fp32 master + Adam m, v: 2 + 4 + 4 + 4 + 4 = 18 bytes per parameter, Megatron-LM's documented
+    # figure (api-guide/dist_optimizer: 18 unsharded, 6 + 12/d with the distributed optimizer).
+    Precision("bf16", "tflops", 2, 2, 4, 18, 4, "bf16 mixed precision (fp32 master weights and reduction)"),
     # The same with fp16 (Megatron --fp16, DeepSpeed fp16, torch autocast + GradScaler): the catalogue's
     # ``tflops`` is the fp16 rate where a GPU has no bf16 (V100, T4, Turing) and equal to it elsewhere.
     # Gradients are counted in fp32 on the wire as for bf16 (DeepSpeed fp32_allreduce; Megatron's fp16
-    # default reduces in fp16, which this overstates by 2x).
-    Precision("fp16", "tflops", 2, 2, 4, 16, "fp16 mixed precision (fp32 master weights, loss scaling)"),
+    # default reduces in fp16, which this overstates by 2x). They are held in fp16; the optimizer keeps
+    # an fp32 master, an fp32 copy of the gradient and m, v: 2 + 2 + 16 = 20 bytes per parameter,
+    # 4 + 16/d sharded (Megatron-LM's table).
+    Precision("fp16", "tflops", 2, 2, 4, 20, 2, "fp16 mixed precision (fp32 master weights, loss scaling)"),
     # Plain fp32 (torch.backends.cuda.matmul.allow_tf32 = False, PyTorch's default): GEMMs on the FP32
     # units, everything 4 bytes, no master copy: 4 param + 4 grad + 4 m + 4 v = 16 bytes per parameter.
-    Precision("fp32", "tflops_fp32", 4, 4, 4, 16, "fp32 throughout, GEMMs without TF32"),
+    Precision("fp32", "tflops_fp32", 4, 4, 4, 16, 4, "fp32 throughout, GEMMs without TF32"),
     # fp32 storage with TF32 tensor-core GEMMs (allow_tf32 = True; Ampere and later): bytes as fp32.
-    Precision("tf32", "tflops_tf32", 4, 4, 4, 16, "fp32 storage, TF32 tensor-core GEMMs"),
+    Precision("tf32", "tflops_tf32", 4, 4, 4, 16, 4, "fp32 storage, TF32 tensor-core GEMMs"),
     # torchao Float8 linear layers (torchtitan --model.converters float8): the linear layers' GEMMs at
     # the fp8 peak with dynamic scaling; weights, activations, gradients and optimizer states as in
     # bf16 mixed precision (Float8Linear keeps bf16/fp32 weights and casts per call; the float8
     # all-gather of FSDP2 is an option, not counted). The attention core stays bf16 in torchao
     # (``attn_peak``), so its FLOPs run at the bf16 peak.
-    Precision("fp8", "tflops_fp8", 2, 2, 4, 16, "Float8 linear layers (torchao), bf16 otherwise", attn_peak="tflops"),
+    Precision("fp8", "tflops_fp8", 2, 2, 4, 18, 4, "Float8 linear layers (torchao), bf16 otherwise", attn_peak="tflops"),
 )}
 NAMES = tuple(PRECISIONS)
 PEAK_COLUMNS = tuple(dict.fromkeys(p.peak for p in PRECISIONS.values()))
@@ -80,6 +86,6 @@ def precision(name: str) -> Precision | None:
 
 
 def with_precision(params: CostParams, prec: Precision) -> CostParams:
-    """``params`` with the byte counts of ``prec`` (param, gradient on the wire, model state)."""
+    """``params`` with the byte counts of ``prec`` (param, gradient on the wire and held, model state)."""
     return replace(params, param_bytes=prec.param_bytes, grad_comm_bytes=prec.grad_comm_bytes,
-                   state_bytes=prec.state_bytes)
+                   state_bytes=prec.state_bytes, grad_bytes=prec.grad_bytes)

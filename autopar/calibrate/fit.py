@@ -1,6 +1,7 @@
 """The fit: cost parameters that make ``estimate_plan`` match measured step times.
 
-Residuals are ``log(predicted / measured)`` per run, each run estimated with its own cost parameters
+Residuals are ``log(predicted / measured)`` per run (step time for the table's time rows; peak memory
+per GPU, for the memory rows, over the runs that publish one), each run estimated with its own cost parameters
 (``CalRun.base``) with the fitted fields replaced; ``scipy.optimize.least_squares`` minimises them
 with a robust loss (soft_l1: one odd run does not pull the fit) over the chosen table rows, in their
 fit coordinates (log space for scales) within their bounds, from their start points. Every evaluation
@@ -31,15 +32,30 @@ RANK_TOL = 1e-3  # singular value / largest of the column-normalised Jacobian be
 STEP = 1e-3  # finite-difference step of the identifiability Jacobian, in fit coordinates (scaled by the range)
 
 
-def predict(runs: list[CalRun], fitted: dict[str, float]) -> np.ndarray:
-    """Predicted step seconds of ``runs``, each with its own cost parameters and the ``fitted`` fields
-    (``{}``: the run's own alone); one CostCache shared by the runs."""
+def evaluate(runs: list[CalRun], fitted: dict[str, float]) -> tuple[np.ndarray, np.ndarray]:
+    """(predicted step seconds, predicted peak GiB per GPU) of ``runs``, each with its own cost parameters
+    and the ``fitted`` fields (``{}``: the run's own alone); one CostCache shared by the runs."""
     cache = CostCache()
-    return np.array([estimate_plan(r.plan, r.model, replace(r.base, **fitted), cache).step_time_s for r in runs])
+    ests = [estimate_plan(r.plan, r.model, replace(r.base, **fitted), cache) for r in runs]
+    return np.array([e.step_time_s for e in ests]), np.array([e.max_memory_gib for e in ests])
+
+
+def predict(runs: list[CalRun], fitted: dict[str, float]) -> np.ndarray:
+    """Predicted step seconds of ``runs`` (``evaluate``)."""
+    return evaluate(runs, fitted)[0]
 
 
 def _residuals(runs: list[CalRun], rows: list[Fittable], u) -> np.ndarray:
-    return np.log(predict(runs, values(rows, u)) / np.array([r.measured_s for r in runs]))
+    """The time residuals (if a time row is fitted), then the memory residuals of the runs that publish
+    a peak (if a memory row is)."""
+    t, mem = evaluate(runs, values(rows, u))
+    parts = []
+    if any(row.target == "time" for row in rows):
+        parts.append(np.log(t / np.array([r.measured_s for r in runs])))
+    if any(row.target == "memory" for row in rows):
+        idx = [i for i, r in enumerate(runs) if r.measured_memory_gib]
+        parts.append(np.log(mem[idx] / np.array([runs[i].measured_memory_gib for i in idx])))
+    return np.concatenate(parts) if parts else np.zeros(0)
 
 
 def jacobian(runs: list[CalRun], rows: list[Fittable], start: CostParams) -> np.ndarray:
@@ -61,11 +77,12 @@ def jacobian(runs: list[CalRun], rows: list[Fittable], start: CostParams) -> np.
 def refusals(jac: np.ndarray, rows: list[Fittable]) -> list[AutoparError]:
     """Why the fields of ``rows`` cannot be fitted from the runs behind ``jac`` (empty: they can)."""
     out = []
-    norms = np.abs(jac).max(axis=0)
+    norms = np.abs(jac).max(axis=0) if len(jac) else np.zeros(len(rows))
     live = [j for j in range(len(rows)) if norms[j] >= ZERO]
     for j in range(len(rows)):
         if j not in live:
-            out.append(AutoparError(rows[j].name, "changes no run's predicted step time, so these runs cannot fit it",
+            what = "step time" if rows[j].target == "time" else "peak memory (or none publishes one)"
+            out.append(AutoparError(rows[j].name, f"changes no run's predicted {what}, so these runs cannot fit it",
                                     f"add {rows[j].identified_by}, or leave it out of --fit"))
     if len(live) < 2:
         return out
@@ -109,5 +126,5 @@ def fit(runs: list[CalRun], rows: list[Fittable], start: CostParams, max_nfev: i
     u0 = np.clip(np.array(start_u(rows, start)), lo, hi)
     res = least_squares(fun, u0, bounds=(lo, hi), loss="soft_l1", f_scale=0.05, max_nfev=max_nfev,
                         x_scale="jac", diff_step=1e-4)
-    pred = np.exp(fun(res.x)) * np.array([r.measured_s for r in runs])
+    pred = predict(runs, values(rows, res.x))
     return Fit(values(rows, res.x), [float(p) for p in pred], len(memo), time.perf_counter() - t0, str(res.message))

@@ -51,6 +51,7 @@ class CalRun:
     group: str
     source: str
     base: CostParams
+    measured_memory_gib: float | None = None  # the published peak per GPU, where there is one
 
     @property
     def gpus(self) -> list[str]:
@@ -82,7 +83,7 @@ def _measured(path: Path, out: Inputs) -> None:
     rs = load_runs(path)
     for run in rs.runs:
         out.runs.append(CalRun(run.case_id, run.plan, run.model, float(run.measured_s), run.group, rs.name,
-                               plan_cost_params(run.plan)))
+                               plan_cost_params(run.plan), run.measured_memory_gib))
     for run in rs.failed:
         out.skipped.append({"id": run.case_id, "source": rs.name, "reason": "failed",
                             "detail": "did not run (no step time to fit)"})

@@ -3,8 +3,8 @@
 A row names the field, its bounds, whether it is fitted in log space (scales: efficiencies, times) or
 linearly (fractions that may reach 0), where the fit starts (None: the base value, clipped into the
 bounds; an overlap starts inside its range, where the prediction still depends on it), whether it is
-fitted by default, and which runs identify it (the refusal's fix when no run's prediction depends on
-it). A new cost parameter becomes fittable by adding its row here, nothing else.
+fitted by default, which runs identify it (the refusal's fix when no run's prediction depends on
+it), and what it is fitted to: measured step times, or the peak memory a source publishes. A new cost parameter becomes fittable by adding its row here, nothing else.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ class Fittable:
     identified_by: str
     start: float | None = None
     default: bool = False
+    target: str = "time"  # what the row is fitted to: "time" (step seconds) or "memory" (published peak GiB)
 
     def to_u(self, value: float) -> float:
         """The fit's coordinate of ``value`` (its log in log space), clipped into the bounds."""
@@ -53,6 +54,11 @@ FITTABLE: tuple[Fittable, ...] = (
              "low-bandwidth GPUs, eager attention) next to GEMM-bound ones"),
     Fittable("slot_overhead_s", 1e-7, 0.1, True, "runs with pipeline parallelism and different numbers of "
              "micro-batches or stages", start=1e-4),
+    # Fitted to published peak memory (runs without one add nothing to these rows)
+    Fittable("act_mem_factor", 0.5, 4.0, True, "runs with a published peak memory whose activations weigh "
+             "(larger micro-batches, less recomputation)", target="memory"),
+    Fittable("reserve_gib", 0.0, 40.0, False, "runs with a published peak memory next to runs of other "
+             "activation sizes", target="memory"),
 )
 BY_NAME = {row.name: row for row in FITTABLE}
 DEFAULT_FIT = tuple(row.name for row in FITTABLE if row.default)

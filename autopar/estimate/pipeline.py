@@ -58,9 +58,11 @@ def _p2p_over(link: tuple[float, float], boundary_bytes: float, micro_batch_size
 
 
 def pipeline_time(stages: list[StageEstimate], num_microbatches: int, params: CostParams) -> float:
-    """``cost_models.pipeline.pipeline_time`` of the stages: (m - 1) max_i c_i + sum_i (c_i + 2 p2p_i) + slots."""
+    """``cost_models.pipeline.pipeline_time`` of the stages: sum_i (w_i + 2 p2p_i) + max_i ((m - 1) w_i + s_i)
+    + slots, with w_i = c_i - s_i / m (forward + backward) and s_i the stage's step tail."""
     return pipe_model.pipeline_time([st.cost_per_microbatch_s for st in stages],
-                                    [2.0 * st.p2p_s for st in stages], num_microbatches, params.slot_overhead_s)
+                                    [2.0 * st.p2p_s for st in stages], num_microbatches, params.slot_overhead_s,
+                                    steps=[st.step_s for st in stages])
 
 
 def spec_layers(model: ModelSpec, index: dict[str, int], names: list[str]) -> list[LayerSpec]:

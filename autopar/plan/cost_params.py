@@ -17,9 +17,10 @@ from autopar.fields import Fields, as_int, as_list, as_num, as_str
 from cost_models import CostParams
 
 COLLECTIVES = ("allreduce", "allgather", "reduce_scatter")
-_BYTES = ("param_bytes", "grad_comm_bytes", "state_bytes", "opt_bytes_touched")
+_BYTES = ("param_bytes", "grad_comm_bytes", "grad_bytes", "state_bytes", "opt_bytes_touched")
 _EFF = ("eff_max",)
 _FRACTIONS = ("overlap_sync", "overlap_zero3")
+_FACTORS = ("act_mem_factor",)
 _NONNEG = ("layer_overhead_s", "reserve_gib", "step_overhead_per_unit_s", "act_traffic", "slot_overhead_s")
 EFF_HIGH = 4.0
 
@@ -89,6 +90,8 @@ def read_cost_params(doc: object, path: str, fix: str, *, partial: bool = False)
             out[name] = int(num) if isinstance(value, int) else num
         elif name in _EFF:
             out[name] = _num(value, at, fix, gt=0, high=EFF_HIGH)
+        elif name in _FACTORS:
+            out[name] = _num(value, at, fix, gt=0, high=10)
         elif name in _FRACTIONS:
             out[name] = _num(value, at, fix, ge=0, high=1)
         elif name in _NONNEG:

@@ -30,6 +30,7 @@ class Frontier:
     strategy: np.ndarray  # index into the layer's LayerCandidates
     parent: int  # parent node id (-1: root)
     sig: int
+    step: np.ndarray  # the points' summed step tails (``LayerCosts.step``), carried for the pipeline formula
 
 
 class RangeTrie:
@@ -58,22 +59,24 @@ class RangeTrie:
         cand = self.candidates[sig]
         c, m, lay = cand.costs.cost, self._mem[sig], cand.layouts
         if parent < 0:
-            new_m, new_t = m.copy(), c.copy()
+            new_m, new_t, new_s = m.copy(), c.copy(), cand.costs.step.copy()
             new_l, pp, st = lay.copy(), np.full(len(c), -1), np.arange(len(c))
         else:
             pf = self.nodes[parent]
             sw = self.switch[pf.sig][pf.layout][:, lay]  # P x S
             new_t = (pf.time[:, None] + (c[None, :] + sw)).ravel()
             new_m = (pf.mem[:, None] + m[None, :]).ravel()
+            new_s = (pf.step[:, None] + cand.costs.step[None, :]).ravel()
             P, S = len(pf.time), len(c)
             pp = np.repeat(np.arange(P), S)
             st = np.tile(np.arange(S), P)
             new_l = np.tile(lay, P)
         self.points_examined += len(new_t)
         ok = new_m <= self.mem_cap
-        new_m, new_t, new_l, pp, st = new_m[ok], new_t[ok], new_l[ok], pp[ok], st[ok]
+        new_m, new_t, new_l, pp, st, new_s = new_m[ok], new_t[ok], new_l[ok], pp[ok], st[ok], new_s[ok]
         keep = pareto_by_group(new_l, new_m, new_t)
-        self.nodes.append(Frontier(new_m[keep], new_t[keep], new_l[keep], pp[keep], st[keep], parent, sig))
+        self.nodes.append(Frontier(new_m[keep], new_t[keep], new_l[keep], pp[keep], st[keep], parent, sig,
+                                   new_s[keep]))
         return len(self.nodes) - 1
 
     def best(self, node: int, mem_limit: float) -> tuple[float, int]:
@@ -84,6 +87,10 @@ class RangeTrie:
             return float("inf"), -1
         i = ok[np.argmin(f.time[ok])]
         return float(f.time[i]), int(i)
+
+    def step(self, node: int, point: int) -> float:
+        """The summed step tail of the assignment ending at ``point`` (0 for no point)."""
+        return float(self.nodes[node].step[point]) if point >= 0 else 0.0
 
     def trace(self, node: int, point: int) -> list[int]:
         """Strategy indices (into each layer's candidates) of the assignment ending at ``point``."""

@@ -103,22 +103,26 @@ class HomogeneousSearch:
         return ctx, cands, layouts
 
     def lower_bound(self, p: int, m: int, cands) -> float:
-        """T >= (m - 1) * (sum of per-layer least costs) / p + that sum (memory ignored)."""
-        tot = 0.0
+        """T >= m C / p + (p - 1) W / p (memory ignored): C, W the sums of per-layer least costs
+        ``w + s / m`` and least forward + backward ``w``. (T = sum w + max_i ((m - 1) w_i + s_i) is at
+        least sum w + the stages' mean of (m - 1) w_i + s_i; equal stages reach it.)"""
+        tot = work = 0.0
         for s in self.sigs:
-            c = cands[s].costs.cost
-            if len(c) == 0:
+            c = cands[s].costs
+            if len(c.cost) == 0:
                 return float("inf")
-            tot += float(c.min())
-        return (m - 1) * tot / p + tot
+            tot += float(c.cost.min())
+            work += float((c.fwd + c.bwd).min())
+        return m * tot / p + (p - 1) * work / p
 
     def _ranges(self, k: int, cands, switch, budget: float, reserve: float, transient: np.ndarray, m: int,
                 incumbent: float):
-        """(C, trie, range -> trie node, least memory) of every layer range [a, b) on a stage holding ``k``
+        """(C, S, trie, range -> trie node, least memory) of every layer range [a, b) on a stage holding ``k``
         micro-batches in flight; None when the time budget ran out with a plan in hand (checked per start a)."""
         L = self.model.num_layers
         trie = RangeTrie(cands, switch, k, budget - reserve)
         C = np.full((L + 1, L + 1), np.inf)
+        S = np.zeros((L + 1, L + 1))  # the step tail of C's strategies
         Mmin = np.full((L + 1, L + 1), np.inf)
         node_of = {}
         memo: dict[int, tuple[float, int]] = {}
@@ -140,12 +144,13 @@ class HomogeneousSearch:
                 if node not in memo:
                     memo[node] = trie.best(node, budget - reserve - tmax)
                 C[a, b] = memo[node][0]
+                S[a, b] = trie.step(node, memo[node][1])
                 node_of[(a, b)] = node
-                if m * C[a, b] >= incumbent:
+                if m * C[a, b] >= incumbent:  # T >= m w + s = m C of any one stage
                     self.pruned[Rule.RANGE_OVER_INCUMBENT] += L - b
                     break
         self.candidates += trie.points_examined
-        return C, trie, node_of, Mmin
+        return C, S, trie, node_of, Mmin
 
     @staticmethod
     def _stand_in(*by_k: dict) -> tuple:
@@ -181,7 +186,7 @@ class HomogeneousSearch:
         reserve = self.opts.params.reserve_bytes
         transient = np.array([cands[s].transient for s in self.sigs])
         ks = [inflight_microbatches(self.opts.schedule, p, i, m) for i in range(p)]
-        C_by_k, trie_by_k, nodes_by_k, M_by_k = {}, {}, {}, {}
+        C_by_k, S_by_k, trie_by_k, nodes_by_k, M_by_k = {}, {}, {}, {}, {}
         stand_in = False
         for k in sorted(set(ks), reverse=True):  # most in flight first: see the stand-in below
             if C_by_k and not exact and self.over_budget():
@@ -192,12 +197,12 @@ class HomogeneousSearch:
                 # too; their times are exact, only perhaps not the fastest for k.
                 stand_in = self.timed_out = True
             if stand_in:
-                ranges = self._stand_in(C_by_k, trie_by_k, nodes_by_k, M_by_k)
+                ranges = self._stand_in(C_by_k, S_by_k, trie_by_k, nodes_by_k, M_by_k)
             else:
                 ranges = self._ranges(k, cands, switch, budget, reserve, transient, m, incumbent)
                 if ranges is None:
                     return self._cut(res)
-            C_by_k[k], trie_by_k[k], nodes_by_k[k], M_by_k[k] = ranges
+            C_by_k[k], S_by_k[k], trie_by_k[k], nodes_by_k[k], M_by_k[k] = ranges
         res.min_memory_gib = minmax_partition([M_by_k[k] for k in ks])[0] / GIB
         P = []
         for i in range(p):
@@ -208,7 +213,7 @@ class HomogeneousSearch:
                 Pi = 2.0 * boundary_p2p_time(bb, mbs, bw, lat)
                 Pi[0] = 0.0
             P.append(Pi)
-        part = best_partition([C_by_k[k] for k in ks], P, m, self.opts.params.slot_overhead_s)
+        part = best_partition([C_by_k[k] for k in ks], P, m, self.opts.params.slot_overhead_s, [S_by_k[k] for k in ks])
         if part is None:
             if stand_in:  # the stand-ins leave no partition: the exact ranges decide (no false "nothing fits")
                 return self.evaluate(p, m, ctx, cands, layouts, lower_bound, incumbent, exact=True)

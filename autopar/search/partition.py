@@ -1,15 +1,17 @@
 """Pipeline partition: which contiguous layers each stage gets, chosen jointly with the strategies.
 
-Given ``C_i[a, b]``, the least per-micro-batch cost of stage i running layers a..b-1 (best per-layer
-strategies under stage i's memory, from the frontier DP) and ``P_i[b]``, what stage i pays to send
-its output onward, the step time of a partition is
+Given ``C_i[a, b]``, the least per-micro-batch cost ``w + s / m`` of stage i running layers a..b-1
+(best per-layer strategies under stage i's memory, from the frontier DP), ``S_i[a, b]`` the step tail
+``s`` of those strategies, and ``P_i[b]``, what stage i pays to send its output onward, the step
+time of a partition is ``cost_models.pipeline.pipeline_time``:
 
-    T = (m - 1) * max_i C_i + sum_i (C_i + P_i).
+    T = sum_i (W_i + P_i) + max_i G_i + o (m + p - 1),   W = C - S / m,   G = (m - 1) W + S.
 
-For a fixed partition each stage's strategies are independent, so its least C_i minimises both
-terms at once. Over partitions we enumerate the bottleneck tau in ascending order: for each tau, a
-DP gives the least sum with every C_i <= tau; the loop stops once (m - 1) tau plus the
-unconstrained least sum cannot beat the best found. Exact, and usually a handful of iterations.
+Over partitions we enumerate the bottleneck tau (a value of G) in ascending order: for each tau, a
+DP gives the least sum of W + P with every G_i <= tau; the loop stops once tau plus the
+unconstrained least sum cannot beat the best found. Exact over partitions of these tables, and
+usually a handful of iterations. (Each range's strategies are the frontier's least ``C = (W m + S) / m``:
+exactly what T asks of the bottleneck stage, and of every stage when the stages are equal.)
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cost_models.pipeline import pipeline_time
+from cost_models.pipeline import pipeline_time, stage_work
 
 INF = float("inf")
 
@@ -31,14 +33,14 @@ class PartitionResult:
     iterations: int
 
 
-def _min_sum(C: list[np.ndarray], P: list[np.ndarray], tau: float) -> tuple[float, list[int]]:
-    """Least sum_i (C_i + P_i) over partitions with every C_i <= tau; (inf, []) when none."""
-    L = C[0].shape[0] - 1
+def _min_sum(W: list[np.ndarray], G: list[np.ndarray], P: list[np.ndarray], tau: float) -> tuple[float, list[int]]:
+    """Least sum_i (W_i + P_i) over partitions with every G_i <= tau; (inf, []) when none."""
+    L = W[0].shape[0] - 1
     F = np.full(L + 1, INF)
     F[0] = 0.0
     back = []
-    for Ci, Pi in zip(C, P):
-        cost = np.where(Ci <= tau, Ci + Pi[None, :], INF)
+    for Wi, Gi, Pi in zip(W, G, P):
+        cost = np.where(Gi <= tau, Wi + Pi[None, :], INF)
         tot = F[:, None] + cost
         arg = np.argmin(tot, axis=0)
         F = tot[arg, np.arange(L + 1)]
@@ -58,43 +60,51 @@ def _backtrack(back: list[np.ndarray], L: int) -> list[int]:
     return bounds[::-1]
 
 
-def _step_time(C: list[np.ndarray], P: list[np.ndarray], bounds: list[int], m: int,
+def _step_time(C: list[np.ndarray], S: list[np.ndarray], P: list[np.ndarray], bounds: list[int], m: int,
                slot_s: float) -> tuple[float, float]:
     """(T, bottleneck) of one partition: ``pipeline_time``, the very formula ``estimate_plan`` uses."""
     costs = [float(Ci[bounds[i], bounds[i + 1]]) for i, Ci in enumerate(C)]
+    steps = [float(Si[bounds[i], bounds[i + 1]]) for i, Si in enumerate(S)]
     sends = [float(Pi[bounds[i + 1]]) for i, Pi in enumerate(P)]
-    return pipeline_time(costs, sends, m, slot_s), max(costs)
+    worst = max((m - 1) * stage_work(c, s, m) + s for c, s in zip(costs, steps))
+    return pipeline_time(costs, sends, m, slot_s, steps=steps), worst
 
 
-def best_partition(C: list[np.ndarray], P: list[np.ndarray], m: int, slot_s: float = 0.0) -> PartitionResult | None:
+def best_partition(C: list[np.ndarray], P: list[np.ndarray], m: int, slot_s: float = 0.0,
+                   S: list[np.ndarray] | None = None) -> PartitionResult | None:
     """Exact minimiser of T over partitions into len(C) non-empty stages; None if none fits.
 
+    ``S``: the step tails of ``C``'s ranges (none: 0, every stage's cost all per micro-batch).
     ``slot_s``: ``CostParams.slot_overhead_s``, a constant per (stages, m), so only T carries it.
     """
-    s_lb, bounds = _min_sum(C, P, INF)
+    if S is None:
+        S = [np.zeros_like(Ci) for Ci in C]
+    S = [np.where(np.isfinite(Ci), Si, 0.0) for Ci, Si in zip(C, S)]
+    W = [stage_work(Ci, Si, m) for Ci, Si in zip(C, S)]
+    with np.errstate(invalid="ignore"):  # 0 * inf at m = 1 where nothing fits
+        G = [np.where(np.isfinite(Wi), (m - 1) * Wi + Si, INF) for Wi, Si in zip(W, S)]
+    s_lb, bounds = _min_sum(W, G, P, INF)
     if not bounds:
         return None
-    T, worst = _step_time(C, P, bounds, m, slot_s)
+    T, worst = _step_time(C, S, P, bounds, m, slot_s)
     best = PartitionResult(T, bounds, worst, 1)
-    if m == 1:
-        return best
-    taus = np.unique(np.concatenate([c[np.isfinite(c)] for c in C]))
+    taus = np.unique(np.concatenate([g[np.isfinite(g)] for g in G]))
     # Smallest feasible bottleneck by bisection (feasibility is monotone in tau).
     lo, hi = 0, len(taus) - 1
     while lo < hi:
         mid = (lo + hi) // 2
-        if np.isfinite(_min_sum(C, P, taus[mid])[0]):
+        if np.isfinite(_min_sum(W, G, P, taus[mid])[0]):
             hi = mid
         else:
             lo = mid + 1
     iters = 1
     for tau in taus[lo:]:
-        if (m - 1) * tau + s_lb + slot_s * (m + len(C) - 1) >= best.step_time:
+        if tau + s_lb + slot_s * (m + len(C) - 1) >= best.step_time:
             break
-        s, bnds = _min_sum(C, P, float(tau))
+        s, bnds = _min_sum(W, G, P, float(tau))
         iters += 1
         if bnds:
-            T, worst = _step_time(C, P, bnds, m, slot_s)
+            T, worst = _step_time(C, S, P, bnds, m, slot_s)
             if T < best.step_time:
                 best = PartitionResult(T, bnds, worst, iters)
     best.iterations = iters

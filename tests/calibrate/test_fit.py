@@ -55,3 +55,28 @@ def test_collinear_fields_are_refused_naming_the_pair(runs):
     bad = refusals(jacobian(runs[:1], rows, CostParams()), rows)  # one run: two fields, one equation
     assert [e.field for e in bad] == ["eff_max,layer_overhead_s"]
     assert "cannot tell them apart" in str(bad[0])
+
+
+def test_memory_rows_fit_published_peaks_and_leave_times_alone(tmp_path):
+    """Published peaks made with a known allocator factor and reserve: the memory rows find them again
+    from the peaks alone (the times do not move), and a file without peaks cannot fit them."""
+    from dataclasses import replace
+
+    from autopar.calibrate.fit import evaluate
+    from autopar.estimate import estimate_plan
+
+    true = {"act_mem_factor": 1.6, "reserve_gib": 3.0}
+    path = write_measured(tmp_path / "m.yaml")
+    runs = load_inputs([str(path)]).runs
+    assert all(r.measured_memory_gib is None for r in runs)
+    rows = choose("act_mem_factor,reserve_gib")
+    bad = refusals(jacobian(runs, rows, CostParams()), rows)
+    assert [e.field for e in bad] == ["act_mem_factor", "reserve_gib"] and "peak memory" in str(bad[0])
+    peaks = [estimate_plan(r.plan, r.model, replace(r.base, **true)).max_memory_gib for r in runs]
+    runs = [replace(r, measured_memory_gib=g) for r, g in zip(runs, peaks)]
+    assert refusals(jacobian(runs, rows, CostParams()), rows) == []
+    done = fit(runs, rows, CostParams())
+    for name, want in true.items():
+        assert done.values[name] == pytest.approx(want, rel=0.02), name
+    assert list(evaluate(runs, done.values)[1]) == pytest.approx(peaks, rel=1e-3)
+    assert done.predicted_s == list(predict(runs, {}))  # memory fields do not change a step time

@@ -9,15 +9,30 @@ from cost_models.pipeline import boundary_p2p_time, pipeline_time
 
 
 @pytest.mark.parametrize("zero,d,per_param", [
-    (0, 8, 16.0), (1, 8, 4 + 12 / 8), (2, 8, 2 + 14 / 8), (3, 8, 16 / 8), (1, 1, 16.0), (3, 1, 16.0),
+    (0, 8, 18.0), (1, 8, 6 + 12 / 8), (2, 8, 2 + 16 / 8), (3, 8, 18 / 8), (1, 1, 18.0), (3, 1, 18.0),
 ])
 def test_zero_model_states_match_rajbhandari(zero, d, per_param):
+    """bf16 params, fp32 gradient buffer, fp32 master + m + v (the defaults), sharded as ZeRO shards them."""
     assert model_state_bytes(1e9, zero, d) == pytest.approx(1e9 * per_param)
+
+
+@pytest.mark.parametrize("state,param,grad,unsharded,distributed", [
+    (18, 2, 4, 18, (6, 12)),  # bf16 params, fp32 gradients
+    (20, 2, 2, 20, (4, 16)),  # fp16 params and gradients (fp32 master and main-gradient copy with the optimizer)
+    (16, 4, 4, 16, (8, 8)),  # fp32 throughout
+])
+def test_model_states_match_megatron_lms_table(state, param, grad, unsharded, distributed):
+    """Megatron-LM's documented bytes per parameter (api-guide/dist_optimizer), unsharded and with the
+    distributed optimizer (ZeRO-1) over d ranks: a + b / d."""
+    for d in (2, 8, 64):
+        assert model_state_bytes(1.0, 0, d, state, param, (), grad) == pytest.approx(unsharded)
+        a, b = distributed
+        assert model_state_bytes(1.0, 1, d, state, param, (), grad) == pytest.approx(a + b / d)
 
 
 def test_zero_stages_shrink_monotonically():
     vals = [float(model_state_bytes(7e9, z, 64)) for z in range(4)]
-    assert vals == sorted(vals, reverse=True) and vals[0] == pytest.approx(112e9)
+    assert vals == sorted(vals, reverse=True) and vals[0] == pytest.approx(126e9)
 
 
 def test_inflight_microbatches_1f1b_and_gpipe():

@@ -29,7 +29,9 @@ def test_rows_state_their_bytes_consistently():
         assert p.param_bytes == p.act_bytes  # compute dtype: activations and the parameters used in GEMMs
         assert p.grad_comm_bytes >= p.param_bytes  # reduced at least in the compute dtype
     bf16, fp32 = PRECISIONS["bf16"], PRECISIONS["fp32"]
-    assert bf16.state_bytes == 2 + 2 + 4 + 4 + 4  # bf16 param + grad, fp32 master + m + v
+    assert bf16.state_bytes == 2 + 4 + 4 + 4 + 4  # bf16 param, fp32 grad, fp32 master + m + v
+    fp16 = PRECISIONS["fp16"]
+    assert (fp16.state_bytes, fp16.grad_bytes) == (2 + 2 + 4 + 4 + 4 + 4, 2)  # + fp32 main-grad copy
     assert fp32.state_bytes == 4 + 4 + 4 + 4  # fp32 param + grad + m + v, no master copy
     assert PRECISIONS["fp8"].act_bytes == bf16.act_bytes and PRECISIONS["fp8"].state_bytes == bf16.state_bytes
     assert PRECISIONS["tf32"].act_bytes == fp32.act_bytes and PRECISIONS["tf32"].peak == "tflops_tf32"
@@ -39,7 +41,7 @@ def test_rows_state_their_bytes_consistently():
 def test_with_precision_sets_only_the_byte_counts():
     base = CostParams(eff_max=0.5, reserve_gib=3.0)
     out = with_precision(base, PRECISIONS["fp32"])
-    assert (out.param_bytes, out.grad_comm_bytes, out.state_bytes) == (4, 4, 16)
+    assert (out.param_bytes, out.grad_comm_bytes, out.state_bytes, out.grad_bytes) == (4, 4, 16, 4)
     assert (out.eff_max, out.reserve_gib, out.opt_bytes_touched) == (0.5, 3.0, base.opt_bytes_touched)
 
 

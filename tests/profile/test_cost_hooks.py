@@ -19,8 +19,8 @@ def test_state_table_replaces_the_textbook_formula():
     assert model_state_bytes(1000, 3, 2, table=RUNTIME_FP32) == 1000 * 8
     # a DP group of one shards nothing: every stage holds stage 0's bytes
     assert model_state_bytes(1000, 2, 1, table=RUNTIME_FP32) == 16000
-    # without a table: Rajbhandari et al.'s mixed-precision numbers, unchanged
-    assert model_state_bytes(1000, 1, 4) == 1000 * (4 + 12 / 4)
+    # without a table: the mixed-precision numbers (bf16 params, fp32 gradient buffer), unchanged
+    assert model_state_bytes(1000, 1, 4) == 1000 * (6 + 12 / 4)
 
 
 def test_params_from_a_file_are_hashable_and_equal_to_the_original():

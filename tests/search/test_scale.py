@@ -174,9 +174,9 @@ def test_stand_ins_that_leave_no_partition_fall_back_to_the_exact_setting(monkey
     used = []
 
     def infeasible(*by_k):
-        C, trie, nodes, M = real(*by_k)
+        C, S, trie, nodes, M = real(*by_k)
         used.append(1)
-        return np.full_like(C, np.inf), trie, nodes, M
+        return np.full_like(C, np.inf), S, trie, nodes, M
 
     monkeypatch.setattr(homogeneous.HomogeneousSearch, "_stand_in", staticmethod(infeasible))
     r = _search_4_stages(budget=1)

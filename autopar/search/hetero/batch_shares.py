@@ -3,7 +3,7 @@
 A pipeline's share is ``micro_batch_size x num_microbatches`` and every layer's dp must divide its
 micro-batch size. With a pipeline's strategies fixed, its time is a closed form of m:
 
-    T(m) = (m - 1) * max_i C_i(m) + sum_i (C_i(m) + P_i) + o (m + p - 1),   C_i(m) = FB_i + ST_i / m
+    T(m) = sum_i (FB_i + P_i) + max_i ((m - 1) FB_i + ST_i) + o (m + p - 1)
 
 (FB_i: stage i's per-micro-batch forward + backward, ST_i its step-level tail; ``stage_cost``'s
 terms; o: ``CostParams.slot_overhead_s``). ``allocate`` finds integers m_j with sum_j mbs_j m_j = B that minimise max_j T_j(m_j)
@@ -34,7 +34,7 @@ class PipelineRate:
     def time(self, m: int) -> float:
         """T(m): the cost model's pipeline formula with every boundary's round trips summed into P."""
         c = [f + s / m for f, s in zip(self.fb, self.st)]
-        return pipeline_time(c, [self.p2p] + [0.0] * (len(c) - 1), m, self.slot_s)
+        return pipeline_time(c, [self.p2p] + [0.0] * (len(c) - 1), m, self.slot_s, steps=self.st)
 
 
 def proportional(total: int, weights: list[float], granule: list[int]) -> list[int]:
@@ -76,8 +76,8 @@ def allocate(total: int, rates: list[PipelineRate]) -> list[int] | None:
     times = []
     for r, lim in zip(rates, limits):
         m = np.arange(1, lim + 1, dtype=float)
-        c = np.asarray(r.fb)[:, None] + np.asarray(r.st)[:, None] / m[None, :]
-        t = (m - 1) * c.max(axis=0) + c.sum(axis=0) + r.p2p + r.slot_s * (m + len(r.fb) - 1)  # = r.time(m), all m
+        fb, st = np.asarray(r.fb)[:, None], np.asarray(r.st)[:, None]
+        t = fb.sum() + ((m - 1) * fb + st).max(axis=0) + r.p2p + r.slot_s * (m + len(r.fb) - 1)  # = r.time(m), all m
         times.append(np.maximum.accumulate(t))  # T grows with m; the running max guards float noise
     cands = np.unique(np.concatenate(times))
     if _feasible(total, rates, times, cands[-1]) is None:

@@ -46,13 +46,14 @@ class ThinTrie(RangeTrie):
         cand = self.candidates[sig]
         c, m, lay = cand.costs.cost, self._mem[sig], cand.layouts
         if parent < 0:
-            new_m, new_t, new_l = m.copy(), c.copy(), lay.copy()
+            new_m, new_t, new_l, new_s = m.copy(), c.copy(), lay.copy(), cand.costs.step.copy()
             pp, st = np.full(len(c), -1), np.arange(len(c))
         else:
             pf = self.nodes[parent]
             sw = self.switch[pf.sig][pf.layout][:, lay]
             new_t = (pf.time[:, None] + (c[None, :] + sw)).ravel()
             new_m = (pf.mem[:, None] + m[None, :]).ravel()
+            new_s = (pf.step[:, None] + cand.costs.step[None, :]).ravel()
             P, S = len(pf.time), len(c)
             pp, st, new_l = np.repeat(np.arange(P), S), np.tile(np.arange(S), P), np.tile(lay, P)
         self.points_examined += len(new_t)
@@ -62,15 +63,17 @@ class ThinTrie(RangeTrie):
             order = np.lexsort((new_t[ok], key))
             first = np.r_[True, key[order][1:] != key[order][:-1]]
             ok = ok[order[first]]
-        new_m, new_t, new_l, pp, st = new_m[ok], new_t[ok], new_l[ok], pp[ok], st[ok]
+        new_m, new_t, new_l, pp, st, new_s = new_m[ok], new_t[ok], new_l[ok], pp[ok], st[ok], new_s[ok]
         keep = pareto_by_group(new_l, new_m, new_t)
-        self.nodes.append(Frontier(new_m[keep], new_t[keep], new_l[keep], pp[keep], st[keep], parent, sig))
+        self.nodes.append(Frontier(new_m[keep], new_t[keep], new_l[keep], pp[keep], st[keep], parent, sig,
+                                   new_s[keep]))
         return len(self.nodes) - 1
 
 
 @dataclass
 class StageTable:
     C: np.ndarray  # (L+1, L+1): least cost per micro-batch of layers a..b-1; inf where nothing fits
+    S: np.ndarray  # (L+1, L+1): the step tail of C's strategies (0 where nothing fits)
     trie: RangeTrie
     node_of: dict
     cands: dict
@@ -161,14 +164,16 @@ class LayerSplitter:
             self._cands[key] = hit
         return hit
 
-    def least_costs(self, devices: Devices, mbs: int, m: int) -> np.ndarray:
-        """Per layer, its cheapest strategy's cost on this stage (memory ignored; inf if none is legal)."""
+    def least_costs(self, devices: Devices, mbs: int, m: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per layer, its cheapest strategy's cost on this stage and that strategy's step tail (memory
+        ignored; inf and 0 if none is legal)."""
         key = (self.kind(devices), mbs, m)
         hit = self._least.get(key)
         if hit is None:
             _, cands, _ = self._candidates(devices, mbs, m)
-            per_sig = {s: float(c.costs.cost.min()) if len(c.strategies) else np.inf for s, c in cands.items()}
-            hit = np.array([per_sig[s] for s in self.sigs])
+            arg = {s: int(np.argmin(c.costs.cost)) for s, c in cands.items() if len(c.strategies)}
+            hit = (np.array([float(cands[s].costs.cost[arg[s]]) if s in arg else np.inf for s in self.sigs]),
+                   np.array([float(cands[s].costs.step[arg[s]]) if s in arg else 0.0 for s in self.sigs]))
             self._least[key] = hit
         return hit
 
@@ -192,6 +197,7 @@ class LayerSplitter:
         L = self.L
         transient = [cands[s].transient for s in self.sigs]
         C = np.full((L + 1, L + 1), np.inf)
+        S = np.zeros((L + 1, L + 1))
         node_of: dict = {}
         memo: dict = {}
         a_range = {"first": range(1), "only": range(1), "middle": range(1, L)}.get(role, range(L))
@@ -208,10 +214,11 @@ class LayerSplitter:
                 if node not in memo:
                     memo[node] = trie.best(node, room - tmax)
                 C[a, b] = memo[node][0]
+                S[a, b] = trie.step(node, memo[node][1])
                 node_of[(a, b)] = node
         self.builds += 1
         self.candidates += trie.points_examined
-        tab = StageTable(C, trie, node_of, cands, room, transient)
+        tab = StageTable(C, S, trie, node_of, cands, room, transient)
         self._tables[key] = tab
         return tab
 
@@ -293,7 +300,8 @@ class LayerSplitter:
             return None
         ks = [inflight_microbatches(self.opts.schedule, p, i, m) for i in range(p)]
         tabs = [self.table(st, mbs, m, k, role(i, p)) for i, (st, k) in enumerate(zip(stages, ks))]
-        part = best_partition([t.C for t in tabs], self.p2p_costs(stages, mbs), m, self.opts.params.slot_overhead_s)
+        part = best_partition([t.C for t in tabs], self.p2p_costs(stages, mbs), m, self.opts.params.slot_overhead_s,
+                              [t.S for t in tabs])
         if part is None or not np.isfinite(part.step_time):
             return None
         res = PipelineSplit(list(stages), mbs, m, part.step_time, part.bounds)
@@ -315,14 +323,21 @@ class LayerSplitter:
         return minmax_partition([self._need(st, mbs, m, k, role(i, p)) for i, (st, k) in enumerate(zip(stages, ks))])[0]
 
     def guess(self, stages: list[Devices], mbs: int, m: int) -> float:
-        """A quick guess of the pipeline time (memory ignored): stages balanced by their speed, plus
-        each boundary's cheapest send. Orders the micro-batch sizes ``best`` solves."""
-        W = [float(self.least_costs(st, mbs, m).sum()) for st in stages]
-        if not all(np.isfinite(W)):
+        """A quick guess of the pipeline time (memory ignored): stages balanced by their speed, or every
+        layer on the fastest stage when that is quicker (few micro-batches), plus each boundary's
+        cheapest send. Orders the micro-batch sizes ``best`` solves."""
+        least = [self.least_costs(st, mbs, m) for st in stages]
+        C = [float(c.sum()) for c, _ in least]
+        if not all(np.isfinite(C)):
             return np.inf
+        S = [float(s.sum()) for _, s in least]
+        W = [c - s / m for c, s in zip(C, S)]  # each stage kind's forward + backward of the whole model
         balanced = 1.0 / sum(1.0 / w for w in W if w > 0)
         sends = sum(float(P[1:].min()) for P in self.p2p_costs(stages, mbs)[:-1])
-        return (m - 1 + len(stages)) * balanced + sends
+        # a stage balanced to ``balanced`` seconds holds balanced / W_i of the model, and that share of its tail
+        tail = max(s * balanced / w if w > 0 else s for s, w in zip(S, W))
+        lopsided = min(m * w + s for w, s in zip(W, S))  # (nearly) every layer on the fastest stage: few m
+        return min((m - 1 + len(stages)) * balanced + tail, lopsided) + sends
 
     def best(self, stages: list[Devices], share: int, tries: int = 2) -> PipelineSplit | None:
         """Best split over micro-batch sizes dividing ``share``: the ``tries`` best guesses are solved
