@@ -47,10 +47,10 @@ class StageMemory:
 def _state_split(shard: float, zero: int, dp: int, p: CostParams) -> tuple[float, float, float]:
     """(parameters, gradients, optimizer) bytes one rank holds for ``shard`` parameters; their sum is
     ``model_state_bytes`` (the optimizer part is what is left of it)."""
-    total = float(model_state_bytes(shard, zero, dp, p.state_bytes, p.param_bytes, p.state_table))
+    total = float(model_state_bytes(shard, zero, dp, p.state_bytes, p.param_bytes, p.state_table, p.grad_bytes))
     d = max(dp, 1)
     params = shard * p.param_bytes / (d if zero == 3 else 1)
-    grads = shard * p.param_bytes / (d if zero >= 2 else 1)
+    grads = shard * p.grad_bytes / (d if zero >= 2 else 1)
     return params, grads, total - params - grads
 
 
