@@ -29,7 +29,7 @@ from torch.distributed.tensor.parallel import loss_parallel
 from autopar.plan.schema import Strategy
 from autopar.runtime.layout import Layout
 from autopar.runtime.p2p import Exchange, Mailbox, Recv, Send, reshard
-from autopar.runtime.schedule import stage_actions
+from autopar.runtime.schedule import Action, stage_slots
 
 
 def cross_entropy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -64,10 +64,12 @@ class StageRunner:
     """Forward and backward of one stage for every micro-batch of a step, in schedule order."""
 
     def __init__(self, rank: int, units: list[LocalUnit], spec: StageSpec, schedule: str, mailbox: Mailbox,
-                 loss_fn: Callable, logits_sharded: bool) -> None:
+                 loss_fn: Callable, logits_sharded: bool, slots: list[list[Action]] | None = None) -> None:
         self.rank, self.units, self.spec, self.mailbox = rank, units, spec, mailbox
         self.loss_fn, self.logits_sharded = loss_fn, logits_sharded
-        self.actions = stage_actions(schedule, spec.num_stages, spec.stage, spec.num_microbatches)
+        # ``slots``: given (empty) for a chunk of an interleaved stage, which ChunkedRunner drives (chunks.py).
+        self.slots = slots if slots is not None else stage_slots(schedule, spec.num_stages, spec.stage,
+                                                                   spec.num_microbatches)
         mbs = spec.micro_batch_size
         first, last = units[0].layout, units[-1].layout
         self.recv_fwd = self.send_bwd = self.send_fwd = self.recv_bwd = None
@@ -145,42 +147,61 @@ class StageRunner:
         grad = x.grad if x.grad is not None else torch.zeros_like(x)
         return Send(grad, self.send_bwd, self._boundary_tag(k, self.spec.stage - 1, True))
 
-    def _recv_for(self, action: tuple[str, int] | None) -> Recv | None:
-        """What ``action`` needs from a neighbouring stage before it can run."""
-        if action is None:
-            return None
-        kind, k = action
+    def _recv_for(self, action: Action) -> Recv | None:
+        """What ``action`` (of this runner's chunk) needs from a neighbouring stage before it can run."""
+        kind, k, _ = action
         if kind == "F" and self.recv_fwd is not None:
-            return Recv(self.recv_fwd, self._boundary_tag(k, self.spec.stage - 1, False), cache_key=("act",))
+            return Recv(self.recv_fwd, self._boundary_tag(k, self.spec.stage - 1, False),
+                        cache_key=("act", self.spec.stage))
         if kind == "B" and self.recv_bwd is not None and self.outputs[k].is_floating_point():
             return Recv(self.recv_bwd, self._boundary_tag(k, self.spec.stage, True), like=self.outputs[k])
         return None
 
-    def _post(self, send: Send | None, recv: Recv | None) -> torch.Tensor | None:
-        out = self.mailbox.post([send] if send else [], [recv] if recv else [])
-        return out[0] if recv else None
+    def start_step(self, device: torch.device) -> None:
+        """Forget the previous step's micro-batches and loss."""
+        self.inputs: dict[int, torch.Tensor] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        self.loss_sum = torch.zeros((), device=device)
 
     # -- a whole step -----------------------------------------------------------------------
     def run(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Run the schedule over this pipeline's micro-batches; return this rank's weighted loss sum.
+        """Run the schedule over this pipeline's micro-batches; return this rank's weighted loss sum."""
+        return run_slots([self], self.slots, self.mailbox, inputs, targets)
 
-        Between two actions the previous action's sends and the next action's receives are posted
-        as one batch (see p2p.py).
-        """
-        self.inputs: dict[int, torch.Tensor] = {}
-        self.outputs: dict[int, torch.Tensor] = {}
-        self.loss_sum = torch.zeros((), device=inputs.device)
-        self.mailbox.shapes.clear()  # shapes may change from step to step: the first micro-batch re-sends them
-        last_backward = max(i for i, (kind, _) in enumerate(self.actions) if kind == "B")
-        received = self._post(None, self._recv_for(self.actions[0]))
-        for i, (kind, k) in enumerate(self.actions):
+
+def run_slots(chunks: list[StageRunner], slots: list[list[Action]], mailbox: Mailbox, inputs: torch.Tensor,
+              targets: torch.Tensor) -> torch.Tensor:
+    """Run one step's ``slots`` (``Action.chunk`` indexes ``chunks``); return this rank's weighted loss sum.
+
+    Between two slots the previous slot's sends and the next slot's receives are posted as one batch
+    (see p2p.py), so every input of a slot is here before its first action runs.
+    """
+    for r in chunks:
+        r.start_step(inputs.device)
+    mailbox.shapes.clear()  # shapes may change from step to step: the first micro-batch re-sends them
+    flat = [a for slot in slots for a in slot]
+    # ZeRO-3 units accumulate unsharded gradients and reduce-scatter once, in their chunk's last backward.
+    last_backward = {c: max(i for i, (kind, _, cc) in enumerate(flat) if kind == "B" and cc == c)
+                     for c in range(len(chunks))}
+
+    def post(sends: list[Send], slot: list[Action] | None) -> list[torch.Tensor | None]:
+        recvs = [chunks[a[2]]._recv_for(a) for a in slot] if slot else []
+        out = iter(mailbox.post(sends, [r for r in recvs if r is not None]))
+        return [next(out) if r is not None else None for r in recvs]
+
+    received = post([], slots[0])
+    i = 0
+    for si, slot in enumerate(slots):
+        sends = []
+        for (kind, k, c), got in zip(slot, received):
+            runner = chunks[c]
             if kind == "F":
-                send = self.forward(k, inputs, targets, received)
+                send = runner.forward(k, inputs, targets, got)
             else:
-                # ZeRO-3 units accumulate unsharded gradients and reduce-scatter once, in the last backward.
-                for m in self.fsdp_modules:
-                    m.set_requires_gradient_sync(i == last_backward)
-                send = self.backward(k, received)
-            following = self.actions[i + 1] if i + 1 < len(self.actions) else None
-            received = self._post(send, self._recv_for(following))
-        return self.loss_sum
+                for m in runner.fsdp_modules:
+                    m.set_requires_gradient_sync(i == last_backward[c])
+                send = runner.backward(k, got)
+            sends += [send] if send is not None else []
+            i += 1
+        received = post(sends, slots[si + 1] if si + 1 < len(slots) else None)
+    return sum((r.loss_sum for r in chunks[1:]), chunks[0].loss_sum)
