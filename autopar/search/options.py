@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from autopar.errors import AutoparError
-from autopar.plan.schema import SCHEDULES
 from cost_models import CostParams
+
+SEARCH_SCHEDULES = ("1f1b", "gpipe")  # 1f1b: interleaved re-cuts are tried too (search/interleave.py)
 
 
 @dataclass
@@ -27,5 +28,6 @@ class SearchOptions:
         if self.time_budget_s is not None and self.time_budget_s <= 0:
             raise AutoparError("time_budget", f"must be positive, got {self.time_budget_s}",
                                "pass --time-budget seconds with a value > 0")
-        if self.schedule not in SCHEDULES:
-            raise AutoparError("schedule", f"unknown schedule {self.schedule!r}", f"use one of {', '.join(SCHEDULES)}")
+        if self.schedule not in SEARCH_SCHEDULES:
+            raise AutoparError("schedule", f"the search takes schedule 1f1b or gpipe, not {self.schedule!r}",
+                               "use 1f1b (the search tries interleaved virtual stages itself) or gpipe")
