@@ -1,8 +1,8 @@
 """Interleaved schedules in the homogeneous search: the best 1F1B settings re-cut into virtual stages.
 
 For each of the best few (pp, m) settings the 1F1B search found (``TRIED`` of them, pp >= 2, m a
-multiple of pp) and each v of ``VIRTUAL`` with at least one unit per chunk, the units are cut into
-p * v consecutive chunks of near-equal cost under the 1F1B strategies (chunk k on stage k mod p,
+multiple of pp) and each v of ``SearchOptions.virtual_stages`` (2 and 4 by default) with at least one
+unit per chunk, the units are cut into p * v consecutive chunks of near-equal cost under the 1F1B strategies (chunk k on stage k mod p,
 Megatron's layout); then the frontier DP picks each physical stage's per-layer strategies again over
 the units of its chunks, holding that stage's in-flight activations of the interleaved table
 (``stage_equivalents``), within the device budget. Each candidate is priced by ``estimate_plan``, i.e.
@@ -26,7 +26,6 @@ from autopar.search.result import ConfigResult
 from cost_models.pipeline_schedules import inflight_profile, schedule_table
 
 TRIED = 3  # best 1F1B settings re-cut
-VIRTUAL = (2, 4)  # virtual stages tried
 
 
 def balanced_cuts(costs: list[float], parts: int) -> list[int]:
@@ -128,7 +127,7 @@ def try_interleaving(hs: Search, results: list[ConfigResult]) -> list[ConfigResu
         switch, tries = hs.switch_costs(ctx, layouts), {}
         costs = [stage_cost([model.layers[index[ly.name]]], [ly.strategy], ctx, 0, cache).cost
                  for st in r.stages for ly in st.layers]
-        for v in VIRTUAL:
+        for v in opts.virtual_stages:
             if p * v > model.num_layers or hs.over_budget():
                 break
             res = ConfigResult(p, m, mbs, r.lower_bound, virtual_stages=v)

@@ -20,6 +20,9 @@ class SearchOptions:
     prune_dominated: bool = True
     progress: bool = False
     params: CostParams = field(default_factory=CostParams)
+    # Virtual stage counts a 1f1b search tries on its best settings (interleaved re-cuts, search/interleave.py);
+    # () tries none.
+    virtual_stages: tuple[int, ...] = (2, 4)
 
     def __post_init__(self) -> None:
         if self.memory_budget_gib is not None and self.memory_budget_gib <= 0:
@@ -28,6 +31,9 @@ class SearchOptions:
         if self.time_budget_s is not None and self.time_budget_s <= 0:
             raise AutoparError("time_budget", f"must be positive, got {self.time_budget_s}",
                                "pass --time-budget seconds with a value > 0")
+        if any(not isinstance(v, int) or v < 2 for v in self.virtual_stages):
+            raise AutoparError("virtual_stages", f"must be counts >= 2, got {self.virtual_stages!r}",
+                               "give e.g. (2, 4), or () to try no interleaved schedule")
         if self.schedule not in SEARCH_SCHEDULES:
             raise AutoparError("schedule", f"the search takes schedule 1f1b or gpipe, not {self.schedule!r}",
                                "use 1f1b (the search tries interleaved virtual stages itself) or gpipe")

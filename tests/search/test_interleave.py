@@ -73,3 +73,10 @@ def test_gpipe_searches_try_no_interleaving():
 def test_the_interleaved_schedule_is_not_a_search_option():
     with pytest.raises(AutoparError, match="the search takes schedule 1f1b or gpipe"):
         SearchOptions(schedule="interleaved")
+
+
+def test_no_virtual_stages_tries_no_interleaving_and_bad_counts_are_refused():
+    res = search(gpt_like(blocks=8), _cluster(4), 8, SearchOptions(pp_degrees=[4], virtual_stages=()))
+    assert res.plan.schedule == "1f1b" and all(c.virtual_stages == 1 for c in res.configs)
+    with pytest.raises(AutoparError, match="virtual_stages: must be counts >= 2"):
+        SearchOptions(virtual_stages=(1,))
