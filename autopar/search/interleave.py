@@ -2,8 +2,8 @@
 
 For each of the best few (pp, m) settings the 1F1B search found (``TRIED`` of them, pp >= 2, m a
 multiple of pp) and each v of ``SearchOptions.virtual_stages`` (2 and 4 by default) with at least one
-unit per chunk, the units are cut into p * v consecutive chunks of near-equal cost under the 1F1B strategies (chunk k on stage k mod p,
-Megatron's layout); then the frontier DP picks each physical stage's per-layer strategies again over
+unit per chunk, the units are cut into p * v consecutive chunks of near-equal cost under the 1F1B
+strategies (chunk k on stage k mod p, Megatron's layout); then the frontier DP picks each physical stage's per-layer strategies again over
 the units of its chunks, holding that stage's in-flight activations of the interleaved table
 (``stage_equivalents``), within the device budget. Each candidate is priced by ``estimate_plan``, i.e.
 by the table the runtime executes (bubble, in-flight activations per chunk, the p2p of every chunk
