@@ -186,7 +186,7 @@ def _checked(path: str, memory: bool = True, force_hint: bool = False):
 def cmd_validate(args) -> int:
     plan, est, notes = _checked(args.plan)
     print(f"{args.plan}: valid ({plan.world_size} devices, {len(plan.pipelines)} pipeline(s), "
-          f"{len(plan.stages)} stage(s), peak {est.max_memory_gib:.1f} GiB recomputed from the model)")
+          f"{sum(p.num_stages for p in plan.pipelines)} stage(s), peak {est.max_memory_gib:.1f} GiB recomputed from the model)")
     for note in notes:
         print(note)
     return 0
