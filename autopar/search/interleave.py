@@ -14,6 +14,7 @@ step on top of the exact 1F1B search, recorded per candidate (``ConfigResult.vir
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Protocol
 
 from autopar.cluster.cluster import Cluster
@@ -73,6 +74,7 @@ class Search(Protocol):
     global_batch_size: int
     opts: SearchOptions
     sigs: list[int]
+    pruned: Counter
 
     def over_budget(self) -> bool: ...
 
@@ -123,7 +125,9 @@ def try_interleaving(hs: Search, results: list[ConfigResult]) -> list[ConfigResu
                    and r.num_microbatches % r.pp == 0), key=lambda r: r.step_time)
     for r in base[:TRIED]:
         p, m, mbs = r.pp, r.num_microbatches, r.micro_batch_size
+        counted = Counter(hs.pruned)  # the setting's candidates were pruned (and counted) once already
         ctx, cands, layouts = hs.candidates_for(p, m)
+        hs.pruned = counted
         switch, tries = hs.switch_costs(ctx, layouts), {}
         costs = [stage_cost([model.layers[index[ly.name]]], [ly.strategy], ctx, 0, cache).cost
                  for st in r.stages for ly in st.layers]
