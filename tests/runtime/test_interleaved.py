@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from autopar.errors import AutoparError
+from autopar.models import GPT, GPTConfig
 from autopar.plan.compact import make_plan
+from autopar.runtime.checks import check_plan
+from autopar.units import unit_tp_info, units
 from tests.runtime.cases import MODELS
 from tests.runtime.reference import assert_matches_reference
 
@@ -57,8 +61,6 @@ def test_pp2_v2_with_tp_or_zero(strategy):
 
 
 def _gpt6():
-    from autopar.models import GPT, GPTConfig
-
     return GPT(GPTConfig(vocab_size=64, seq_len=8, dim=32, n_layers=6, n_heads=4, ffn_hidden=64))
 
 
@@ -70,3 +72,18 @@ def test_pp4_v2_four_ranks():
     plan = make_plan([(2, 4, _chunks(units, [1] * 8, [[0], [1], [2], [3]]))], schedule="interleaved",
                      virtual_stages=2)
     assert_matches_reference(_gpt6, plan, x, y)
+
+
+@pytest.mark.parametrize("m,virtual,schedule,words", [
+    (3, 2, "interleaved", "needs a multiple of the stage count"),
+    (2, 2, "1f1b", "virtual_stages 2 with schedule 1f1b"),
+    (2, 1, "interleaved", "needs 2 or more chunks per stage")])
+def test_wrap_refuses_what_the_interleaved_table_cannot_run_before_any_collective(m, virtual, schedule, words):
+    """wrap's check (the plan rules, on the model's own units): one line naming the pair, no process group."""
+    build, names, _, _ = MODELS["gpt"]
+    sizes = [1, 1, 1, 1] if virtual == 2 else [2, 2]
+    plan = make_plan([(2, m, _chunks(names, sizes, [[0], [1]]))], schedule=schedule, virtual_stages=virtual)
+    model = build()
+    named = units(model)
+    with pytest.raises(AutoparError, match=words):
+        check_plan(plan, [n for n, _ in named], {n: unit_tp_info(model, n, mod) for n, mod in named}, 2)
