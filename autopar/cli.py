@@ -148,11 +148,12 @@ def _explain(res) -> None:
     for rule, count in sorted(res.pruned.items(), key=lambda kv: -kv[1]):
         print(f"  {count:>9,}  {rule}: {describe(rule)}")
     if res.configs:
-        print("configurations (pp, micro-batches): lower bound -> result")
+        print("configurations (pp, micro-batches, virtual stages v > 1: interleaved): lower bound -> result")
     for c in sorted(res.configs, key=lambda c: c.step_time)[:20]:
         r = f"{c.step_time:.4g} s" if c.stages else (c.note or "-")
+        v = f" v={c.virtual_stages}" if c.virtual_stages > 1 else ""
         print(f"  pp={c.pp:<3} m={c.num_microbatches:<5} mbs={c.micro_batch_size:<5} "
-              f"bound {c.lower_bound:.4g} s -> {r}")
+              f"bound {c.lower_bound:.4g} s -> {r}{v}")
 
 
 # -- estimate / validate ------------------------------------------------------------------------
@@ -214,7 +215,7 @@ def _checked(path: str, memory: bool = True, force_hint: bool = False):
 def cmd_validate(args) -> int:
     plan, est, notes = _checked(args.plan)
     print(f"{args.plan}: valid ({plan.world_size} devices, {len(plan.pipelines)} pipeline(s), "
-          f"{len(plan.stages)} stage(s), peak {est.max_memory_gib:.1f} GiB recomputed from the model)")
+          f"{sum(p.num_stages for p in plan.pipelines)} stage(s), peak {est.max_memory_gib:.1f} GiB recomputed from the model)")
     for note in notes:
         print(note)
     return 0

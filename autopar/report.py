@@ -37,7 +37,8 @@ def plan_shape(plan: Plan) -> str:
     pipes = plan.pipelines
     if len(pipes) == 1:
         p = pipes[0]
-        return (f"1 pipeline x {len(p.stages)} stage(s), {p.num_microbatches} micro-batches of "
+        chunks = f" x {p.virtual_stages} chunks" if p.virtual_stages > 1 else ""
+        return (f"1 pipeline x {p.num_stages} stage(s){chunks}, {p.num_microbatches} micro-batches of "
                 f"{p.micro_batch_size} ({plan.schedule})")
     shapes = ", ".join(f"{len(p.stages)}st/{p.batch_share}smp" for p in pipes)
     return f"{len(pipes)} pipelines [{shapes}] ({plan.schedule})"

@@ -50,6 +50,11 @@ ALLOWED: dict[str, set[str]] = {
 }
 ALLOWED["autopar.cli"] = set(ALLOWED) - {"autopar.cli"}
 
+# Single modules a package may import beyond its row. The runtime executes the pipeline schedule tables
+# whose bubble and in-flight activations the cost model reads (one generator, so the two cannot drift);
+# the rest of the cost model stays out of the runtime.
+NARROW: dict[str, set[str]] = {"autopar.runtime": {"cost_models.pipeline_schedules"}}
+
 # Methods the interpreter or a library calls by name (never referenced in our own code).
 HOOKS = {"forward", "ignore_aliases", "__getattr__", "extra_repr", "error"}  # error: argparse
 
@@ -93,7 +98,8 @@ def test_packages_import_only_what_the_architecture_allows():
     for mod, deps in _graph().items():
         pkg = _package(mod)
         assert pkg in ALLOWED, f"{pkg} is not in the architecture's table: add it (tests/test_architecture.py)"
-        bad += [f"{mod} imports {d}" for d in sorted(deps) if _package(d) != pkg and _package(d) not in ALLOWED[pkg]]
+        bad += [f"{mod} imports {d}" for d in sorted(deps) if _package(d) != pkg and _package(d) not in ALLOWED[pkg]
+                and d not in NARROW.get(pkg, set())]
     assert not bad, "\n".join(bad)
 
 

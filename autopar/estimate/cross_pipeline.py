@@ -6,7 +6,8 @@ from __future__ import annotations
 from autopar.cluster.cluster import Cluster
 from autopar.estimate.cache import CostCache
 from autopar.estimate.context import StageContext
-from autopar.estimate.pipeline import StageEstimate, estimate_pipeline
+from autopar.estimate.interleaved import estimate_any
+from autopar.estimate.pipeline import StageEstimate
 from autopar.modelspec.spec import ModelSpec
 from autopar.plan.schema import Plan
 from cost_models import CostParams
@@ -61,7 +62,7 @@ def _pipelines(plan: Plan, model: ModelSpec, params: CostParams,
                cache: CostCache) -> tuple[list[list[StageEstimate]], list[float]]:
     pipes, times = [], []
     for pipe in plan.pipelines:
-        st, t = estimate_pipeline(pipe, model, plan.cluster, plan.schedule, params, cache)
+        st, t = estimate_any(pipe, model, plan.cluster, plan.schedule, params, cache)
         pipes.append(st)
         times.append(t)
     return pipes, times

@@ -15,7 +15,8 @@ from autopar.cluster.cluster import GIB, Cluster
 from autopar.estimate.cache import CostCache
 from autopar.estimate.context import device_budget_bytes
 from autopar.estimate.cross_pipeline import cross_pipeline_sync_time
-from autopar.estimate.pipeline import StageEstimate, estimate_pipeline
+from autopar.estimate.interleaved import estimate_any
+from autopar.estimate.pipeline import StageEstimate
 from autopar.modelspec.spec import ModelSpec
 from autopar.plan.schema import Plan
 from cost_models import CostParams
@@ -97,7 +98,7 @@ def estimate_plan(plan: Plan, model: ModelSpec, params: CostParams | None = None
     cluster = plan.cluster
     pipes, times = [], []
     for pipe in plan.pipelines:
-        stages, t = estimate_pipeline(pipe, model, cluster, plan.schedule, params, cache)
+        stages, t = estimate_any(pipe, model, cluster, plan.schedule, params, cache)
         pipes.append(stages)
         times.append(t)
     step = max(times)
@@ -114,7 +115,8 @@ def finish_estimate(plan: Plan, model: ModelSpec, pipes: list[list[StageEstimate
     a plan costs no pass over its devices beyond its stages' own.
     """
     cluster = plan.cluster
-    stages = [st for p in pipes for st in p]
+    # An interleaved pipeline lists each physical stage's chunks: count its devices once.
+    stages = [st for pipe, p in zip(plan.pipelines, pipes) for st in p[:pipe.num_stages]]
     num_devices = sum(len(st.devices) for st in stages)
     tokens = plan.global_batch_size * model.tokens_per_sample
     tokens_per_s = tokens / step

@@ -77,7 +77,7 @@ def rank_map_lines(plan: Plan, this_node: int | None = None) -> list[str]:
     """Comment lines saying which global ranks (= plan device ids) each node runs, and what they hold."""
     cluster = plan.cluster
     stage_of = {d: f"pipeline {pi} stage {si}" for pi, p in enumerate(plan.pipelines)
-                for si, st in enumerate(p.stages) for d in st.devices}
+                for si, st in enumerate(p.physical_stages) for d in st.devices}
     lines = ["# Ranks: the plan numbers devices node by node, and so does torchrun here: node i's local rank r",
              "# is global rank sum(nproc of nodes 0..i-1) + r, which is the plan's device id. Local rank r uses",
              "# GPU r of its node."]

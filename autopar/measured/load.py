@@ -16,7 +16,7 @@ from autopar.errors import AutoparError
 from autopar.fields import Fields, as_list
 from autopar.measured.cluster import UnknownGPU, cluster_for_case
 from autopar.measured.model import model_from_config
-from autopar.measured.plan import build_plan, read_shape, stage_sizes
+from autopar.measured.plan import build_plan, chunk_sizes, read_shape, stage_sizes
 from autopar.measured.runs import Run, RunSet, Skip
 from autopar.plan.precision import DEFAULT, NAMES, activation_bytes
 from autopar.plan.validate import plan_problems
@@ -114,9 +114,11 @@ def _case(c: Fields, top: Fields, strict: bool, cache: dict) -> Run | Skip:
         raise AutoparError(c.at("measured_s"), "is set on a failed case", "leave measured_s null when the run failed")
     else:
         measured = None
-    if c.opt_int("cp", 1, low=1) > 1 or c.opt_int("virtual_stages", 1, low=1) > 1:
-        return Skip(cid, "inexpressible", "context parallel or interleaved stages (autopar has neither)")
+    if c.opt_int("cp", 1, low=1) > 1:
+        return Skip(cid, "inexpressible", "context parallel (autopar has none)")
     missing = [k for k in UNPUBLISHED if not c.has(k)]
+    if "virtual_stages" in c.doc and not c.has("virtual_stages"):  # interleaved, with a count left unpublished
+        missing.append("virtual_stages")
     if missing:
         return Skip(cid, "unpublished", f"{c.at(missing[0])}: not published by the source ({', '.join(missing)})")
     seq = c.opt_int("seq_len", None, low=1) or top.sub("model").req_int("seq_len", low=1)
@@ -128,11 +130,11 @@ def _case(c: Fields, top: Fields, strict: bool, cache: dict) -> Run | Skip:
     model, model_notes = model_from_config(cfg, seq, cfg_at, cache, activation_bytes(precision))
     notes += model_notes
     notes += [f"{c.at(k)}: not modelled" for k in NOT_MODELLED if c.raw(k, False) is True]
-    shape = read_shape(c, _per_case_int(c, top, "global_batch_size"), _schedule(top))
+    shape = read_shape(c, _per_case_int(c, top, "global_batch_size"), _schedule(top))  # interleaved: v > 1
     world = shape.pp * shape.tp * shape.dp
     if c.has("gpus") and c.req_int("gpus", low=1) != world:
         raise AutoparError(c.at("gpus"), f"is {c.doc['gpus']} but pp x tp x dp = {world}", "fix gpus or the layout")
-    sizes = stage_sizes(c, model, shape.pp, notes)
+    sizes = chunk_sizes(c, model, shape, stage_sizes(c, model, shape.pp, notes))
     try:
         cluster, cluster_notes = cluster_for_case(top.raw("cluster"), world, f"{c.path} cluster")
     except UnknownGPU as err:

@@ -1,4 +1,5 @@
-"""One measured case into the Plan autopar estimates: one pipeline of ``pp`` stages of ``tp x dp`` devices.
+"""One measured case into the Plan autopar estimates: one pipeline of ``pp`` stages of ``tp x dp`` devices
+(with ``virtual_stages`` v > 1, Megatron's interleaved 1F1B: pp x v model chunks, chunk k on stage k mod pp).
 
 The plan is at the precision of its cluster (``Cluster.at_precision``), and records the default cost
 parameters at that precision, so ``estimate_plan(plan, model)`` estimates it as ``autopar estimate`` would.
@@ -36,11 +37,13 @@ class Shape:
     sp: bool
     global_batch_size: int
     schedule: str
+    virtual_stages: int = 1  # > 1: Megatron's interleaved 1F1B, model chunks per GPU
 
 
 def read_shape(f: Fields, global_batch_size: int, schedule: str) -> Shape:
     """The shape of case ``f`` (micro-batch size, micro-batches and ckpt must be published: the caller
-    checks for nulls first); ``global_batch_size`` must equal ``micro_batch_size * dp * num_microbatches``."""
+    checks for nulls first); ``global_batch_size`` must equal ``micro_batch_size * dp * num_microbatches``.
+    ``virtual_stages`` v > 1 makes the schedule ``interleaved`` whatever the file's schedule says."""
     pp, tp, dp = (f.req_int(k, low=1) for k in ("pp", "tp", "dp"))
     mbs = f.req_int("micro_batch_size", low=1)
     m = f.req_int("num_microbatches", low=1)
@@ -48,10 +51,12 @@ def read_shape(f: Fields, global_batch_size: int, schedule: str) -> Shape:
         raise AutoparError(f.at("global_batch_size"), f"is {global_batch_size} but micro_batch_size x dp x "
                            f"num_microbatches = {mbs} x {dp} x {m} = {mbs * dp * m}",
                            "fix the case's batch figures (micro_batch_size is per data-parallel rank)")
+    v = f.opt_int("virtual_stages", 1, low=1)
     return Shape(pp=pp, tp=tp, dp=dp, micro_batch_size=mbs, num_microbatches=m,
                  zero=f.req_int("zero", low=0, high=3), ckpt=f.req_str("ckpt", choices=CKPT_MODES),
                  sp=bool(f.opt_bool("sequence_parallel", False)) and tp > 1,
-                 global_batch_size=global_batch_size, schedule=schedule)
+                 global_batch_size=global_batch_size, schedule="interleaved" if v > 1 else schedule,
+                 virtual_stages=v)
 
 
 def stage_sizes(f: Fields, model: ModelSpec, pp: int, notes: list[str]) -> list[int]:
@@ -74,18 +79,42 @@ def stage_sizes(f: Fields, model: ModelSpec, pp: int, notes: list[str]) -> list[
     return sizes
 
 
+def chunk_sizes(f: Fields, model: ModelSpec, shape: Shape, stage_units: list[int]) -> list[int]:
+    """Units per model chunk: ``stage_units`` itself without interleaving; with v virtual stages Megatron's
+    split, every chunk the same number of blocks (``--num-layers-per-virtual-pipeline-stage``), the
+    embedding on the first chunk and the head on the last, which must add up to ``stage_units`` per stage."""
+    p, v = shape.pp, shape.virtual_stages
+    if v == 1:
+        return stage_units
+    blocks = model.num_layers - 2
+    if blocks % (p * v):
+        raise AutoparError(f.at("virtual_stages"), f"{blocks} blocks do not split into pp x virtual_stages = "
+                           f"{p} x {v} equal chunks", "give the case's published virtual_stages and pp")
+    sizes = [blocks // (p * v)] * (p * v)
+    sizes[0] += 1
+    sizes[-1] += 1
+    per_stage = [sum(sizes[s::p]) for s in range(p)]
+    if per_stage != stage_units:
+        raise AutoparError(f.at("layers_per_stage"), f"{stage_units} differs from the {v} chunks per stage of "
+                           f"{blocks // (p * v)} blocks (embed first, head last): {per_stage}",
+                           "give layers_per_stage per physical stage, summed over its chunks")
+    return sizes
+
+
 def build_plan(shape: Shape, sizes: list[int], model: ModelSpec, cluster: Cluster) -> Plan:
-    """The one-pipeline Plan of ``shape`` with ``sizes`` units per stage on ``cluster``."""
+    """The one-pipeline Plan of ``shape`` with ``sizes`` units per chunk on ``cluster`` (one chunk per stage
+    unless ``shape.virtual_stages`` > 1: then chunk k runs on stage k mod pp)."""
     width = shape.tp * shape.dp
     stages, first = [], 0
     for k, size in enumerate(sizes):
         layers = [StageLayer(ly.name, Strategy(tp=shape.tp, zero=shape.zero, sp=shape.sp,
                                                 ckpt=shape.ckpt if ly.kind == "block" else "none"))
                   for ly in model.layers[first:first + size]]
-        stages.append(Stage(devices=list(range(k * width, (k + 1) * width)), layers=layers))
+        s = k % shape.pp
+        stages.append(Stage(devices=list(range(s * width, (s + 1) * width)), layers=layers))
         first += size
     pipe = Pipeline(batch_share=shape.global_batch_size, micro_batch_size=shape.micro_batch_size * shape.dp,
-                    num_microbatches=shape.num_microbatches, stages=stages)
+                    num_microbatches=shape.num_microbatches, stages=stages, virtual_stages=shape.virtual_stages)
     return Plan(model=ModelRef(model.name, model.seq_len, model.num_layers, model.source), cluster=cluster,
                 global_batch_size=shape.global_batch_size, pipelines=[pipe], schedule=shape.schedule,
                 search={"cost_params": precision_params(cluster.precision).to_dict()})

@@ -77,6 +77,7 @@ def plan_to_dict(plan: Plan) -> dict:
             "batch_share": int(p.batch_share),
             "micro_batch_size": int(p.micro_batch_size),
             "num_microbatches": int(p.num_microbatches),
+            **({"virtual_stages": int(p.virtual_stages)} if p.virtual_stages != 1 else {}),
             "stages": [{"devices": _devices_out([int(x) for x in st.devices]), "layers": _layers_out(st.layers)}
                        for st in p.stages],
         }

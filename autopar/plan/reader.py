@@ -22,7 +22,7 @@ VERSION_KEY = "autopar_plan"
 TOP_KEYS = (VERSION_KEY, "model", "global_batch_size", "schedule", "precision", "memory_budget_gib", "pipelines",
             "cluster", "predicted", "search")
 MODEL_KEYS = ("name", "source", "seq_len", "layers")
-PIPELINE_KEYS = ("batch_share", "micro_batch_size", "num_microbatches", "stages")
+PIPELINE_KEYS = ("batch_share", "micro_batch_size", "num_microbatches", "virtual_stages", "stages")
 STAGE_KEYS = ("devices", "layers")
 LAYER_KEYS = ("name", "names", "tp", "zero", "ckpt", "sp")
 _RANGE = re.compile(r"^(?P<prefix>.*?)(?P<a>\d+)-(?P=prefix)(?P<b>\d+)$")
@@ -63,6 +63,7 @@ def _pipeline_in(raw: object, path: str) -> Pipeline:
     share = f.req_int("batch_share", low=1)
     mbs = f.req_int("micro_batch_size", low=1)
     nmb = f.req_int("num_microbatches", low=1)
+    virtual = f.opt_int("virtual_stages", 1, low=1)
     stages = []
     for si, rs in enumerate(f.req_list("stages")):
         sf = Fields(rs, f"{path}.stages[{si}]", kind="stage", keys=STAGE_KEYS)
@@ -71,7 +72,8 @@ def _pipeline_in(raw: object, path: str) -> Pipeline:
         for li, entry in enumerate(sf.req_list("layers")):
             layers.extend(_layer_entry_in(entry, f"{sf.at('layers')}[{li}]"))
         stages.append(Stage(devices=devices, layers=layers))
-    return Pipeline(batch_share=share, micro_batch_size=mbs, num_microbatches=nmb, stages=stages)
+    return Pipeline(batch_share=share, micro_batch_size=mbs, num_microbatches=nmb, stages=stages,
+                    virtual_stages=virtual)
 
 
 def _layer_entry_in(raw: object, path: str) -> list[StageLayer]:

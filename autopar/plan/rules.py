@@ -14,6 +14,9 @@ What is checked (each group only when its inputs are given):
 * top: the schedule is known; global_batch_size, memory_budget_gib and every pipeline's counts are
   positive; ``batch_share == micro_batch_size * num_microbatches``; shares sum to the global batch;
   no pipeline or stage is empty; with a model that states one, the plan's sequence length is the model's;
+* schedule: ``virtual_stages`` > 1 only with the interleaved schedule, which needs it >= 2 in every
+  pipeline, at least 2 physical stages, a stage list of p * v chunks with chunk k on the devices of
+  chunk k mod p, and num_microbatches a multiple of p (Megatron's constraint, the schedule table's);
 * placement: each pipeline places every layer unit of the model exactly once, in model order,
   contiguously (stage k+1 starts where stage k ended), and ``plan.model.num_layers`` counts them;
   without a model, pipeline 0's units stand for the model's;
@@ -82,7 +85,8 @@ class WorldFacts:
 def plan_rules(plan: Plan, model: ModelFacts | None = None, world: WorldFacts | None = None,
                memory_peak_gib: dict[int, float] | None = None) -> list[Problem]:
     """Every problem of ``plan``, in a fixed order (empty: the plan is valid)."""
-    return list(chain(top_rules(plan, model), placement_rules(plan, model), device_rules(plan, world),
+    return list(chain(top_rules(plan, model), schedule_rules(plan), placement_rules(plan, model),
+                      device_rules(plan, world),
                       layer_rules(plan, model, world),
                       memory_rules(plan, memory_peak_gib) if memory_peak_gib else ()))
 
@@ -130,6 +134,43 @@ def top_rules(plan: Plan, model: ModelFacts | None) -> Problems:
     if all(_is_count(s) for s in shares) and _is_count(plan.global_batch_size) and sum(shares) != plan.global_batch_size:
         yield ("pipelines[*].batch_share", f"shares {shares} sum to {sum(shares)}, not the global batch "
                f"{plan.global_batch_size}", "make the pipelines' batch shares add up to global_batch_size")
+
+
+def schedule_rules(plan: Plan) -> Problems:
+    """Virtual stages and the interleaved schedule: the combinations its table (``cost_models.pipeline_schedules``) has."""
+    for pi, p in enumerate(plan.pipelines):
+        at, v, n = f"pipelines[{pi}]", p.virtual_stages, len(p.stages)
+        if not _is_count(v):
+            yield f"{at}.virtual_stages", f"must be a positive integer, got {v!r}", "give 1, or 2+ with schedule: interleaved"
+            continue
+        if plan.schedule != "interleaved":
+            if v > 1:
+                yield (f"{at}.virtual_stages", f"virtual_stages {v} with schedule {plan.schedule}: only the interleaved "
+                       "schedule runs several model chunks per stage", "set schedule: interleaved, or virtual_stages: 1")
+            continue
+        if v < 2:
+            yield (f"{at}.virtual_stages", f"schedule interleaved with virtual_stages {v}: the interleaved schedule "
+                   "needs 2 or more chunks per stage", "set virtual_stages: 2 or more, or schedule: 1f1b")
+            continue
+        if n % v:
+            yield (f"{at}.stages", f"lists {n} chunks, not a multiple of virtual_stages {v}",
+                   "list p * virtual_stages chunks, chunk k on the devices of chunk k mod p")
+            continue
+        ps = n // v
+        if ps < 2:
+            yield (f"{at}.virtual_stages", f"virtual_stages {v} on a single-stage pipeline: interleaving needs "
+                   "2 or more pipeline stages", "use 2+ stages, or schedule: 1f1b with virtual_stages: 1")
+            continue
+        for k in range(ps, n):
+            if list(p.stages[k].devices) != list(p.stages[k % ps].devices):
+                yield (f"{at}.stages[{k}].devices", f"chunk {k} runs on {p.stages[k].devices}, not on the devices "
+                       f"of chunk {k % ps} ({p.stages[k % ps].devices})",
+                       f"give chunk k the devices of chunk k mod {ps} (the {ps} physical stages, in order)")
+                break
+        if _is_count(p.num_microbatches) and p.num_microbatches % ps:
+            yield (f"{at}.num_microbatches", f"{p.num_microbatches} micro-batches with the interleaved schedule on "
+                   f"{ps} stages: it needs a multiple of the stage count",
+                   f"use a multiple of {ps} micro-batches, or schedule: 1f1b")
 
 
 def placement_rules(plan: Plan, model: ModelFacts | None) -> Problems:
@@ -181,7 +222,7 @@ def device_rules(plan: Plan, world: WorldFacts | None) -> Problems:
     n = plan.cluster.num_devices
     first: dict[int, str] = {}
     for pi, p in enumerate(plan.pipelines):
-        for si, st in enumerate(p.stages):
+        for si, st in enumerate(p.physical_stages):  # interleaved chunks repeat these (schedule_rules)
             for di, d in enumerate(st.devices):
                 at = f"pipelines[{pi}].stages[{si}].devices[{di}]"
                 if not _is_count(d, low=0) or d >= n:

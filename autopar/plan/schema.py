@@ -14,6 +14,10 @@ Conventions the search, the cost model and the runtime share:
   ``r*mbs/dp ... (r+1)*mbs/dp - 1`` of each micro-batch.
 * The loss is the mean over every sample of the global batch; gradients equal the global-batch mean
   gradient whatever the plan.
+* **Interleaved pipelines** (``schedule: interleaved``, Megatron's virtual stages): a pipeline with
+  ``virtual_stages: v`` lists p * v stages, the model chunks in model order; chunk k runs on the devices
+  of chunk k mod p (it repeats them), so each of the p physical stages runs v chunks. Every other
+  pipeline has ``virtual_stages: 1`` (absent from the file) and one chunk per stage.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from autopar.errors import AutoparError
 from autopar.modelspec.spec import CKPT_MODES
 
 PLAN_VERSION = 1
-SCHEDULES = ("1f1b", "gpipe")
+SCHEDULES = ("1f1b", "gpipe", "interleaved")
 
 
 @dataclass(frozen=True)
@@ -86,11 +90,27 @@ class Pipeline:
     batch_share: int
     micro_batch_size: int
     num_microbatches: int
-    stages: list[Stage]
+    stages: list[Stage]  # with virtual_stages v: the p * v model chunks, chunk k on chunk k mod p's devices
+    virtual_stages: int = 1
+
+    @property
+    def num_stages(self) -> int:
+        """Physical stages p (chunks / virtual_stages; all chunks when the count does not divide)."""
+        v = self.virtual_stages
+        return len(self.stages) // v if _is_divisor(v, len(self.stages)) else len(self.stages)
+
+    @property
+    def physical_stages(self) -> list[Stage]:
+        """The first chunk of each physical stage (the stage list itself without interleaving)."""
+        return self.stages[:self.num_stages]
 
     @property
     def devices(self) -> list[int]:
-        return list(itertools.chain.from_iterable(st.devices for st in self.stages))
+        return list(itertools.chain.from_iterable(st.devices for st in self.physical_stages))
+
+
+def _is_divisor(v: object, n: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1 and n % v == 0
 
 
 @dataclass

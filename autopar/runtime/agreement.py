@@ -52,7 +52,7 @@ def plan_doc(plan: Plan) -> dict:
     """The fields of ``plan`` the runtime executes, as plain data (units expanded, one entry each)."""
     return {"global_batch_size": int(plan.global_batch_size), "schedule": plan.schedule, "pipelines": [
         {"batch_share": int(p.batch_share), "micro_batch_size": int(p.micro_batch_size),
-         "num_microbatches": int(p.num_microbatches),
+         "num_microbatches": int(p.num_microbatches), "virtual_stages": int(p.virtual_stages),
          "stages": [{"devices": [int(d) for d in st.devices], "units": st.layer_names,
                      "strategies": {ly.name: asdict(ly.strategy) for ly in st.layers}} for st in p.stages]}
         for p in plan.pipelines]}

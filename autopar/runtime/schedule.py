@@ -1,30 +1,28 @@
 """Pipeline schedules as data: the ordered forward / backward actions one stage runs in a step.
 
-1F1B (PipeDream-flush): stage s of p runs min(p - s - 1, m) warm-up forwards, then alternates one
-forward and one backward, then drains the remaining backwards; at most p - s micro-batches are in
-flight. GPipe: all forwards, then all backwards. Both are deadlock-free even when every batch of sends
-and receives must complete before the next (tests/runtime/schedule_check.py proves it), and both give the same gradients.
+The tables are ``cost_models.pipeline_schedules``' (the one generator: the cost model reads its bubble
+and in-flight activations from the very tables this runtime executes); this module turns a size with
+no table into the runtime's one-line refusal. Actions are ``(kind, micro_batch, chunk)``: 1F1B and
+GPipe run chunk 0 only; the interleaved schedule runs the stage's ``virtual_stages`` model chunks.
+Every table is deadlock-free even when every batch of sends and receives must complete before the
+next (tests/runtime/schedule_check.py proves it), and all give the same gradients.
 """
 
 from __future__ import annotations
 
 from autopar.errors import AutoparError
+from cost_models.pipeline_schedules import Action, schedule_problem
+from cost_models.pipeline_schedules import stage_slots as _table_slots
 
-Action = tuple[str, int]  # ("F" | "B", micro-batch index)
+__all__ = ["Action", "stage_slots"]
 
 
-def stage_actions(schedule: str, num_stages: int, stage: int, num_microbatches: int) -> list[Action]:
-    """The actions stage ``stage`` of a ``num_stages``-stage pipeline runs for ``num_microbatches``."""
-    m = num_microbatches
-    if schedule == "gpipe":
-        return [("F", k) for k in range(m)] + [("B", k) for k in range(m)]
-    if schedule == "1f1b":
-        warm = min(num_stages - stage - 1, m)
-        acts: list[Action] = [("F", k) for k in range(warm)]
-        f, b = warm, 0
-        while f < m:
-            acts += [("F", f), ("B", b)]
-            f, b = f + 1, b + 1
-        acts += [("B", k) for k in range(b, m)]
-        return acts
-    raise AutoparError("schedule", f"unknown schedule {schedule!r}", "use 1f1b or gpipe")
+def stage_slots(schedule: str, num_stages: int, stage: int, num_microbatches: int,
+                virtual_stages: int = 1) -> list[list[Action]]:
+    """The actions stage ``stage`` of a ``num_stages``-stage pipeline runs for ``num_microbatches``, in
+    communication slots (a slot's inputs are received before it runs, its outputs sent after it)."""
+    problem = schedule_problem(schedule, num_stages, num_microbatches, virtual_stages)
+    if problem is not None:
+        raise AutoparError("schedule", problem, "use 1f1b or gpipe, or interleaved with virtual_stages >= 2 and "
+                           "num_microbatches a multiple of the stage count")
+    return _table_slots(schedule, num_stages, stage, num_microbatches, virtual_stages)

@@ -32,7 +32,7 @@ from autopar.runtime.layout import Layout
 from autopar.runtime.loss import cross_entropy as cross_entropy  # re-exported: wrap's default loss
 from autopar.runtime.loss import step_loss
 from autopar.runtime.p2p import Exchange, Mailbox, Recv, Send, reshard
-from autopar.runtime.schedule import stage_actions
+from autopar.runtime.schedule import Action, stage_slots
 
 
 @dataclass
@@ -62,12 +62,15 @@ class StageRunner:
     """Forward and backward of one stage for every micro-batch of a step, in schedule order."""
 
     def __init__(self, rank: int, units: list[LocalUnit], spec: StageSpec, schedule: str, mailbox: Mailbox,
-                 loss_fn: Callable, logits_sharded: bool, boundary_check: BoundaryCheck | None = None) -> None:
+                 loss_fn: Callable, logits_sharded: bool, boundary_check: BoundaryCheck | None = None,
+                 slots: list[list[Action]] | None = None) -> None:
         self.rank, self.units, self.spec, self.mailbox = rank, units, spec, mailbox
         self.boundary_check = boundary_check  # packs tuple / dict boundaries; refuses what cannot cross
         self.loss_fn, self.logits_sharded = loss_fn, logits_sharded
         self.loss = step_loss(loss_fn)  # splits the global-batch loss exactly over micro-batches and ranks
-        self.actions = stage_actions(schedule, spec.num_stages, spec.stage, spec.num_microbatches)
+        # ``slots``: given (empty) for a chunk of an interleaved stage, which ChunkedRunner drives (chunks.py).
+        self.slots = slots if slots is not None else stage_slots(schedule, spec.num_stages, spec.stage,
+                                                                   spec.num_microbatches)
         mbs = spec.micro_batch_size
         first, last = units[0].layout, units[-1].layout
         self.recv_fwd = self.send_bwd = self.send_fwd = self.recv_bwd = None
@@ -151,13 +154,12 @@ class StageRunner:
         grad = x.grad if x.grad is not None else torch.zeros_like(x)
         return Send(grad, self.send_bwd, self._boundary_tag(k, self.spec.stage - 1, True))
 
-    def _recv_for(self, action: tuple[str, int] | None) -> Recv | None:
-        """What ``action`` needs from a neighbouring stage before it can run."""
-        if action is None:
-            return None
-        kind, k = action
+    def _recv_for(self, action: Action) -> Recv | None:
+        """What ``action`` (of this runner's chunk) needs from a neighbouring stage before it can run."""
+        kind, k, _ = action
         if kind == "F" and self.recv_fwd is not None:
-            return Recv(self.recv_fwd, self._boundary_tag(k, self.spec.stage - 1, False), cache_key=("act",))
+            return Recv(self.recv_fwd, self._boundary_tag(k, self.spec.stage - 1, False),
+                        cache_key=("act", self.spec.stage))
         if kind == "B" and self.recv_bwd is not None and self.outputs[k].is_floating_point():
             return Recv(self.recv_bwd, self._boundary_tag(k, self.spec.stage, True), like=self.outputs[k])
         return None
@@ -166,33 +168,18 @@ class StageRunner:
         out = self.mailbox.post([send] if send else [], [recv] if recv else [])
         return out[0] if recv else None
 
-    # -- a whole step -----------------------------------------------------------------------
-    def run(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Run the schedule over this pipeline's micro-batches; return this rank's weighted loss sum.
-
-        Between two actions the previous action's sends and the next action's receives are posted
-        as one batch (see p2p.py).
-        """
-        if self.boundary_check is not None:
-            self.boundary_check(inputs)
+    def start_step(self, device: torch.device, targets: torch.Tensor | None) -> None:
+        """Forget the previous step's micro-batches and loss; count this batch's valid targets."""
         self.inputs: dict[int, torch.Tensor] = {}
         self.outputs: dict[int, torch.Tensor] = {}
-        self.loss_sum = torch.zeros((), device=inputs.device)
-        self.loss.begin(targets)
-        self.mailbox.shapes.clear()  # shapes may change from step to step: the first micro-batch re-sends them
-        last_backward = max(i for i, (kind, _) in enumerate(self.actions) if kind == "B")
-        received = self._post(None, self._recv_for(self.actions[0]))
-        for i, (kind, k) in enumerate(self.actions):
-            if kind == "F":
-                send = self.forward(k, inputs, targets, received)
-            else:
-                # ZeRO-3 units accumulate unsharded gradients and reduce-scatter once, in the last backward.
-                for m in self.fsdp_modules:
-                    m.set_requires_gradient_sync(i == last_backward)
-                send = self.backward(k, received)
-            following = self.actions[i + 1] if i + 1 < len(self.actions) else None
-            received = self._post(send, self._recv_for(following))
-        return self.loss_sum
+        self.loss_sum = torch.zeros((), device=device)
+        if targets is not None:
+            self.loss.begin(targets)
+
+    # -- a whole step -----------------------------------------------------------------------
+    def run(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Run the schedule over this pipeline's micro-batches; return this rank's weighted loss sum."""
+        return run_slots([self], self.slots, self.mailbox, inputs, targets)
 
     @torch.no_grad()
     def run_forward(self, inputs: torch.Tensor, targets: torch.Tensor | None,
@@ -204,17 +191,54 @@ class StageRunner:
         """
         if self.boundary_check is not None:
             self.boundary_check(inputs)
-        self.inputs, self.outputs = {}, {}
-        self.loss_sum = torch.zeros((), device=inputs.device)
-        if targets is not None:
-            self.loss.begin(targets)
+        self.start_step(inputs.device, targets)
         self.mailbox.shapes.clear()
-        actions = [("F", k) for k in range(self.spec.num_microbatches)]
+        actions = [("F", k, 0) for k in range(self.spec.num_microbatches)]
         received = self._post(None, self._recv_for(actions[0]))
-        for i, (_, k) in enumerate(actions):
-            send = self.forward(k, inputs, targets, received)
+        for i, action in enumerate(actions):
+            send = self.forward(action[1], inputs, targets, received)
             following = actions[i + 1] if i + 1 < len(actions) else None
-            received = self._post(send, self._recv_for(following))
+            received = self._post(send, self._recv_for(following) if following else None)
         outputs = self.outputs if targets is None and self.send_fwd is None else {}
         self.inputs, self.outputs = {}, {}
         return self.loss_sum, outputs
+
+
+def run_slots(chunks: list[StageRunner], slots: list[list[Action]], mailbox: Mailbox, inputs: torch.Tensor,
+              targets: torch.Tensor) -> torch.Tensor:
+    """Run one step's ``slots`` (``Action.chunk`` indexes ``chunks``); return this rank's weighted loss sum.
+
+    Between two slots the previous slot's sends and the next slot's receives are posted as one batch
+    (see p2p.py), so every input of a slot is here before its first action runs.
+    """
+    if chunks[0].boundary_check is not None:  # one check of the whole plan's boundaries
+        chunks[0].boundary_check(inputs)
+    for r in chunks:
+        r.start_step(inputs.device, targets)
+    mailbox.shapes.clear()  # shapes may change from step to step: the first micro-batch re-sends them
+    flat = [a for slot in slots for a in slot]
+    # ZeRO-3 units accumulate unsharded gradients and reduce-scatter once, in their chunk's last backward.
+    last_backward = {c: max(i for i, (kind, _, cc) in enumerate(flat) if kind == "B" and cc == c)
+                     for c in range(len(chunks))}
+
+    def post(sends: list[Send], slot: list[Action] | None) -> list[torch.Tensor | None]:
+        recvs = [chunks[a[2]]._recv_for(a) for a in slot] if slot else []
+        out = iter(mailbox.post(sends, [r for r in recvs if r is not None]))
+        return [next(out) if r is not None else None for r in recvs]
+
+    received = post([], slots[0])
+    i = 0
+    for si, slot in enumerate(slots):
+        sends = []
+        for (kind, k, c), got in zip(slot, received):
+            runner = chunks[c]
+            if kind == "F":
+                send = runner.forward(k, inputs, targets, got)
+            else:
+                for m in runner.fsdp_modules:
+                    m.set_requires_gradient_sync(i == last_backward[c])
+                send = runner.backward(k, got)
+            sends += [send] if send is not None else []
+            i += 1
+        received = post(sends, slots[si + 1] if si + 1 < len(slots) else None)
+    return sum((r.loss_sum for r in chunks[1:]), chunks[0].loss_sum)

@@ -17,16 +17,17 @@ from autopar.plan.schema import Plan, StageLayer
 from autopar.runtime.agreement import agreed_start
 from autopar.runtime.boundaries import BoundaryCheck
 from autopar.runtime.checkpointing import apply_checkpointing
+from autopar.runtime.chunks import build_runner, rank_chunks
 from autopar.runtime.env import ensure_process_group, runtime_device
 from autopar.runtime.grad_sync import UnitGradSync
 from autopar.runtime.groups import Groups, unit_rank_sets
-from autopar.runtime.layout import Layout, Placement, placements
+from autopar.runtime.layout import Placement, placements
 from autopar.runtime.materialize import materialize_unit
 from autopar.runtime.p2p import Mailbox
 from autopar.runtime.parallel_model import ParallelModel, _UnitState
 from autopar.runtime.precision_policy import apply_cast, check_policy, fsdp_policy
 from autopar.runtime.sharding import FlatShard, Zero2Reducer, apply_fsdp
-from autopar.runtime.stage import LocalUnit, StageRunner, StageSpec, cross_entropy
+from autopar.runtime.stage import LocalUnit, cross_entropy
 from autopar.runtime.tensor_parallel import apply_tp
 from autopar.runtime.ties import TiedGrads, tie_rank_sets
 from autopar.units import UnitTPInfo
@@ -119,34 +120,25 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
     places = placements(plan)
     device = device or runtime_device()
     groups = Groups([s for n in names for s in unit_rank_sets(places[n])] + tie_rank_sets(ties, places), device.type)
-    pi, si = next((pi, si) for pi, p in enumerate(plan.pipelines) for si, st in enumerate(p.stages)
-                  if rank in st.devices)
+    pi, chunk_ids = rank_chunks(plan, rank)  # one stage, or an interleaved stage's chunks
     pipe = plan.pipelines[pi]
-    stage = pipe.stages[si]
+    mine = [ly for si in chunk_ids for ly in pipe.stages[si].layers]
     shapes = {n: [(fqn, tuple(p.shape), p.dtype) for fqn, p in m.named_parameters()] for n, m in named}
-    last = stage.layers[-1]
-    logits_sharded = (loss_parallel and loss_fn is None and si == len(pipe.stages) - 1 and last.strategy.tp > 1
-                      and "logits" in infos[last.name].plan.values())
+    last = mine[-1]
+    logits_sharded = (loss_parallel and loss_fn is None and chunk_ids[-1] == len(pipe.stages) - 1
+                      and last.strategy.tp > 1 and "logits" in infos[last.name].plan.values())
     boundary_check = BoundaryCheck(named, plan)  # meta copies of the units, taken before they are sharded
     options = _UnitOptions(mixed_precision, names[-1], compile_kwargs)
     states = [_build_unit(ly, modules[ly.name], infos[ly.name], places[ly.name], pi, rank, groups, seed, device,
-                          logits_sharded and ly is last, options) for ly in stage.layers]
+                          logits_sharded and ly is last, options) for ly in mine]
+    mine_names = {ly.name for ly in mine}
     for n, m in named:
-        if n not in stage.layer_names:
+        if n not in mine_names:
             m.to_empty(device="meta")  # this rank never runs it: free its memory
 
-    layouts = [[[Layout(tuple(st.devices), ly.strategy.tp) for ly in st.layers] for st in pp.stages]
-               for pp in plan.pipelines]
-    spec = StageSpec(
-        pipeline=pi, stage=si, num_stages=len(pipe.stages), micro_batch_size=pipe.micro_batch_size,
-        num_microbatches=pipe.num_microbatches,
-        batch_offset=sum(p.batch_share for p in plan.pipelines[:pi]), global_batch=plan.global_batch_size,
-        prev_layout=layouts[pi][si - 1][-1] if si > 0 else None,
-        next_layout=layouts[pi][si + 1][0] if si + 1 < len(pipe.stages) else None,
-    )
     mailbox = Mailbox(device)
-    runner = StageRunner(rank, [s.unit for s in states], spec, plan.schedule, mailbox,
-                         loss_fn or cross_entropy, logits_sharded, boundary_check)
+    runner = build_runner(rank, plan, pi, chunk_ids, [s.unit for s in states], mailbox, loss_fn or cross_entropy,
+                          logits_sharded, boundary_check)
     tensors = [t for s in states for t in s.proxies]
     # A rank whose units have no parameters still gets a real optimizer (torch refuses empty lists).
     opt = optimizer(tensors or [torch.zeros(0, device=device, requires_grad=True)])

@@ -31,6 +31,7 @@ from autopar.modelspec.spec import ModelSpec
 from autopar.plan.schema import ModelRef, Pipeline, Plan, Stage, StageLayer
 from autopar.search.baselines import baselines
 from autopar.search.frontier import RangeTrie
+from autopar.search.interleave import try_interleaving
 from autopar.search.options import SearchOptions
 from autopar.search.partition import best_partition, minmax_partition
 from autopar.search.progress import progress_bar
@@ -165,8 +166,12 @@ class HomogeneousSearch:
         return res
 
     def evaluate(self, p: int, m: int, ctx: StageContext, cands, layouts, lower_bound: float,
-                 incumbent: float = float("inf"), exact: bool = False) -> ConfigResult:
+                 incumbent: float = float("inf"), exact: bool = False, inflight: list[float] | None = None,
+                 ) -> ConfigResult:
         """The best plan of setting (p, m) that beats ``incumbent``, or a result saying why there is none.
+
+        ``inflight``: micro-batches each stage holds at its peak (default: the schedule's count); the
+        interleaved re-cut (interleave.py) passes its table's, in stages' worth.
 
         Past the time budget (checked per in-flight count and per range start) the setting is dropped
         when a plan is in hand; with none yet (an answer beats none) the in-flight counts not reached
@@ -174,18 +179,11 @@ class HomogeneousSearch:
         """
         L, mbs = self.model.num_layers, ctx.micro_batch_size
         res = ConfigResult(p, m, mbs, lower_bound)
-        layout_list = sorted(layouts, key=layouts.get)
-        switch = {}
-        for s, ly in self.sig_layer.items():
-            sw = np.zeros((len(layout_list), len(layout_list)))
-            for a, la in enumerate(layout_list):
-                for b, lb in enumerate(layout_list):
-                    sw[a, b] = layout_switch_time(ly.boundary_bytes, la, lb, ctx)
-            switch[s] = sw
+        switch = self.switch_costs(ctx, layouts)
         budget = device_budget_bytes(self.cluster, ctx.devices[0], self.opts.memory_budget_gib)
         reserve = self.opts.params.reserve_bytes
         transient = np.array([cands[s].transient for s in self.sigs])
-        ks = [inflight_microbatches(self.opts.schedule, p, i, m) for i in range(p)]
+        ks = inflight or [inflight_microbatches(self.opts.schedule, p, i, m) for i in range(p)]
         C_by_k, S_by_k, trie_by_k, nodes_by_k, M_by_k = {}, {}, {}, {}, {}
         stand_in = False
         for k in sorted(set(ks), reverse=True):  # most in flight first: see the stand-in below
@@ -216,7 +214,7 @@ class HomogeneousSearch:
         part = best_partition([C_by_k[k] for k in ks], P, m, self.opts.params.slot_overhead_s, [S_by_k[k] for k in ks])
         if part is None:
             if stand_in:  # the stand-ins leave no partition: the exact ranges decide (no false "nothing fits")
-                return self.evaluate(p, m, ctx, cands, layouts, lower_bound, incumbent, exact=True)
+                return self.evaluate(p, m, ctx, cands, layouts, lower_bound, incumbent, exact=True, inflight=inflight)
             fits = res.min_memory_gib * GIB <= budget
             res.note = "cannot beat the best plan" if fits else f"needs {res.min_memory_gib:.3g} GiB per device"
             return res
@@ -232,6 +230,18 @@ class HomogeneousSearch:
                       for j in range(a, b)]
             res.stages.append(Stage(self.stage_devices(p, i), layers))
         return res
+
+    def switch_costs(self, ctx: StageContext, layouts: dict) -> dict[int, np.ndarray]:
+        """Per layer signature, the layout-switch time after it from each layout to each layout."""
+        layout_list = sorted(layouts, key=layouts.get)
+        switch = {}
+        for s, ly in self.sig_layer.items():
+            sw = np.zeros((len(layout_list), len(layout_list)))
+            for a, la in enumerate(layout_list):
+                for b, lb in enumerate(layout_list):
+                    sw[a, b] = layout_switch_time(ly.boundary_bytes, la, lb, ctx)
+            switch[s] = sw
+        return switch
 
     # -- the loop --------------------------------------------------------------------------
     def over_budget(self) -> bool:
@@ -286,7 +296,8 @@ class HomogeneousSearch:
         return best
 
     def pipeline_of(self, r: ConfigResult) -> Pipeline:
-        return Pipeline(self.global_batch_size, r.micro_batch_size, r.num_microbatches, r.stages)
+        return Pipeline(self.global_batch_size, r.micro_batch_size, r.num_microbatches, r.stages,
+                        virtual_stages=r.virtual_stages)
 
 
 def search_homogeneous(model: ModelSpec, cluster: Cluster, global_batch_size: int, opts: SearchOptions,
@@ -301,11 +312,17 @@ def search_homogeneous(model: ModelSpec, cluster: Cluster, global_batch_size: in
     start = time.perf_counter()
     hs = HomogeneousSearch(model, cluster, global_batch_size, opts)
     best, results = hs.run()
+    interleaved = try_interleaving(hs, results)
+    results += interleaved
+    for r in interleaved:
+        if r.stages and (best is None or r.step_time < best.step_time):
+            best = r
     seconds = time.perf_counter() - start
     if best is None:
         raise nothing_fits_error(results, cluster, opts)
+    schedule = "interleaved" if best.virtual_stages > 1 else opts.schedule
     plan = Plan(ModelRef(model.name, model.seq_len, model.num_layers, model.source), cluster, global_batch_size,
-                [hs.pipeline_of(best)], schedule=opts.schedule, memory_budget_gib=opts.memory_budget_gib)
+                [hs.pipeline_of(best)], schedule=schedule, memory_budget_gib=opts.memory_budget_gib)
     est = estimate_plan(plan, model, opts.params)
     if abs(est.step_time_s - best.step_time) > 1e-9 * best.step_time:
         raise RuntimeError(f"internal: search optimised {best.step_time!r} but the plan estimates "

@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from autopar.errors import AutoparError
-from autopar.plan.schema import SCHEDULES
 from cost_models import CostParams
+
+SEARCH_SCHEDULES = ("1f1b", "gpipe")  # 1f1b: interleaved re-cuts are tried too (search/interleave.py)
 
 
 @dataclass
@@ -19,6 +20,9 @@ class SearchOptions:
     prune_dominated: bool = True
     progress: bool = False
     params: CostParams = field(default_factory=CostParams)
+    # Virtual stage counts a 1f1b search tries on its best settings (interleaved re-cuts, search/interleave.py);
+    # () tries none.
+    virtual_stages: tuple[int, ...] = (2, 4)
 
     def __post_init__(self) -> None:
         if self.memory_budget_gib is not None and self.memory_budget_gib <= 0:
@@ -27,5 +31,9 @@ class SearchOptions:
         if self.time_budget_s is not None and self.time_budget_s <= 0:
             raise AutoparError("time_budget", f"must be positive, got {self.time_budget_s}",
                                "pass --time-budget seconds with a value > 0")
-        if self.schedule not in SCHEDULES:
-            raise AutoparError("schedule", f"unknown schedule {self.schedule!r}", f"use one of {', '.join(SCHEDULES)}")
+        if any(not isinstance(v, int) or v < 2 for v in self.virtual_stages):
+            raise AutoparError("virtual_stages", f"must be counts >= 2, got {self.virtual_stages!r}",
+                               "give e.g. (2, 4), or () to try no interleaved schedule")
+        if self.schedule not in SEARCH_SCHEDULES:
+            raise AutoparError("schedule", f"the search takes schedule 1f1b or gpipe, not {self.schedule!r}",
+                               "use 1f1b (the search tries interleaved virtual stages itself) or gpipe")

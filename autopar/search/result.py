@@ -24,6 +24,7 @@ class ConfigResult:
     stages: list[Stage] = field(default_factory=list)
     min_memory_gib: float = float("inf")  # least per-device need of any partition (for "nothing fits")
     note: str = ""
+    virtual_stages: int = 1  # > 1: an interleaved re-cut of a 1F1B setting (search/interleave.py); stages = chunks
 
 
 @dataclass

@@ -107,6 +107,9 @@ PLAN_EDITS = {
                                   setter("pipelines.0.micro_batch_size", 32)),
     "batch-share-mismatch": setter("pipelines.0.batch_share", 8),
     "schedule-unknown": setter("schedule", "zb-v"),
+    "schedule-interleaved-one-chunk": setter("schedule", "interleaved"),  # needs virtual_stages >= 2
+    "virtual-stages-with-1f1b": setter("pipelines.0.virtual_stages", 2),  # the pair named
+    "virtual-stages-zero": setter("pipelines.0.virtual_stages", 0),
     "precision-unknown": setter("precision", "fp64"),
     "precision-fp8-on-a100": setter("precision", "fp8"),
     "precision-changed": setter("precision", "fp32"),  # the stored cost parameters are bf16's: tampered

@@ -5,41 +5,48 @@ from __future__ import annotations
 from autopar.runtime import schedule as sched
 
 
-def comm_points(schedule: str, num_stages: int, stage: int, num_microbatches: int) -> list[tuple[set, set]]:
+def comm_points(schedule: str, num_stages: int, stage: int, num_microbatches: int,
+                virtual_stages: int = 1) -> list[tuple[set, set]]:
     """The (sends, receives) batches stage ``stage`` posts: before its first action and after each one.
 
-    Batch i carries the sends of action i - 1 and the receives of action i (see p2p.py). Messages are
-    ("act", boundary, k) forward and ("grad", boundary, k) backward; boundary b joins stages b, b + 1.
+    Batch i carries the sends of slot i - 1 and the receives of slot i (see p2p.py). Messages are
+    ("act", boundary, k) forward and ("grad", boundary, k) backward; boundary b joins virtual stages
+    b, b + 1 (chunk c of stage s is virtual stage c * p + s; without interleaving, the stage itself).
     """
-    acts = sched.stage_actions(schedule, num_stages, stage, num_microbatches)
-    last = num_stages - 1
+    slots = sched.stage_slots(schedule, num_stages, stage, num_microbatches, virtual_stages)
+    last = num_stages * virtual_stages - 1
 
     def sends(a):
-        kind, k = a
+        kind, k, c = a
+        g = c * num_stages + stage
         if kind == "F":
-            return {("act", stage, k)} if stage < last else set()
-        return {("grad", stage - 1, k)} if stage > 0 else set()
+            return {("act", g, k)} if g < last else set()
+        return {("grad", g - 1, k)} if g > 0 else set()
 
     def recvs(a):
-        kind, k = a
+        kind, k, c = a
+        g = c * num_stages + stage
         if kind == "F":
-            return {("act", stage - 1, k)} if stage > 0 else set()
-        return {("grad", stage, k)} if stage < last else set()
+            return {("act", g - 1, k)} if g > 0 else set()
+        return {("grad", g, k)} if g < last else set()
 
-    points = [(set(), recvs(acts[0]))]
-    for i, a in enumerate(acts):
-        points.append((sends(a), recvs(acts[i + 1]) if i + 1 < len(acts) else set()))
+    def all_of(f, slot):
+        return set().union(*(f(a) for a in slot))
+
+    points = [(set(), all_of(recvs, slots[0]))]
+    for i, slot in enumerate(slots):
+        points.append((all_of(sends, slot), all_of(recvs, slots[i + 1]) if i + 1 < len(slots) else set()))
     return points
 
 
-def simulate(schedule: str, num_stages: int, num_microbatches: int) -> int:
+def simulate(schedule: str, num_stages: int, num_microbatches: int, virtual_stages: int = 1) -> int:
     """Play every stage's batches against each other; return the number of rounds, or raise on deadlock.
 
     Strict model (NCCL's): a batch completes only when the peer has posted the matching receive of each
     of its sends and the matching send of each of its receives; a stage posts its next batch only
     after the previous one completed.
     """
-    points = [comm_points(schedule, num_stages, s, num_microbatches) for s in range(num_stages)]
+    points = [comm_points(schedule, num_stages, s, num_microbatches, virtual_stages) for s in range(num_stages)]
     pos = [0] * num_stages
     sent: set = set()
     wanted: set = set()

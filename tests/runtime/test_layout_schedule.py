@@ -6,10 +6,11 @@ import itertools
 
 import pytest
 
+from autopar.errors import AutoparError
 from autopar.plan.schema import Strategy
 from autopar.runtime.groups import sync_groups, unit_rank_sets
 from autopar.runtime.layout import Layout, Placement, route
-from autopar.runtime.schedule import stage_actions
+from autopar.runtime.schedule import stage_slots
 
 from .schedule_check import simulate
 
@@ -49,17 +50,53 @@ def test_tp_coordinates_follow_sorted_groups():
 @pytest.mark.parametrize("stages,micro", [(1, 1), (1, 4), (2, 1), (2, 4), (3, 2), (4, 8), (5, 3)])
 def test_schedules_are_complete_and_deadlock_free(schedule, stages, micro):
     for s in range(stages):
-        acts = stage_actions(schedule, stages, s, micro)
-        assert sorted(acts) == sorted([("F", k) for k in range(micro)] + [("B", k) for k in range(micro)])
-        assert all(acts.index(("F", k)) < acts.index(("B", k)) for k in range(micro))
+        acts = [a for slot in stage_slots(schedule, stages, s, micro) for a in slot]
+        assert sorted(acts) == sorted([("F", k, 0) for k in range(micro)] + [("B", k, 0) for k in range(micro)])
+        assert all(acts.index(("F", k, 0)) < acts.index(("B", k, 0)) for k in range(micro))
     assert simulate(schedule, stages, micro) >= 2 * micro
+
+
+@pytest.mark.parametrize("stages,virtual,micro", [(2, 2, 2), (2, 2, 4), (2, 3, 6), (3, 2, 3), (3, 2, 9), (4, 2, 8),
+                                                  (4, 3, 4), (4, 4, 16), (5, 2, 10), (8, 2, 16), (8, 4, 8)])
+def test_interleaved_table_is_complete_ordered_and_deadlock_free(stages, virtual, micro):
+    """Every (micro-batch, chunk) forward and backward once per stage, each forward before its backward,
+    the chunks of a micro-batch forward in order on the stage and backward in reverse; and the strict
+    NCCL-style model of the batches (schedule_check) completes."""
+    for s in range(stages):
+        acts = [a for slot in stage_slots("interleaved", stages, s, micro, virtual) for a in slot]
+        want = [(kind, k, c) for kind in "FB" for k in range(micro) for c in range(virtual)]
+        assert sorted(acts) == sorted(want)
+        for k in range(micro):
+            f = [acts.index(("F", k, c)) for c in range(virtual)]
+            b = [acts.index(("B", k, c)) for c in range(virtual)]
+            assert f == sorted(f) and b == sorted(b, reverse=True) and f[-1] < b[-1]
+    slots = max(len(stage_slots("interleaved", stages, s, micro, virtual)) for s in range(stages))
+    assert simulate("interleaved", stages, micro, virtual) >= slots
+
+
+def test_one_action_per_slot_would_deadlock_the_interleaved_table(monkeypatch):
+    """Why the steady state pairs a forward and a backward in one slot: without it p = 2, v = 2, m = 4 hangs."""
+    import autopar.runtime.schedule as sched
+
+    real = sched.stage_slots
+    monkeypatch.setattr(sched, "stage_slots", lambda *a: [[x] for slot in real(*a) for x in slot])
+    with pytest.raises(RuntimeError, match="deadlocks"):
+        simulate("interleaved", 2, 4, 2)
+
+
+@pytest.mark.parametrize("schedule,virtual,micro,problem", [
+    ("interleaved", 1, 4, "virtual_stages >= 2"), ("1f1b", 2, 4, "needs the interleaved schedule"),
+    ("interleaved", 2, 3, "multiple of the stage count"), ("zb", 1, 4, "unknown schedule")])
+def test_sizes_without_a_table_are_refused_in_one_line(schedule, virtual, micro, problem):
+    with pytest.raises(AutoparError, match=problem):
+        stage_slots(schedule, 2, 0, micro, virtual)
 
 
 @pytest.mark.parametrize("stages,micro", [(2, 4), (4, 8), (3, 2)])
 def test_1f1b_bounds_in_flight_micro_batches(stages, micro):
     for s in range(stages):
         live = peak = 0
-        for kind, _ in stage_actions("1f1b", stages, s, micro):
+        for kind, _, _ in (a for slot in stage_slots("1f1b", stages, s, micro) for a in slot):
             live += 1 if kind == "F" else -1
             peak = max(peak, live)
         assert peak == min(stages - s, micro)
@@ -85,14 +122,14 @@ def test_simulate_detects_crossed_orders(monkeypatch):
     """The checker is not vacuous: stage 0 draining backwards in reverse order deadlocks."""
     import autopar.runtime.schedule as sched
 
-    real = sched.stage_actions
+    real = sched.stage_slots
 
-    def reversed_drain(schedule, num_stages, stage, m):
-        acts = real(schedule, num_stages, stage, m)
+    def reversed_drain(schedule, num_stages, stage, m, v=1):
+        slots = real(schedule, num_stages, stage, m, v)
         if stage == 0:
-            return [a for a in acts if a[0] == "F"] + [("B", k) for k in reversed(range(m))]
-        return acts
+            return [s for s in slots if s[0][0] == "F"] + [[("B", k, 0)] for k in reversed(range(m))]
+        return slots
 
-    monkeypatch.setattr(sched, "stage_actions", reversed_drain)
+    monkeypatch.setattr(sched, "stage_slots", reversed_drain)
     with pytest.raises(RuntimeError, match="deadlocks"):
         simulate("gpipe", 2, 3)
