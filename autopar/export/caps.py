@@ -16,7 +16,9 @@ class Caps:
     activation-checkpoint modes; sp: "free" (a switch), "always" (TP implies it) or "never";
     split: "any" (an explicit per-stage layer list) or "even" (its own even split of the blocks);
     pp / tp: whether it configures pipeline / tensor parallelism (tp_with_pp: both at once);
-    replicas: identical pipelines over sharded stages (HSDP); precisions: autopar precisions it trains in.
+    replicas: identical pipelines over sharded stages (HSDP); precisions: autopar precisions it trains in;
+    schedules: its pipeline schedules (Megatron and DeepSpeed run 1F1B only; without pipelining every tool
+    accumulates micro-batch by micro-batch, as 1F1B).
     """
 
     name: str
@@ -31,6 +33,7 @@ class Caps:
     replicas: bool
     precisions: tuple[str, ...]
     suffix: str  # the file name ending its format takes
+    schedules: tuple[str, ...] = ("1f1b",)  # pipeline schedules (autopar names)
 
     def zero_levels(self, pp: int) -> tuple[int, ...]:
         return self.zero_pp if pp > 1 else self.zero
@@ -41,7 +44,7 @@ CAPS: dict[str, Caps] = {
     # (dp_replicate), HSDP (both); TP always with its SequenceParallel switch; module_fqns_per_model_part;
     # activation_checkpoint none | selective (per-op SAC, autopar's op) | full; bf16 or fp32 parameters.
     "torchtitan": Caps("torchtitan", (0, 2, 3), (0, 2, 3), ("none", "op", "full"), "free", "any", True, True, True,
-                       True, ("bf16", "fp32"), ".sh"),
+                       True, ("bf16", "fp32"), ".sh", ("1f1b", "gpipe")),
     # Megatron-LM / megatron-core 0.16: uniform TP/PP, --pipeline-model-parallel-layout, DDP or the
     # distributed optimizer (ZeRO-1), Megatron-FSDP optim_grads (ZeRO-2) / optim_grads_params (ZeRO-3)
     # without pipelining; --recompute-granularity selective (the attention core) | full.

@@ -87,7 +87,12 @@ def project(plan: Plan, model: ModelSpec, caps: Caps) -> Shape | None:
         return None
     want_m = plan.pipelines[0].num_microbatches
     m = min(ms, key=lambda k: (abs(k - want_m), k))
-    return Shape(pp, tp, zero, ckpt, sp, m, split, replicas)
+    return Shape(pp, tp, zero, ckpt, sp, m, split, replicas, _schedule(caps, plan, pp))
+
+
+def _schedule(caps: Caps, plan: Plan, pp: int) -> str:
+    """The plan's schedule where the target runs it with pipelining, else 1F1B."""
+    return plan.schedule if pp > 1 and plan.schedule in caps.schedules else "1f1b"
 
 
 def _microbatch_options(batch: int, replicas: int, dp: int) -> list[int]:
@@ -124,7 +129,8 @@ def _space(plan: Plan, model: ModelSpec, caps: Caps) -> Iterator[Shape]:
                     continue  # fewer micro-batches than stages: all bubble (m = 1 kept for the no-PP case)
                 for zero in caps.zero_levels(pp):
                     for ckpt in caps.ckpt:
-                        yield Shape(pp, tp, zero, ckpt, _sp(caps, tp, True), m, split)
+                        yield Shape(pp, tp, zero, ckpt, _sp(caps, tp, True), m, split,
+                                    schedule=_schedule(caps, plan, pp))
 
 
 def closest(plan: Plan, model: ModelSpec, params: CostParams, caps: Caps) -> tuple[Candidate, Candidate | None]:

@@ -22,7 +22,7 @@ def config(ex: Export) -> dict:
     """The DeepSpeed config dict of the export."""
     s = ex.shape
     cfg: dict = {
-        "autopar_export": ex.header_lines(),
+        "autopar_export": ex.header_lines() + _notes(ex),
         "train_batch_size": ex.plan.global_batch_size,
         "train_micro_batch_size_per_gpu": ex.micro_batch_per_rank,
         "gradient_accumulation_steps": s.num_microbatches,
@@ -41,6 +41,17 @@ def config(ex: Export) -> dict:
         cfg["tensor_parallel"] = {"autotp_size": s.tp}
     return cfg
 
+
+
+def _notes(ex: Export) -> list[str]:
+    """What the training script does that a DeepSpeed config cannot (checkpointing and TP outside its pipeline)."""
+    out = []
+    if ex.shape.ckpt == "full" and ex.shape.pp == 1:
+        out.append("activation checkpointing of every block: the model calls deepspeed.checkpointing.checkpoint "
+                   "(Hugging Face: gradient_checkpointing_enable())")
+    if ex.shape.pp > 1:
+        out.append(f"pipeline: PipelineModule(num_stages={ex.shape.pp}, partition_method=\"type:{BLOCK_TYPE}\")")
+    return out
 
 
 def render(ex: Export) -> str:

@@ -12,6 +12,7 @@ The arguments are the bash array ``ARGS`` (an option and its values a line).
 
 from __future__ import annotations
 
+from autopar.errors import AutoparError
 from autopar.export.common import Export, bash_array
 
 PRECISION = {"bf16": ["--bf16"], "fp16": ["--fp16"], "fp32": []}
@@ -26,8 +27,11 @@ def layout(ex: Export) -> str:
 
 
 def args(ex: Export) -> list[str]:
-    """The Megatron-LM arguments of the export."""
+    """The Megatron-LM arguments of the export; AutoparError for a model without a transformer's shape."""
     s, m = ex.shape, ex.model
+    if not (m.hidden and m.num_heads):
+        raise AutoparError("export --to megatron", f"model {m.name!r} has no transformer shape (hidden size, "
+                           "attention heads) for pretrain_gpt.py", "export it to deepspeed or accelerate")
     blocks = sum(1 for ly in m.layers if ly.kind == "block") or m.num_layers
     out = ["--tensor-model-parallel-size", str(s.tp), "--pipeline-model-parallel-size", str(s.pp)]
     if s.sp:

@@ -33,6 +33,7 @@ class Shape:
     num_microbatches: int
     split: tuple[tuple[int, ...], ...]
     replicas: int = 1
+    schedule: str = "1f1b"
 
     def stage_devices(self, world: int) -> int:
         """Devices per stage on a world of ``world`` devices."""
@@ -62,7 +63,7 @@ def unit_strategy(ly: LayerSpec, model: ModelSpec, shape: Shape, n: int) -> Stra
 
 
 def build_plan(original: Plan, model: ModelSpec, shape: Shape) -> Plan:
-    """The ``shape`` as an autopar Plan on ``original``'s cluster, batch, schedule and budget. Devices
+    """The ``shape`` as an autopar Plan on ``original``'s cluster, batch and budget. Devices
     follow the tools' rank order (pipeline stage slowest, then replica, data parallel, TP fastest)."""
     world = original.cluster.num_devices
     n = shape.stage_devices(world)
@@ -76,7 +77,7 @@ def build_plan(original: Plan, model: ModelSpec, shape: Shape) -> Plan:
             stages.append(Stage(list(range(first, first + n)), layers))
         pipes.append(Pipeline(share, share // shape.num_microbatches, shape.num_microbatches, stages))
     ref = ModelRef(original.model.name, original.model.seq_len, original.model.num_layers, original.model.source)
-    return Plan(ref, original.cluster, original.global_batch_size, pipes, schedule=original.schedule,
+    return Plan(ref, original.cluster, original.global_batch_size, pipes, schedule=shape.schedule,
                 memory_budget_gib=original.memory_budget_gib, search=dict(original.search))
 
 
@@ -110,7 +111,8 @@ def _runs(values: list) -> str:
 
 def describe(plan: Plan) -> dict[str, str]:
     """The plan field by field as short text, for ``changes``: pipelines, stages, split, devices,
-    tp/zero/ckpt/sp per unit (pipeline 0's order; every pipeline's when they differ), micro-batching."""
+    tp/zero/ckpt/sp per unit (pipeline 0's order; every pipeline's when they differ), micro-batching,
+    schedule."""
     pipes = plan.pipelines
 
     def per_unit(key) -> str:
@@ -128,6 +130,7 @@ def describe(plan: Plan) -> dict[str, str]:
         "ckpt": per_unit(lambda s: s.ckpt),
         "sp": per_unit(lambda s: "on" if s.sp else "off"),
         "micro-batches": " / ".join(f"{p.num_microbatches} of {p.micro_batch_size}" for p in pipes),
+        "schedule": plan.schedule,
     }
 
 

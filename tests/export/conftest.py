@@ -30,7 +30,8 @@ def search(path, argv) -> str:
     return str(path)
 
 
-def uniform(base: str, path, pp: int, tp: int, zero: int, ckpt: str, sp: bool, m: int, uneven: bool = False) -> str:
+def uniform(base: str, path, pp: int, tp: int, zero: int, ckpt: str, sp: bool, m: int, uneven: bool = False,
+            schedule: str = "1f1b") -> str:
     """A plan every target could express (``uneven``: one block moved from the last stage to the first),
     built on ``base``'s cluster and batch, with its predicted figures."""
     from autopar.estimate import estimate_plan
@@ -39,7 +40,7 @@ def uniform(base: str, path, pp: int, tp: int, zero: int, ckpt: str, sp: bool, m
     split = even_split(planned.model, pp)
     if uneven:
         split = (split[0] + (split[1][0],), split[1][1:], *split[2:])
-    plan = build_plan(planned.plan, planned.model, Shape(pp, tp, zero, ckpt, sp, m, split))
+    plan = build_plan(planned.plan, planned.model, Shape(pp, tp, zero, ckpt, sp, m, split, schedule=schedule))
     plan.predicted = estimate_plan(plan, planned.model, planned.params).predicted()
     save_plan(plan, path)
     return str(path)
@@ -52,5 +53,6 @@ def plans(tmp_path_factory) -> dict[str, str]:
     out = {name: search(d / f"{name}.yaml", argv) for name, argv in SEARCHES.items()}
     out["exact-pp2"] = uniform(out["small"], d / "pp2.yaml", 2, 2, 0, "full", True, 4)
     out["exact-dp"] = uniform(out["small"], d / "dp.yaml", 1, 1, 3, "none", False, 2)
+    out["gpipe-pp2"] = uniform(out["small"], d / "gpipe.yaml", 2, 1, 0, "none", False, 4, schedule="gpipe")
     out["uneven-pp2"] = uniform(out["small"], d / "uneven.yaml", 2, 2, 0, "full", False, 4, uneven=True)
     return out

@@ -68,6 +68,13 @@ def test_hetero_plan_changes_name_the_pipelines_and_devices(plans):
     assert ex.plan.devices == list(range(24))  # Megatron's rank order
 
 
+def test_gpipe_stays_in_torchtitan_and_becomes_1f1b_where_the_tool_has_no_gpipe(plans):
+    assert prepare(plans["gpipe-pp2"], "torchtitan").changes == []
+    for target in ("megatron", "deepspeed"):
+        ex = prepare(plans["gpipe-pp2"], target)
+        assert "schedule: gpipe -> 1f1b" in ex.changes and ex.plan.schedule == "1f1b"
+
+
 def test_exact_refuses_naming_the_change_and_the_closest(plans):
     with pytest.raises(AutoparError) as e:
         prepare(plans["small"], "accelerate", exact=True)

@@ -22,7 +22,7 @@ import pytest
 
 from autopar.export import prepare, render
 
-PLANS = ["readme", "hetero", "small", "exact-pp2", "uneven-pp2", "exact-dp"]
+PLANS = ["readme", "hetero", "small", "exact-pp2", "uneven-pp2", "gpipe-pp2", "exact-dp"]
 
 
 def _export(plans, name, target):
@@ -60,6 +60,7 @@ def test_torchtitan_config_manager_parses_the_export(plans, name):
         assert tr.local_batch_size * ranks == tr.global_batch_size
         assert tr.local_batch_size // par.pipeline_parallel_microbatch_size == s.num_microbatches
         assert len(par.module_fqns_per_model_part) == s.pp
+        assert par.pipeline_parallel_schedule == {"1f1b": "1F1B", "gpipe": "GPipe"}[s.schedule]
     else:  # gradient accumulation over micro-batches of local_batch_size
         assert tr.global_batch_size // (tr.local_batch_size * ranks) == s.num_microbatches
     assert tr.mixed_precision_param == "bfloat16"
@@ -134,13 +135,17 @@ class DataParallel:  # mpu: the one method DeepSpeedConfig asks
         return self.size
 
 out = {}
-for path, dp in json.loads(sys.argv[2]).items():
+from deepspeed.runtime.utils import partition_balanced  # PipelineModule's "type:" partition
+
+for path, (dp, blocks) in json.loads(sys.argv[2]).items():
     try:
         c = DeepSpeedConfig(path, mpu=DataParallel(dp))
+        parts = [int(x) for x in partition_balanced(blocks, c.pipeline["stages"])] if c.pipeline["stages"] != "auto" \
+            else None
         out[path] = {"train_batch_size": c.train_batch_size, "micro": c.train_micro_batch_size_per_gpu,
                      "gas": c.gradient_accumulation_steps, "zero": int(c.zero_optimization_stage),
                      "pipeline": c.pipeline, "autotp": c.tensor_parallel_config.autotp_size,
-                     "bf16": c.bfloat16_config.enabled, "world": c.world_size}
+                     "bf16": c.bfloat16_config.enabled, "world": c.world_size, "parts": parts}
     except AssertionError as e:
         out[path] = {"refused": str(e)}
 print("RESULT" + json.dumps(out))
@@ -157,13 +162,13 @@ def test_deepspeed_config_takes_every_export(plans, tmp_path):
     for name in PLANS + ["wrong-batch"]:
         ex = prepare(plans["readme" if name == "wrong-batch" else name], "deepspeed")
         doc = json.loads(render(ex))
-        assert doc["autopar_export"] == ex.header_lines()
+        assert doc["autopar_export"][:len(ex.header_lines())] == ex.header_lines()
         if name == "wrong-batch":  # the check this test relies on must fail on a batch that does not add up
             doc["train_batch_size"] += 1
         path = str(tmp_path / f"{name}.json")
         with open(path, "w") as f:
             json.dump(doc, f)
-        files[path] = ex.world // (ex.shape.tp * ex.shape.pp)
+        files[path] = [ex.world // (ex.shape.tp * ex.shape.pp), [int(ly.kind == "block") for ly in ex.model.layers]]
         exports[path] = (name, ex)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -173,7 +178,7 @@ def test_deepspeed_config_takes_every_export(plans, tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     got = json.loads(run.stdout.split("RESULT", 1)[1])
     for path, (name, ex) in exports.items():
-        r, s, dp = got[path], ex.shape, files[path]
+        r, s, dp = got[path], ex.shape, files[path][0]
         if name == "wrong-batch":
             assert "Check batch related parameters" in r["refused"]
             continue
@@ -185,6 +190,7 @@ def test_deepspeed_config_takes_every_export(plans, tmp_path):
         if s.pp > 1:
             assert s.zero < 2  # DeepSpeed's PipelineEngine refuses ZeRO-2/3
             assert r["pipeline"]["activation_checkpoint_interval"] == (1 if s.ckpt == "full" else 0)
+            assert r["parts"] == [st[0] for st in s.split] + [ex.model.num_layers]  # DeepSpeed's split = the plan's
         assert r["autotp"] == (s.tp if s.tp > 1 else 0)
 
 
