@@ -1,5 +1,5 @@
 """Plans to export, searched by the real CLI once per session: the README example (llama2-7b on
-2x8xA100-80G), a heterogeneous FlashFlex mix, a small gpt3-1.3b plan and exactly expressible plans
+2x8xA100-80G), two heterogeneous FlashFlex mixes (benchmarks/hetero.py), a small gpt3-1.3b plan and exactly expressible plans
 built from a ``Shape`` (uniform, one with an uneven pipeline split)."""
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ SEARCHES = {
     "readme": ["--model", "llama2-7b", "--cluster", "2x8xA100-80G", "--global-batch-size", "512", "--seq-len", "4096"],
     "hetero": ["--model", "llama2-7b", "--cluster", "8x3090+8x4090+8xA100", "--global-batch-size", "64",
                "--seq-len", "4096"],
+    "hetero-13b": ["--model", "llama2-13b", "--cluster", "8x3080Ti+8x3090+24x4090", "--global-batch-size", "256",
+                   "--seq-len", "4096"],  # benchmarks/hetero.py: a 7-stage asymmetric pipeline over 40 GPUs
     "small": ["--model", "gpt3-1.3b", "--cluster", "2x4xA100-80G", "--global-batch-size", "16", "--seq-len", "512"],
 }
 

@@ -37,13 +37,13 @@ def test_tools_without_an_explicit_split_get_the_even_one_listed(plans):
 
 
 @pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("name", ["readme", "hetero", "small"])
+@pytest.mark.parametrize("name", ["readme", "hetero", "hetero-13b", "small"])
 def test_the_closest_plan_is_valid_fits_and_is_estimated_by_the_same_cost_model(plans, name, target):
     try:
         ex = prepare(plans[name], target)
     except AutoparError as e:  # only a data-parallel-only tool on a batch that does not split over the devices
-        assert (name, target) == ("hetero", "accelerate"), str(e)
-        assert "64 does not split into whole samples over 24 devices" in str(e)
+        assert name.startswith("hetero") and target == "accelerate", str(e)
+        assert "does not split into whole samples over" in str(e) and "\n" not in str(e)
         return
     _, model, params = load_planned(plans[name])
     assert plan_problems(ex.plan, model, ex.estimate.memory_gib) == []

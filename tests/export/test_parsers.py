@@ -1,6 +1,6 @@
 """Every export read back by its tool's own parser (the ``test`` extra installs them; without them these skip).
 
-The plans: the README example (llama2-7b, 2x8xA100-80G), a heterogeneous FlashFlex mix, a small
+The plans: the README example (llama2-7b, 2x8xA100-80G), two heterogeneous FlashFlex mixes, a small
 gpt3-1.3b plan, and uniform ones (pipelined, uneven split). Each test checks that the tool accepts the
 file and that what it parsed is the exported plan (degrees, sharding, checkpointing, batch).
 
@@ -22,7 +22,7 @@ import pytest
 
 from autopar.export import prepare, render
 
-PLANS = ["readme", "hetero", "small", "exact-pp2", "uneven-pp2", "gpipe-pp2", "exact-dp"]
+PLANS = ["readme", "hetero", "hetero-13b", "small", "exact-pp2", "uneven-pp2", "gpipe-pp2", "exact-dp"]
 
 
 def _export(plans, name, target):
@@ -195,7 +195,7 @@ def test_deepspeed_config_takes_every_export(plans, tmp_path):
 
 
 # -- accelerate ----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", [p for p in PLANS if p != "hetero"])  # hetero: refused (test_closest.py)
+@pytest.mark.parametrize("name", [p for p in PLANS if not p.startswith("hetero")])  # refused (test_closest.py)
 def test_accelerate_launch_and_fsdp_plugin_take_the_export(plans, name, tmp_path, monkeypatch):
     pytest.importorskip("accelerate")
     import torch
