@@ -63,6 +63,10 @@ class Export:
         lines = [f"autopar {__version__} export of {os.path.basename(self.source)} for {self.caps.name}: "
                  f"{label(self.shape)}, {self.model.name}, {self.world} devices, global batch "
                  f"{self.plan.global_batch_size}, seq {self.model.seq_len}, {self.plan.precision}"]
+        record = self.plan.search.get("profile")
+        if isinstance(record, dict):
+            lines.append(f"cost figures from {record.get('kind', 'profile')} {record.get('path', '?')} "
+                         f"(sha256 {str(record.get('sha256'))[:12]})")
         if not self.changes:
             lines.append(f"exact: the plan as searched; predicted step {b:.4g} s")
             return [printable(x) for x in lines]

@@ -74,3 +74,15 @@ def test_a_model_without_a_torchtitan_config_must_be_named(plans, tmp_path):
     run = subprocess.run(["bash", str(script)], capture_output=True, text=True,
                          env={k: v for k, v in os.environ.items() if k not in ("TT_MODULE", "TT_CONFIG")})
     assert run.returncode != 0 and "set TT_MODULE and TT_CONFIG" in run.stderr
+
+
+def test_profile_gives_the_figures_estimate_gives_with_it(tiny_profile, tmp_path, capsys):
+    plan = tmp_path / "plan.yaml"
+    assert main(["search", "--model", "gpt-tiny", "--cluster", "2xcpu", "--global-batch-size", "8", "--no-baselines",
+                 "-o", str(plan), "--json"]) == 0
+    capsys.readouterr()
+    assert main(["estimate", str(plan), "--json", "--profile", str(tiny_profile)]) == 0
+    measured = json.loads(capsys.readouterr().out)["predicted"]["step_time_s"]
+    ex = prepare(str(plan), "deepspeed", str(tiny_profile))
+    assert ex.original_estimate.step_time_s == pytest.approx(measured, rel=1e-12)
+    assert any(line.startswith(f"cost figures from profile {tiny_profile}") for line in ex.header_lines())
