@@ -152,15 +152,21 @@ print("RESULT" + json.dumps(out))
 """
 
 
-def need(*modules: str) -> None:
-    """Skip unless ``modules`` are installed (found, not imported: the child imports them)."""
+def missing(*modules: str) -> str:
+    """The first of ``modules`` not installed (found, not imported: the child imports them), else ''."""
     for m in modules:
         try:
-            found = importlib.util.find_spec(m) is not None
+            if importlib.util.find_spec(m) is None:
+                return m
         except ModuleNotFoundError:  # its parent package is missing
-            found = False
-        if not found:
-            pytest.skip(f"{m} is not installed (pip install -e '.[test]')")
+            return m
+    return ""
+
+
+def needs(*modules: str):
+    """Skip a test (before its fixtures run) unless ``modules`` are installed."""
+    gone = missing(*modules)
+    return pytest.mark.skipif(bool(gone), reason=f"{gone} is not installed (pip install -e '.[test]')")
 
 
 def run_child(script: str, items: list[dict], tmp: Path) -> dict:

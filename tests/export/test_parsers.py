@@ -22,7 +22,7 @@ import json
 import shlex
 
 from autopar.export import prepare, render
-from tests.export.children import ACCELERATE, DEEPSPEED, MEGATRON, TORCHTITAN, need, run_child
+from tests.export.children import ACCELERATE, DEEPSPEED, MEGATRON, TORCHTITAN, needs, run_child
 
 PLANS = ["readme", "hetero", "hetero-13b", "small", "exact-pp2", "uneven-pp2", "gpipe-pp2", "exact-dp"]
 
@@ -38,8 +38,8 @@ def _clean(results: dict) -> dict:
     return results
 
 
+@needs("torchtitan", "triton")  # torchtitan 0.3's trainer imports triton kernels (in the test extra)
 def test_torchtitan_config_manager_parses_every_export(plans, tmp_path):
-    need("torchtitan", "triton")  # torchtitan 0.3's trainer imports triton kernels (in the test extra)
     exports = {name: prepare(plans[name], "torchtitan") for name in PLANS}
     items = [{"name": n, "args": script_args(render(ex)), "world": ex.world} for n, ex in exports.items()]
     got = _clean(run_child(TORCHTITAN, items, tmp_path))
@@ -61,8 +61,8 @@ def test_torchtitan_config_manager_parses_every_export(plans, tmp_path):
             assert r["global"] // (r["local"] * ranks) == s.num_microbatches, name
 
 
+@needs("megatron.core")
 def test_megatron_core_dataclasses_take_every_export(plans, tmp_path):
-    need("megatron.core")
     from autopar.export.megatron import args
 
     exports = {name: prepare(plans[name], "megatron") for name in PLANS}
@@ -80,8 +80,8 @@ def test_megatron_core_dataclasses_take_every_export(plans, tmp_path):
         assert r["microbatches"] == s.num_microbatches and r["bf16"], name
 
 
+@needs("deepspeed")
 def test_deepspeed_config_takes_every_export(plans, tmp_path):
-    need("deepspeed")
     items, exports = [], {}
     for name in PLANS + ["wrong-batch"]:
         ex = prepare(plans["readme" if name == "wrong-batch" else name], "deepspeed")
@@ -112,8 +112,8 @@ def test_deepspeed_config_takes_every_export(plans, tmp_path):
         assert r["autotp"] == (s.tp if s.tp > 1 else 0), name
 
 
+@needs("accelerate")
 def test_accelerate_launch_and_fsdp_plugin_take_every_export(plans, tmp_path):
-    need("accelerate")
     names = [p for p in PLANS if not p.startswith("hetero")]  # those are refused (test_closest.py)
     exports = {name: prepare(plans[name], "accelerate") for name in names}
     items = []
