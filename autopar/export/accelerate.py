@@ -19,12 +19,12 @@ PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}
 
 def config(ex: Export) -> dict:
     """The accelerate config dict of the export."""
-    cluster = ex.plan.cluster
+    nodes, _ = ex.launch_shape()
     return {
         "compute_environment": "LOCAL_MACHINE",
         "distributed_type": "FSDP",
         "mixed_precision": PRECISION[ex.plan.precision],
-        "num_machines": cluster.num_nodes,
+        "num_machines": nodes,
         "num_processes": ex.world,
         "machine_rank": 0,
         "main_training_function": "main",

@@ -63,7 +63,7 @@ def _sp(caps: Caps, tp: int, wanted: bool) -> bool:
 
 def project(plan: Plan, model: ModelSpec, caps: Caps) -> Shape | None:
     """The target's shape nearest to ``plan`` feature by feature (None: no shape of its depth exists)."""
-    world = plan.cluster.num_devices
+    world = plan.world_size
     depths = [len(p.stages) for p in plan.pipelines]
     pp = max(set(depths), key=lambda d: (depths.count(d), d)) if caps.pp else 1
     replicas = len(plan.pipelines) if caps.replicas and len(set(map(len, (p.devices for p in plan.pipelines)))) == 1 \
@@ -117,7 +117,7 @@ def score(original: Plan, model: ModelSpec, params: CostParams, shape: Shape, ca
 
 def _space(plan: Plan, model: ModelSpec, caps: Caps) -> Iterator[Shape]:
     """Every uniform shape of the target on the plan's cluster (one replica, even split)."""
-    world = plan.cluster.num_devices
+    world = plan.world_size
     blocks = sum(1 for ly in model.layers if recomputed(ly, model))
     for pp in ([d for d in range(1, min(world, blocks) + 1) if world % d == 0] if caps.pp else [1]):
         n, split = world // pp, even_split(model, pp)
@@ -156,7 +156,7 @@ def closest(plan: Plan, model: ModelSpec, params: CostParams, caps: Caps) -> tup
 
 
 def _no_shape(plan: Plan, caps: Caps) -> str:
-    world = plan.cluster.num_devices
+    world = plan.world_size
     if not caps.pp and not caps.tp:
         return (f"{caps.name} is data parallel only and the global batch {plan.global_batch_size} does not split "
                 f"into whole samples over {world} devices")

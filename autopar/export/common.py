@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shlex
+from collections import Counter
 from dataclasses import dataclass
 
 from autopar.errors import AutoparError
@@ -40,7 +41,12 @@ class Export:
 
     @property
     def world(self) -> int:
-        return self.plan.cluster.num_devices
+        return self.plan.world_size
+
+    def launch_shape(self) -> tuple[int, int]:
+        """(nodes, processes per node) of a launch of the export: the nodes its devices are on."""
+        nodes = Counter(self.plan.cluster.nodes_of(sorted(self.plan.devices)))
+        return len(nodes), max(nodes.values())
 
     @property
     def dp(self) -> int:

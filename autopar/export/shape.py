@@ -63,10 +63,10 @@ def unit_strategy(ly: LayerSpec, model: ModelSpec, shape: Shape, n: int) -> Stra
 
 
 def build_plan(original: Plan, model: ModelSpec, shape: Shape) -> Plan:
-    """The ``shape`` as an autopar Plan on ``original``'s cluster, batch and budget. Devices
+    """The ``shape`` as an autopar Plan on ``original``'s cluster, devices, batch and budget. Devices
     follow the tools' rank order (pipeline stage slowest, then replica, data parallel, TP fastest)."""
-    world = original.cluster.num_devices
-    n = shape.stage_devices(world)
+    devices = sorted(original.devices)  # every device of the cluster (the plan rules), in rank order
+    n = shape.stage_devices(len(devices))
     share = original.global_batch_size // shape.replicas
     pipes = []
     for r in range(shape.replicas):
@@ -74,7 +74,7 @@ def build_plan(original: Plan, model: ModelSpec, shape: Shape) -> Plan:
         for s, idx in enumerate(shape.split):
             first = s * shape.replicas * n + r * n
             layers = [StageLayer(model.layers[i].name, unit_strategy(model.layers[i], model, shape, n)) for i in idx]
-            stages.append(Stage(list(range(first, first + n)), layers))
+            stages.append(Stage(devices[first:first + n], layers))
         pipes.append(Pipeline(share, share // shape.num_microbatches, shape.num_microbatches, stages))
     ref = ModelRef(original.model.name, original.model.seq_len, original.model.num_layers, original.model.source)
     return Plan(ref, original.cluster, original.global_batch_size, pipes, schedule=shape.schedule,

@@ -85,3 +85,4 @@ def test_exact_refuses_naming_the_change_and_the_closest(plans):
 def test_unknown_target_is_refused(plans):
     with pytest.raises(AutoparError, match="unknown target 'jax'"):
         prepare(plans["small"], "jax")
+
