@@ -48,6 +48,16 @@ class Export:
         nodes = Counter(self.plan.cluster.nodes_of(sorted(self.plan.devices)))
         return len(nodes), max(nodes.values())
 
+    def torchrun(self) -> list[str]:
+        """The script lines before ``exec``: a comment when nodes hold different numbers of devices, then
+        ``NPROC`` (``NPROC_PER_NODE`` overrides it on such a node)."""
+        nodes = Counter(self.plan.cluster.nodes_of(sorted(self.plan.devices)))
+        lines = []
+        if len(set(nodes.values())) > 1:
+            lines.append("# devices per node differ (" + ", ".join(f"node {n}: {c}" for n, c in sorted(nodes.items()))
+                         + "): set NPROC_PER_NODE on each node")
+        return lines + [f'NPROC="${{NPROC_PER_NODE:-{max(nodes.values())}}}"']
+
     @property
     def dp(self) -> int:
         """Data-parallel ranks per stage of one replica."""

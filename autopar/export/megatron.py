@@ -58,13 +58,13 @@ def args(ex: Export) -> list[str]:
 
 def render(ex: Export) -> str:
     """The launch script (bash): torchrun of Megatron-LM's pretrain_gpt.py with ``args`` per node."""
-    nodes, nproc = ex.launch_shape()
+    nodes, _ = ex.launch_shape()
     lines = ["#!/usr/bin/env bash"] + [f"# {h}" for h in ex.header_lines()]
     lines += ["# Megatron-LM arguments; data, tokenizer, optimizer and schedule arguments go after them (\"$@\").",
               "# Run on every node with NODE_RANK and MASTER_ADDR set; MEGATRON: your Megatron-LM checkout.",
               "set -euo pipefail"]
-    lines += bash_array(args(ex))
-    lines += [f"exec torchrun --nnodes={nodes} --nproc-per-node={nproc} "
+    lines += bash_array(args(ex)) + ex.torchrun()
+    lines += [f'exec torchrun --nnodes={nodes} --nproc-per-node="$NPROC" '
               '--node-rank="${NODE_RANK:-0}" --master-addr="${MASTER_ADDR:-localhost}" '
               '--master-port="${MASTER_PORT:-29500}" "${MEGATRON:-.}/pretrain_gpt.py" "${ARGS[@]}" "$@"', ""]
     return "\n".join(lines)

@@ -53,7 +53,7 @@ def args(ex: Export) -> list[str]:
 def render(ex: Export) -> str:
     """The launch script (bash) for every node: torchrun of torchtitan.train with ``args``."""
     module, config = REGISTRY.get(ex.model.name, (None, None))
-    nodes, nproc = ex.launch_shape()
+    nodes, _ = ex.launch_shape()
     lines = ["#!/usr/bin/env bash"] + [f"# {h}" for h in ex.header_lines()]
     lines += ["# torchtitan 0.3 takes no job file: ConfigManager reads --module/--config (the model) and these",
               "# overrides. Run on every node with NODE_RANK and MASTER_ADDR set (torchrun rendezvous).",
@@ -65,8 +65,8 @@ def render(ex: Export) -> str:
                   'CONFIG="${TT_CONFIG:?set TT_CONFIG to the torchtitan config of this model}"']
     else:
         lines += [f'MODULE="${{TT_MODULE:-{module}}}"', f'CONFIG="${{TT_CONFIG:-{config}}}"']
-    lines += bash_array(args(ex))
-    lines += [f"exec torchrun --nnodes={nodes} --nproc-per-node={nproc} "
+    lines += bash_array(args(ex)) + ex.torchrun()
+    lines += [f'exec torchrun --nnodes={nodes} --nproc-per-node="$NPROC" '
               '--node-rank="${NODE_RANK:-0}" --rdzv-backend=c10d --rdzv-endpoint="${MASTER_ADDR:-localhost}:'
               '${MASTER_PORT:-29500}" -m torchtitan.train --module "$MODULE" --config "$CONFIG" "${ARGS[@]}" "$@"',
               ""]
