@@ -15,9 +15,9 @@ from autopar.export.caps import TARGETS
 def add_parser(sub) -> None:
     """Add ``export`` to the CLI's subparsers ``sub``."""
     x = sub.add_parser("export", help="write a plan as torchtitan / Megatron-LM / DeepSpeed / accelerate configuration")
-    x.add_argument("plan")
+    x.add_argument("plan", help="a plan file (autopar search -o)")
     x.add_argument("--to", required=True, choices=TARGETS, help="the tool to configure")
-    x.add_argument("-o", "--output", help="file to write (default: stdout)")
+    x.add_argument("-o", "--output", metavar="FILE", help="file to write (default: stdout; the changes then go to stderr)")
     x.add_argument("--profile", metavar="FILE", help="estimate with this profile's measured numbers")
     x.add_argument("--exact", action="store_true",
                    help="refuse a plan the tool cannot express as it is (default: export the closest, changes listed)")
