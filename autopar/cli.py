@@ -347,6 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_calibrate(sub)
     from autopar.show.command import add_parser as add_show  # parser and handler live there
     add_show(sub)
+    __import__("autopar.export.command").export.command.add_parser(sub)  # parser and handler live there
     return ap
 
 

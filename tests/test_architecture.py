@@ -45,6 +45,8 @@ ALLOWED: dict[str, set[str]] = {
                           "autopar.estimate", "autopar.measured", "autopar.profile", "autopar.planned", "cost_models"},
     "autopar.show": {"autopar.errors", "autopar.fileio", "autopar.cluster", "autopar.modelspec", "autopar.plan",
                      "autopar.estimate", "autopar.search", "autopar.report", "autopar.planned", "cost_models"},
+    "autopar.export": {"autopar.errors", "autopar.version", "autopar.fileio", "autopar.modelspec", "autopar.plan",
+                       "autopar.estimate", "autopar.planned", "cost_models"},
     "autopar": {"autopar.errors", "autopar.version", "autopar.runtime", "autopar.planned"},
     "autopar.cli": set(),  # the top: may import every package (filled below)
 }

@@ -198,6 +198,18 @@ CASES = {
                                                           _file(d, "t.py", ""), "-o", str(d / "in")],
     "launch-out-manifest-names-another-file": lambda d, p: ["launch", edited(d, p, lambda doc: None), "--script",
                                                             _file(d, "t.py", ""), "-o", _manifest(d, "../t.py")],
+    # exports
+    "export-target-unknown": lambda d, p: ["export", edited(d, p, lambda doc: None), "--to", "jax"],
+    "export-no-target": lambda d, p: ["export", edited(d, p, lambda doc: None)],
+    "export-out-is-a-directory": lambda d, p: ["export", edited(d, p, lambda doc: None), "--to", "deepspeed", "-o",
+                                               str(_dir(d / "in" / "xdir"))],
+    "export-out-under-a-file": lambda d, p: ["export", edited(d, p, lambda doc: None), "--to", "megatron", "-o",
+                                             str(Path(_file(d, "f", "")) / "x.sh")],
+    "export-inexpressible-exact": lambda d, p: ["export", edited(d, p, _zero1_embed), "--to", "accelerate", "--exact",
+                                                "-o", "OUT"],
+    "export-precision-unsupported": lambda d, p: ["export", _searched(d, "--precision", "fp16"), "--to", "torchtitan",
+                                                  "-o", "OUT"],
+    "export-plan-missing": lambda d, p: ["export", str(d / "none.yaml"), "--to", "megatron"],
     # outputs
     "search-default-plan-exists": lambda d, p: [*SEARCH, *([] if _file(d, "plan.yaml", "mine\n") else [])],
     "search-out-is-a-directory": lambda d, p: SEARCH + ["-o", str(_dir(d / "in" / "adir"))],
@@ -205,6 +217,18 @@ CASES = {
     "search-out-symlink-to-directory": lambda d, p: SEARCH + ["-o", _link(d / "in" / "ln", _dir(d / "in" / "t"))],
     "search-out-under-a-file": lambda d, p: SEARCH + ["-o", str(Path(_file(d, "f", "")) / "p.yaml")],
 }
+
+
+def _zero1_embed(doc):
+    """ZeRO-1 on the first unit (no FSDP sharding strategy is ZeRO-1); figures dropped (recomputed anyway)."""
+    doc["pipelines"][0]["stages"][0]["layers"][0]["zero"] = 1
+    doc.pop("predicted")
+
+
+def _searched(d: Path, *extra: str) -> str:
+    path = d / "in" / "searched.yaml"
+    assert main(SEARCH + [*extra, "-o", str(path), "--json"]) == 0
+    return str(path)
 
 
 def _dir(path: Path) -> Path:
@@ -219,4 +243,8 @@ def _link(path: Path, target: Path) -> str:
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_bad_input_is_one_line_exit_2_nothing_written(case, plan_doc, tmp_path, capsys, monkeypatch):
-    check_refused(CASES[case], plan_doc, tmp_path, capsys, monkeypatch)
+    line = check_refused(CASES[case], plan_doc, tmp_path, capsys, monkeypatch)
+    if case == "export-inexpressible-exact":  # names what is inexpressible and the closest alternative
+        assert "cannot express the plan exactly (" in line and "zero" in line and "closest: pp1 tp1" in line, line
+    if case == "export-precision-unsupported":
+        assert "torchtitan has no fp16 training" in line, line
