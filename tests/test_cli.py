@@ -226,7 +226,8 @@ def test_version(capsys):
 
 def test_every_option_of_every_command_has_help_and_shows_its_default():
     ap, subs = _subparsers()
-    assert {"search", "estimate", "validate", "launch", "list", "profile", "calibrate"} <= set(subs)
+    assert {"search", "estimate", "validate", "launch", "list", "profile", "calibrate", "show",
+            "export"} <= set(subs)
     for name, parser in [("autopar", ap), *subs.items()]:
         text = parser.format_help()
         for action in parser._actions:

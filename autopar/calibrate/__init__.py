@@ -6,10 +6,18 @@ score.py (MAPE, Spearman, regret; cross-validation), document.py (the ``autopar-
 and its summary), command.py (the CLI sub-command).
 """
 
-from autopar.calibrate.fit import Fit, fit, predict
-from autopar.calibrate.inputs import CalRun, Inputs, load_inputs
-from autopar.calibrate.score import cross_validate, fit_identifiable, scores
-from autopar.calibrate.table import FITTABLE, Fittable, choose
+import importlib
 
-__all__ = ["FITTABLE", "CalRun", "Fit", "Fittable", "Inputs", "choose", "cross_validate", "fit", "fit_identifiable",
-           "load_inputs", "predict", "scores"]
+# Imported on first use: every `autopar` command builds calibrate's parser (command.py, table.py),
+# and fit / score pull in scipy.optimize and scipy.stats, half a second no other command needs.
+_WHERE = {"Fit": "fit", "fit": "fit", "predict": "fit", "CalRun": "inputs", "Inputs": "inputs",
+          "load_inputs": "inputs", "cross_validate": "score", "fit_identifiable": "score", "scores": "score",
+          "FITTABLE": "table", "Fittable": "table", "choose": "table"}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module 'autopar.calibrate' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"autopar.calibrate.{_WHERE[name]}"), name)

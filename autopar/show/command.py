@@ -29,10 +29,11 @@ def cmd_show(args) -> int:
     """Run ``autopar show``: load and check the plan as ``estimate`` does, draw, write the file."""
     import sys
 
+    from autopar.errors import AutoparError
     from autopar.estimate import estimate_plan
     from autopar.plan.validate import validate_plan
     from autopar.planned import check_predicted, load_planned
-    from autopar.show.render import need_matplotlib, output_format, plan_pictures, stacked
+    from autopar.show.render import need_matplotlib, output_format, plan_pictures, stacked, undrawable
 
     fmt = output_format(args.output)
     need_matplotlib(FIELD)
@@ -44,6 +45,10 @@ def cmd_show(args) -> int:
         check_predicted(plan, est)
     for note in planned.notes:
         print(f"autopar: {note}", file=sys.stderr)
+    problem = undrawable(plan)
+    if problem is not None:
+        raise AutoparError("plan.schedule", problem, "`autopar estimate PLAN` prints its figures; show draws 1f1b "
+                           "and gpipe plans")
     pictures = plan_pictures(plan, model, est, params)
     if fmt == ".html":
         from autopar.show.page import plan_page

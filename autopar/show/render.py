@@ -47,13 +47,24 @@ def need_matplotlib(field: str) -> None:
     matplotlib.use("Agg", force=True)
 
 
+def undrawable(plan: Plan) -> str | None:
+    """Why ``plan``'s pictures cannot be drawn (None: they can)."""
+    if any(p.virtual_stages > 1 for p in plan.pipelines):
+        return ("interleaved pipelines (virtual_stages > 1) are not drawn yet: the timeline, memory and cluster "
+                "pictures place one stage per device group")
+    return None
+
+
 def plan_pictures(plan: Plan, model: ModelSpec, est: PlanEstimate, params: CostParams,
                   title: str | None = None) -> list[Picture]:
-    """The timeline, memory and cluster pictures of ``plan``, from ``est`` (its estimate with ``params``)."""
+    """The timeline, memory and cluster pictures of ``plan``, from ``est`` (its estimate with ``params``);
+    none for a plan ``undrawable`` refuses (a report then shows its tables only)."""
     from autopar.show import cluster_map, figures
     from autopar.show.memory import stage_memory
     from autopar.show.timeline import build_timeline
 
+    if undrawable(plan) is not None:
+        return []
     title = title or f"{model.name} on {plan.world_size} devices"
     tl = build_timeline(plan, model, est, params)
     mem = stage_memory(plan, model, est, params)

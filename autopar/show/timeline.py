@@ -27,24 +27,18 @@ from autopar.estimate.pipeline import spec_layers
 from autopar.modelspec.spec import ModelSpec
 from autopar.plan.schema import Plan, Strategy
 from cost_models import CostParams
+from cost_models.pipeline_schedules import stage_slots
 
 KINDS = ("forward", "backward", "recompute", "p2p", "grad sync", "bubble")
 
 
 def schedule_order(schedule: str, num_stages: int, stage: int, num_microbatches: int) -> list[tuple[str, int]]:
-    """The ("F" | "B", micro-batch) actions stage ``stage`` runs: the runtime's order
-    (``autopar.runtime.schedule.stage_actions``, which imports torch with its package; tests/show
-    checks the two agree on every small case)."""
-    m = num_microbatches
-    if schedule == "gpipe":
-        return [("F", k) for k in range(m)] + [("B", k) for k in range(m)]
-    if schedule != "1f1b":
-        raise AutoparError("schedule", f"unknown schedule {schedule!r}", "use 1f1b or gpipe")
-    warm = min(num_stages - stage - 1, m)
-    acts = [("F", k) for k in range(warm)]
-    for f in range(warm, m):
-        acts += [("F", f), ("B", f - warm)]
-    return acts + [("B", k) for k in range(m - warm, m)]
+    """The ("F" | "B", micro-batch) actions stage ``stage`` runs, in the order of the schedule table
+    the runtime executes (``cost_models.pipeline_schedules``; 1F1B and GPipe run one chunk)."""
+    if schedule not in ("1f1b", "gpipe"):
+        raise AutoparError("schedule", f"no timeline for schedule {schedule!r}", "show draws 1f1b and gpipe plans")
+    return [(kind, k) for slot in stage_slots(schedule, num_stages, stage, num_microbatches)
+            for kind, k, _ in slot]
 
 
 @dataclass
