@@ -150,30 +150,34 @@ class SavedMeter:
         self.pm = pm
         self.runner = pm.runner
         self.exclude = {_ptr(t) for t in exclude}
-        self.current: int | None = None  # micro-batch whose forward runs now
+        self.current: tuple[int, int] | None = None  # (chunk, micro-batch) whose forward runs now
         self.unit: str | None = None
-        self.per_mb: dict[int, dict[int, int]] = {}
+        self.per_mb: dict[tuple[int, int], dict[int, int]] = {}  # (chunk, micro-batch) -> storage -> bytes
         self.per_unit: dict[str, int] = {}
-        self.order: list[tuple[str, int]] = []
-        runner = self.runner
+        self.order: list[tuple[str, tuple[int, int]]] = []
+        # One stage's runner, or an interleaved stage's chunks (each its own micro-batches' activations).
+        for c, runner in enumerate(getattr(self.runner, "chunks", [self.runner])):
+            self._instrument(c, runner)
+        self.handles = []
+        for name, m in pm.local_units.items():
+            self.handles.append(m.register_forward_pre_hook(lambda mod, args, n=name: self._enter(n)))
+
+    def _instrument(self, c: int, runner) -> None:
         fwd, bwd = runner.forward, runner.backward
 
         def forward(k, *a, **kw):
-            self.current = k
-            self.order.append(("F", k))
+            self.current = (c, k)
+            self.order.append(("F", (c, k)))
             try:
                 return fwd(k, *a, **kw)
             finally:
                 self.current = None
 
         def backward(k, *a, **kw):
-            self.order.append(("B", k))
+            self.order.append(("B", (c, k)))
             return bwd(k, *a, **kw)
 
         runner.forward, runner.backward = forward, backward
-        self.handles = []
-        for name, m in pm.local_units.items():
-            self.handles.append(m.register_forward_pre_hook(lambda mod, args, n=name: self._enter(n)))
 
     def _enter(self, name: str) -> None:
         self.unit = name
@@ -191,7 +195,7 @@ class SavedMeter:
         mb = self.per_mb.setdefault(self.current, {})
         if ptr not in mb:
             mb[ptr] = loc.untyped_storage().nbytes()
-            if self.current == 0 and self.unit is not None:
+            if self.current[1] == 0 and self.unit is not None:
                 self.per_unit[self.unit] = self.per_unit.get(self.unit, 0) + mb[ptr]
         return t
 
@@ -232,7 +236,10 @@ def measure_rank(pm, inputs: torch.Tensor, targets: torch.Tensor, steps: int, wa
         out.opt_bytes, out.opt_scalar_bytes = states.opt, states.scalars
         out.dp_sharded_bytes = states.sharded
         out.saved_peak_bytes = saved.peak()
-        out.saved_per_microbatch = [sum(saved.per_mb.get(k, {}).values()) for k in sorted(saved.per_mb)]
+        per_k: dict[int, int] = {}
+        for (_, k), tensors in saved.per_mb.items():
+            per_k[k] = per_k.get(k, 0) + sum(tensors.values())
+        out.saved_per_microbatch = [per_k[k] for k in sorted(per_k)]
         out.saved_per_unit = dict(saved.per_unit)
     out.unit_params = {n: sum(_local(p).numel() for p in m.parameters()) for n, m in pm.local_units.items()}
     return out
