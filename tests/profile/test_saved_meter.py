@@ -32,7 +32,7 @@ def test_interleaved_chunks_are_metered_like_a_plain_stage():
     plain = make_plan([(2, 4, [([0], same(GPT_UNITS[:2])), ([1], same(GPT_UNITS[2:]))])])
     chunked = run_distributed(_measure, 2, interleaved, x, y, timeout_s=60)
     flat = run_distributed(_measure, 2, plain, x, y, timeout_s=60)
-    for peak, per_mb, units in chunked:
+    for peak, per_mb, _ in chunked:
         assert peak > 0 and len(per_mb) == 4 and all(b > 0 for b in per_mb)
     # rank 0 runs embed and layers.1 interleaved; every unit of each rank is metered
     assert chunked[0][2] == ["embed", "layers.1"] and chunked[1][2] == ["head", "layers.0"]
