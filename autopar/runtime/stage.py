@@ -164,10 +164,6 @@ class StageRunner:
             return Recv(self.recv_bwd, self._boundary_tag(k, self.spec.stage, True), like=self.outputs[k])
         return None
 
-    def _post(self, send: Send | None, recv: Recv | None) -> torch.Tensor | None:
-        out = self.mailbox.post([send] if send else [], [recv] if recv else [])
-        return out[0] if recv else None
-
     def start_step(self, device: torch.device, targets: torch.Tensor | None) -> None:
         """Forget the previous step's micro-batches and loss; count this batch's valid targets."""
         self.inputs: dict[int, torch.Tensor] = {}
@@ -189,23 +185,15 @@ class StageRunner:
         Returns this rank's weighted loss sum (zero without ``targets``) and, on the last stage
         without ``targets``, the last unit's output rows by micro-batch (empty elsewhere).
         """
-        if self.boundary_check is not None:
-            self.boundary_check(inputs)
-        self.start_step(inputs.device, targets)
-        self.mailbox.shapes.clear()
-        actions = [("F", k, 0) for k in range(self.spec.num_microbatches)]
-        received = self._post(None, self._recv_for(actions[0]))
-        for i, action in enumerate(actions):
-            send = self.forward(action[1], inputs, targets, received)
-            following = actions[i + 1] if i + 1 < len(actions) else None
-            received = self._post(send, self._recv_for(following) if following else None)
+        forwards = [[("F", k, 0)] for k in range(self.spec.num_microbatches)]  # one action per slot
+        run_slots([self], forwards, self.mailbox, inputs, targets)
         outputs = self.outputs if targets is None and self.send_fwd is None else {}
         self.inputs, self.outputs = {}, {}
         return self.loss_sum, outputs
 
 
 def run_slots(chunks: list[StageRunner], slots: list[list[Action]], mailbox: Mailbox, inputs: torch.Tensor,
-              targets: torch.Tensor) -> torch.Tensor:
+              targets: torch.Tensor | None) -> torch.Tensor:
     """Run one step's ``slots`` (``Action.chunk`` indexes ``chunks``); return this rank's weighted loss sum.
 
     Between two slots the previous slot's sends and the next slot's receives are posted as one batch
@@ -218,7 +206,7 @@ def run_slots(chunks: list[StageRunner], slots: list[list[Action]], mailbox: Mai
     mailbox.shapes.clear()  # shapes may change from step to step: the first micro-batch re-sends them
     flat = [a for slot in slots for a in slot]
     # ZeRO-3 units accumulate unsharded gradients and reduce-scatter once, in their chunk's last backward.
-    last_backward = {c: max(i for i, (kind, _, cc) in enumerate(flat) if kind == "B" and cc == c)
+    last_backward = {c: max((i for i, (kind, _, cc) in enumerate(flat) if kind == "B" and cc == c), default=-1)
                      for c in range(len(chunks))}
 
     def post(sends: list[Send], slot: list[Action] | None) -> list[torch.Tensor | None]:
