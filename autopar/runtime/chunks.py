@@ -53,6 +53,11 @@ class ChunkedRunner:
         self.chunks, self.slots, self.mailbox = chunks, slots, mailbox
 
     @property
+    def loss(self):
+        """The loss splitter (every chunk holds the same kind)."""
+        return self.chunks[0].loss
+
+    @property
     def spec(self) -> StageSpec:
         """The first chunk's spec: its pipeline, and its stage index, which is the physical stage's."""
         return self.chunks[0].spec

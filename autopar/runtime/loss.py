@@ -39,12 +39,15 @@ class TokenCrossEntropy:
         self.ignore_index, self.label_smoothing, self.class_dim = ignore_index, label_smoothing, class_dim
         self.count = 1.0
 
-    def begin(self, targets: torch.Tensor) -> None:
-        """Count the global batch's valid targets (every rank holds the whole batch: no collective)."""
+    def weight(self, targets: torch.Tensor) -> float:
+        """The global batch's valid targets (every rank holds the whole batch: no collective)."""
         if targets.is_floating_point():  # class probabilities: every position counts
-            self.count = float(targets.numel() // targets.shape[self.class_dim])
-        else:
-            self.count = float((targets != self.ignore_index).sum().item())
+            return float(targets.numel() // targets.shape[self.class_dim])
+        return float((targets != self.ignore_index).sum().item())
+
+    def begin(self, targets: torch.Tensor) -> None:
+        """Count the global batch's valid targets: the divisor of every piece's sum."""
+        self.count = self.weight(targets)
 
     def __call__(self, output: torch.Tensor, target: torch.Tensor, rows: int, global_rows: int) -> torch.Tensor:
         if self.class_dim == -1:
@@ -61,6 +64,10 @@ class RowMean:
 
     def __init__(self, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
         self.loss_fn = loss_fn
+
+    def weight(self, targets: torch.Tensor) -> float:
+        """Every global batch weighs the same (its rows do, and every batch has the plan's size)."""
+        return 1.0
 
     def begin(self, targets: torch.Tensor) -> None:
         """Nothing to count: rows weigh the same."""

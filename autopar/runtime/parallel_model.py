@@ -72,6 +72,7 @@ class ParallelModel:
         self.on_nonfinite, self.skipped_steps, self._calls = on_nonfinite, [], 0
         self.max_grad_norm, self.last_grad_norm = max_grad_norm, None
         self.optimizer_steps, self._accumulated, self._accumulated_loss, self.training = 0, 0, 0.0, True
+        self._accumulated_weight = 1.0  # valid targets of the first accumulated call (token-mean loss)
         num_params = sum(torch.Size(s).numel() for shapes_ in shapes.values() for _, s, _ in shapes_)
         self._logger = StepLogger(log_every, plan, num_params, self.rank, device)
 
@@ -145,9 +146,10 @@ class ParallelModel:
         Returns this batch's global mean loss (same on every rank). ``accumulate=True`` keeps the
         gradients and takes no optimizer step; the next ``step`` without it steps on the mean
         gradient over every accumulated batch, i.e. the gradient of the mean loss over all their
-        samples (each call's batch has the same size, so each call's mean weighs 1/N; with ignored
-        targets each call's loss is the mean over its own valid tokens, so calls weigh equally, not by
-        their valid-token counts, as in torch's usual accumulation loop). With
+        samples (each call's batch has the same size, so each call's mean weighs 1/N). With the
+        token-mean loss that holds only when every accumulated call has as many valid (not ignored)
+        targets as the first: a call with another count is refused before it runs, the same on every
+        rank (its mean would weigh 1/N instead of by its tokens). With
         ``max_grad_norm`` that mean gradient is clipped to the global norm first.
 
         Raises AutoparError, the same on every rank, if the ranks passed different batches, or (with
@@ -156,6 +158,14 @@ class ParallelModel:
         """
         self._calls += 1
         inputs, targets = self._batch("step", inputs, targets)
+        weight = self.runner.loss.weight(targets)
+        if self._accumulated and weight != self._accumulated_weight:
+            raise AutoparError("step targets", f"{weight:g} valid targets, where the {self._accumulated} accumulated "
+                               f"call(s) before had {self._accumulated_weight:g}: equal-weight means would differ "
+                               "from one process's mean over all their tokens",
+                               "accumulate batches with the same number of valid targets, or step this one alone")
+        if not self._accumulated:
+            self._accumulated_weight = weight
         self._logger.count(inputs)
         loss_sum = self.runner.run(inputs, targets)
         self._mailbox.flush()

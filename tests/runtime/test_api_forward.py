@@ -149,3 +149,27 @@ def test_predict_refuses_a_non_tensor_output_on_every_rank():
 
     with pytest.raises(RankError, match="predict: the model's output is not a single float or integer tensor"):
         run_distributed(_tuple_rank, 2)
+
+
+def _eval_ignored_rank(rank, world, plan, x, y):
+    from autopar.runtime import wrap
+
+    torch.manual_seed(0)
+    pm = wrap(MODELS["gpt"][0](), plan, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1))
+    return pm.eval_step(x, y)
+
+
+@pytest.mark.parametrize("name", ["dp2", "pp2_1f1b"])
+def test_eval_step_is_the_mean_over_valid_tokens(name):
+    """eval_step with ignored (-100) targets, called first (no step counted them before): the
+    single-process F.cross_entropy mean over the valid tokens of the whole batch."""
+    build, _, (x, y), _ = MODELS["gpt"]
+    y = y.clone()
+    y[0, :5] = -100  # rows with fewer valid tokens weigh less: a row-weighted mean would differ
+    y[3, 1:] = -100
+    got = run_distributed(_eval_ignored_rank, 2, make_plan(PLANS[name][1]), x, y, timeout_s=30)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        out = build()(x)
+    ref = nn.functional.cross_entropy(out.flatten(0, -2), y.flatten(), ignore_index=-100).item()
+    assert got[0] == got[1] == pytest.approx(ref, abs=1e-6)

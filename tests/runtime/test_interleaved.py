@@ -87,3 +87,27 @@ def test_wrap_refuses_what_the_interleaved_table_cannot_run_before_any_collectiv
     named = units(model)
     with pytest.raises(AutoparError, match=words):
         check_plan(plan, [n for n, _ in named], {n: unit_tp_info(model, n, mod) for n, mod in named}, 2)
+
+
+def _forward_only_rank(rank, world, plan, x, y):
+    import torch
+
+    from autopar.runtime import wrap
+
+    pm = wrap(MODELS["gpt"][0](), plan, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1))
+    try:
+        pm.eval_step(x, y)
+    except AutoparError as e:
+        return str(e)
+    return None
+
+
+def test_forward_only_calls_on_interleaved_pipelines_are_refused_on_every_rank():
+    """eval_step / predict are not built for the interleaved table: one line on every rank, no hang."""
+    from autopar.runtime.local_ranks import run_distributed
+
+    _, units, (x, y), _ = MODELS["gpt"]
+    plan = make_plan([(4, 2, _chunks(units, [1, 1, 1, 1], [[0], [1]]))], schedule="interleaved", virtual_stages=2)
+    out = run_distributed(_forward_only_rank, 2, plan, x, y, timeout_s=30)
+    assert out[0] == out[1] and out[0].startswith("eval_step / predict: forward-only calls on an interleaved "
+                                                 "pipeline are not supported")
