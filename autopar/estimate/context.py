@@ -134,7 +134,11 @@ def context_link(src: StageContext, dst: StageContext) -> tuple[float, float]:
 
 
 def stage_link(cluster: Cluster, src_devices: list[int], dst_devices: list[int]) -> tuple[float, float]:
-    """(bandwidth bytes/s, latency s) of the slowest link between two stages."""
+    """(bandwidth bytes/s, latency s) of a transfer between two stages: the slowest link between them,
+    times the lanes that carry it at once. Two stages on disjoint sets of nodes send over
+    min(source nodes, destination nodes) node links in parallel (each device sends its own rows, as
+    Megatron's pipeline sends each rank's shard: a 64-node stage feeding the next 64 nodes moves a
+    micro-batch over 64 node links, not one); stages sharing a node are charged the one slowest link."""
     src_nodes = set(cluster.nodes_of(src_devices))
     dst_nodes = set(cluster.nodes_of(dst_devices))
     if cluster.bw_matrix_gbps is None and cluster.lat_matrix_us is None:  # every node pair alike
@@ -143,9 +147,12 @@ def stage_link(cluster: Cluster, src_devices: list[int], dst_devices: list[int])
         links = [cluster.node_link(*pair)] if pair[0] != pair[1] else []
     else:
         links = [cluster.node_link(a, b) for a in src_nodes for b in dst_nodes if a != b]
-    for nd in src_nodes & dst_nodes:
+    shared = src_nodes & dst_nodes
+    for nd in shared:
         links.append((cluster.nodes[nd].intra_bw, cluster.nodes[nd].intra_lat_us * 1e-6))
-    return min(links, key=lambda x: (x[0], -x[1]))
+    bw, lat = min(links, key=lambda x: (x[0], -x[1]))
+    lanes = 1 if shared else min(len(src_nodes), len(dst_nodes))
+    return bw * lanes, lat
 
 
 def device_budget_bytes(cluster: Cluster, device: int, memory_budget_gib: float | None) -> float:

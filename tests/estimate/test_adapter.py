@@ -29,6 +29,15 @@ def test_stage_links_from_the_cluster():
     assert stage_link(c, [0, 1], [2, 3]) == pytest.approx((5.0 * GB, 20e-6))
 
 
+
+def test_stage_link_counts_the_node_links_a_boundary_uses_at_once():
+    """A stage spanning k nodes sends to the next stage's nodes over k node links in parallel; stages
+    that share a node are charged that node's one link (before, every boundary got one node link)."""
+    c = small_cluster(nodes=6, per_node=2, inter_gbps=5.0)
+    assert stage_link(c, [0, 1, 2, 3], [4, 5, 6, 7]) == pytest.approx((2 * 5.0 * GB, 20e-6))  # 2 nodes -> 2 nodes
+    assert stage_link(c, [0, 1, 2, 3, 4, 5], [6, 7]) == pytest.approx((5.0 * GB, 20e-6))  # 3 nodes -> 1 node
+    assert stage_link(c, [0, 1, 2], [3, 4, 5, 6, 7]) == pytest.approx((5.0 * GB, 20e-6))  # node 1 holds both
+
 def test_equal_stages_share_a_shape_key():
     c = small_cluster(nodes=2, per_node=2)
     assert StageContext(c, (0, 1), 4, 2).shape_key == StageContext(c, (2, 3), 4, 2).shape_key
