@@ -238,15 +238,17 @@ def dp_comm_times(layer: Layer, tp: np.ndarray, dp_links: Callable[[int], GroupL
 
 
 def zero_exposed(f_comp: np.ndarray, b_comp: np.ndarray, ag_param: np.ndarray, rs_grad: np.ndarray,
-                 zero: np.ndarray, overlap: float) -> tuple[np.ndarray, np.ndarray]:
+                 zero: np.ndarray, overlap: float, zero3_eff: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
     """(forward, backward) seconds of per-micro-batch ZeRO traffic not hidden behind compute.
 
     ZeRO-3 gathers the parameters in forward and again in backward, and reduce-scatters the
-    gradients in backward; ZeRO-2 reduce-scatters them. Prefetching hides them behind the same
-    pass's compute as far as ``overlap`` (``CostParams.overlap_zero3``) allows.
+    gradients in backward, at ``zero3_eff`` (``CostParams.zero3_comm_eff``) of the modelled
+    bandwidth; ZeRO-2 reduce-scatters them. Prefetching hides them behind the same pass's compute
+    as far as ``overlap`` (``CostParams.overlap_zero3``) allows.
     """
-    fwd = np.where(zero == 3, np.maximum(0.0, ag_param - overlap * f_comp), 0.0)
-    bwd = np.select([zero == 3, zero == 2], [np.maximum(0.0, ag_param + rs_grad - overlap * b_comp),
+    ag3, rs3 = ag_param / zero3_eff, rs_grad / zero3_eff
+    fwd = np.where(zero == 3, np.maximum(0.0, ag3 - overlap * f_comp), 0.0)
+    bwd = np.select([zero == 3, zero == 2], [np.maximum(0.0, ag3 + rs3 - overlap * b_comp),
                                              np.maximum(0.0, rs_grad - overlap * b_comp)], 0.0)
     return fwd, bwd
 
@@ -270,7 +272,7 @@ def layer_costs(layer: Layer, strategies: list[Strategy], stage: Stage) -> Layer
         f_comp, b_comp = f_comp + m_fwd, b_comp + m_bwd
     tp_fwd, tp_bwd = tp_comm_times(layer, tp, sp, ckpt, b_local, stage.tp_links, coll)
     ar, ag_param, rs_grad = dp_comm_times(layer, tp, stage.dp_links, coll, p)
-    z_fwd, z_bwd = zero_exposed(f_comp, b_comp, ag_param, rs_grad, zero, p.overlap_zero3)
+    z_fwd, z_bwd = zero_exposed(f_comp, b_comp, ag_param, rs_grad, zero, p.overlap_zero3, p.zero3_comm_eff)
     fwd = (f_comp + z_fwd) + tp_fwd
     bwd = (b_comp + z_bwd) + tp_bwd
 

@@ -32,6 +32,14 @@ class CostParams:
         DeepSpeed's BF16 optimizer (BLOOM); frameworks that reduce gradient buckets during backward
         (PyTorch DDP, Megatron-core with overlap) hide part of it: calibrate it for them.
     overlap_zero3: fraction of compute that can hide ZeRO-3 parameter gathers (prefetch).
+    zero3_comm_eff: fraction of the modelled collective bandwidth (``cost_models.collectives``) that
+        ZeRO-3's per-micro-batch parameter gathers and gradient reduce-scatters reach. 1 by default:
+        one NCCL collective per unit, as FSDP2 issues them (torchtitan's FSDP runs on 8-512 H100 are
+        predicted with it). Older runtimes gather per parameter bucket and reach far less: DeepSpeed's
+        ZeRO-3 in the PTD-P paper's Table 2 (174.6B and 529.6B on 768-2240 A100) ran at a flat step
+        time however many GPUs shared the work, about 16 GB/s per GPU for its gathers, against the
+        ~125 GB/s the hierarchical ring formula gives a 3.6 GB gather there; ``autopar calibrate``
+        fits it for such a runtime.
     reserve_gib: framework reserve per device (CUDA context, NCCL buffers, allocator fragmentation).
     act_mem_factor: bytes the caching allocator holds per byte of activations the model counts (saved
         for backward, and a layer's transient working set): above 1 where freed activation blocks of
@@ -74,6 +82,7 @@ class CostParams:
     opt_bytes_touched: int = 36
     overlap_sync: float = 0.0
     overlap_zero3: float = 1.0
+    zero3_comm_eff: float = 1.0
     reserve_gib: float = 1.0
     act_mem_factor: float = 1.0
     act_traffic: float = 3.0

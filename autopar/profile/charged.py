@@ -90,7 +90,7 @@ class MachineComm:
 
         def exposed(c: float) -> float:
             f = np.array([c * fwd_share])
-            zf, zb = zero_exposed(f, c - f, ag, rs, zero, self.params.overlap_zero3)
+            zf, zb = zero_exposed(f, c - f, ag, rs, zero, self.params.overlap_zero3, self.params.zero3_comm_eff)
             return float(zf[0] + zb[0])
 
         measured = row["fwd_s"] + row["bwd_s"] - tp_s

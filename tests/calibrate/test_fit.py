@@ -80,3 +80,17 @@ def test_memory_rows_fit_published_peaks_and_leave_times_alone(tmp_path):
         assert done.values[name] == pytest.approx(want, rel=0.02), name
     assert list(evaluate(runs, done.values)[1]) == pytest.approx(peaks, rel=1e-3)
     assert done.predicted_s == list(predict(runs, {}))  # memory fields do not change a step time
+
+
+def test_zero3_collective_efficiency_is_recovered(tmp_path):
+    """Runs made with ZeRO-3 gathers at a quarter of the modelled bandwidth (the PTD-P paper's DeepSpeed
+    ZeRO-3 fitted at about that) give that efficiency back next to eff_max."""
+    true = {"eff_max": 0.3, "zero3_comm_eff": 0.25}
+    shapes = SHAPES + [(1, 1, 8, 1, 4, 3, "none"), (1, 2, 4, 2, 4, 3, "none")]
+    runs = load_inputs([str(write_measured(tmp_path / "m.yaml", true, shapes))]).runs
+    rows = choose("eff_max,zero3_comm_eff")
+    assert refusals(jacobian(runs, rows, CostParams()), rows) == []
+    done = fit(runs, rows, CostParams())
+    assert done.values["eff_max"] == pytest.approx(0.3, rel=0.02)
+    assert done.values["zero3_comm_eff"] == pytest.approx(0.25, rel=0.02)
+    assert done.predicted_s == pytest.approx([r.measured_s for r in runs], rel=1e-3)

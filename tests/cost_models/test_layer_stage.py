@@ -152,3 +152,19 @@ def test_attention_core_runs_at_its_own_peak():
     assert lc.fwd[0] == pytest.approx(f, **EXACT) and lc.bwd[0] == pytest.approx(2 * f, **EXACT)
     assert lc.bwd[1] == pytest.approx(2 * f + attn / (1e14 * 0.5) + 1e-4, **EXACT)  # selective reruns the core
     assert lc.bwd[2] == pytest.approx(3 * f, **EXACT)  # full reruns the whole forward
+
+
+def test_zero3_gathers_slow_down_with_their_collective_efficiency():
+    """``zero3_comm_eff`` divides the bandwidth of ZeRO-3's gathers and reduce-scatters only: at 0.5 the
+    exposed ZeRO-3 traffic is that of twice the bytes; ZeRO-2's reduce-scatter and plain DP are untouched."""
+    import numpy as np
+
+    from cost_models.layer import zero_exposed
+
+    f, b = np.full(3, 1.0), np.full(3, 2.0)
+    ag, rs = np.full(3, 3.0), np.full(3, 4.0)
+    zero = np.array([3, 2, 0])
+    f1, b1 = zero_exposed(f, b, ag, rs, zero, 0.5)
+    f2, b2 = zero_exposed(f, b, ag, rs, zero, 0.5, 0.5)
+    assert list(f1) == [2.5, 0.0, 0.0] and list(b1) == [6.0, 3.0, 0.0]
+    assert list(f2) == [5.5, 0.0, 0.0] and list(b2) == [13.0, 3.0, 0.0]
