@@ -39,6 +39,7 @@ from pathlib import Path
 
 from autopar.calibrate import FITTABLE, CalRun, fit_identifiable, scores
 from autopar.calibrate.fit import evaluate
+from autopar.calibrate.score import mape_of_ratios
 from autopar.estimate import estimate_plan, plan_cost_params
 from autopar.measured import RunSet, load_runs
 from cost_models import CostParams
@@ -184,28 +185,37 @@ def _memory_stats(cases: list[dict]) -> dict:
     if not pairs:
         return {"n": 0}
     ratios = [p / m for p, m in pairs]
-    out = {"n": len(pairs), "mape_pct": 100 * statistics.fmean(abs(x - 1) for x in ratios),
+    out = {"n": len(pairs), "mape_pct": 100 * mape_of_ratios(ratios),
            "median_ratio": statistics.median(ratios), "min_ratio": min(ratios), "max_ratio": max(ratios)}
     # held out: act_mem_factor and reserve_gib fitted (with the time rows) on other runs of the group
     cal = [c["calibrated_memory_gib"] / c["measured_memory_gib"] for c in cases
            if c["measured_memory_gib"] and c.get("calibrated_memory_gib") is not None]
-    out.update(cal_n=len(cal), cal_mape_pct=100 * statistics.fmean(abs(x - 1) for x in cal) if cal else None,
+    out.update(cal_n=len(cal), cal_mape_pct=100 * mape_of_ratios(cal) if cal else None,
                cal_median_ratio=statistics.median(cal) if cal else None)
     return out
 
 
-def memory_table(results: list[dict]) -> str:
-    """Peak memory, predicted vs published, for the sources that publish it."""
-    head = (f"{'source':<34} {'runs':>4} {'MAPE%':>6} {'med p/m':>7} {'min':>5} {'max':>5} "
-            f"{'cal scored':>10} {'MAPE%':>6} {'med p/m':>7}")
+def source_table(results: list[dict], columns: list[tuple[str, int, str, object]], part: str,
+                 shown=lambda d: True) -> str:
+    """A line per source of ``results`` whose ``part`` (a dict per source) is ``shown``: ``columns`` are
+    (heading, width, format, key or function of that dict)."""
+    head = f"{'source':<34} " + " ".join(f"{h:>{w}}" for h, w, _, _ in columns)
     lines = [head, "-" * len(head)]
     for r in results:
-        m = r["memory"]
-        if m["n"]:
-            lines.append(f"{r['name']:<34} {m['n']:>4} {m['mape_pct']:>6.1f} {m['median_ratio']:>7.2f} "
-                         f"{m['min_ratio']:>5.2f} {m['max_ratio']:>5.2f} {m.get('cal_n', 0):>10} "
-                         f"{_fmt(m.get('cal_mape_pct'), '.1f'):>6} {_fmt(m.get('cal_median_ratio'), '.2f'):>7}")
+        d = r[part]
+        if shown(d):
+            cells = [_fmt(get(d) if callable(get) else d.get(get), spec) for _, _, spec, get in columns]
+            lines.append(f"{r['name']:<34} " + " ".join(f"{c:>{w}}" for c, (_, w, _, _) in zip(cells, columns)))
     return "\n".join(lines)
+
+
+def memory_table(results: list[dict]) -> str:
+    """Peak memory, predicted vs published, for the sources that publish it."""
+    return source_table(results, [("runs", 4, "d", "n"), ("MAPE%", 6, ".1f", "mape_pct"),
+                                  ("med p/m", 7, ".2f", "median_ratio"), ("min", 5, ".2f", "min_ratio"),
+                                  ("max", 5, ".2f", "max_ratio"), ("cal scored", 10, "d", "cal_n"),
+                                  ("MAPE%", 6, ".1f", "cal_mape_pct"), ("med p/m", 7, ".2f", "cal_median_ratio")],
+                        "memory", shown=lambda m: m["n"] > 0)
 
 
 def _fmt(x, spec: str) -> str:
@@ -233,17 +243,16 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _pct(key: str):
+    return lambda d: None if d.get(key) is None else 100 * d[key]
+
+
 def calibrated_table(results: list[dict]) -> str:
     """Defaults vs calibrated (held out) per source, over the runs the calibration scored."""
-    head = (f"{'source':<34} {'scored':>6} {'MAPE% def':>9} {'cal':>6} {'rho def':>7} {'cal':>5} "
-            f"{'regret def':>10} {'cal':>6}")
-    lines = [head, "-" * len(head)]
-    for r in results:
-        c = r["calibrated"]
-        lines.append(f"{r['name']:<34} {c['scored']:>6} {_fmt(c['default_mape'] and 100 * c['default_mape'], '.1f'):>9} "
-                     f"{_fmt(c['mape'] and 100 * c['mape'], '.1f'):>6} {_fmt(c['default_spearman'], '.2f'):>7} "
-                     f"{_fmt(c['spearman'], '.2f'):>5} {_fmt(c['default_regret'], '.3f'):>10} {_fmt(c['regret'], '.3f'):>6}")
-    return "\n".join(lines)
+    return source_table(results, [("scored", 6, "d", "scored"), ("MAPE% def", 9, ".1f", _pct("default_mape")),
+                                  ("cal", 6, ".1f", _pct("mape")), ("rho def", 7, ".2f", "default_spearman"),
+                                  ("cal", 5, ".2f", "spearman"), ("regret def", 10, ".3f", "default_regret"),
+                                  ("cal", 6, ".3f", "regret")], "calibrated")
 
 
 def targets(results: list[dict]) -> dict:

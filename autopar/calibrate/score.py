@@ -25,10 +25,15 @@ from cost_models import CostParams
 LOO_MAX = 8
 
 
+def mape_of_ratios(ratios: list[float]) -> float | None:
+    """Mean absolute percentage error (as a fraction) of predicted / measured ratios; None for none."""
+    return statistics.fmean(abs(x - 1) for x in ratios) if ratios else None
+
+
 def scores(groups: list[str], predicted: list[float], measured: list[float]) -> dict:
     """``{mape, spearman, spearman_groups, regret, regret_groups}`` of the runs (None: no group to rank)."""
     ratios = [p / m for p, m in zip(predicted, measured)]
-    out: dict = {"runs": len(ratios), "mape": statistics.fmean(abs(x - 1) for x in ratios) if ratios else None}
+    out: dict = {"runs": len(ratios), "mape": mape_of_ratios(ratios)}
     rhos, regrets = [], []
     for g in dict.fromkeys(groups):
         idx = [i for i, x in enumerate(groups) if x == g]
