@@ -271,7 +271,7 @@ def spec_from_entry(entry: dict, seq_len: int | None = None, dtype_bytes: int | 
     layers += [moe_block(x, i) if is_moe_layer(e, i) else _block(x, i) for i in range(e["layers"])]
     layers.append(HEAD_UNITS[HEAD_KIND[e["arch"]]](x))
     meta = {k: e[k] for k in ("arch", "norm", "mlp", "pos", "bias", "dropout", "flash", "fused_qkv") if k in e}
-    meta.update({k: e[k] for k in ("experts", "top_k") if e.get(k)})
+    meta.update({k: e[k] for k in ("experts", "top_k", "moe_ffn", "shared_ffn") if e.get(k)})
     meta.update(tied_embeddings=bool(e["tied"]) and e["arch"] != "vit", family=e.get("family", ""),
                 vocab_unpadded=e["vocab"])
     return ModelSpec(name=e["name"], seq_len=s, layers=layers, hidden=x.h, vocab=vocab, num_heads=x.a,
