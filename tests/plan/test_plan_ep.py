@@ -83,3 +83,43 @@ def test_bad_ep_in_a_file_names_the_entry(value):
     with pytest.raises(AutoparError) as e:
         plan_from_dict(d)
     assert e.value.field == "pipelines[0].stages[0].layers[1].ep"
+
+
+def mixtral_plan(tmp_path, ep: int = 8):
+    """Mixtral 8x7B on one stage of 32 H100, every block with expert parallel ``ep``, written to a file."""
+    from autopar.cluster.parse import load_cluster
+    from autopar.modelspec import from_zoo
+    from autopar.plan.io import save_plan
+
+    m = from_zoo("mixtral-8x7b")
+    layers = [StageLayer(ly.name, Strategy(zero=1, ckpt="full" if ly.moe else "none", ep=ep if ly.moe else 1))
+              for ly in m.layers]
+    plan = Plan(ModelRef(m.name, m.seq_len, m.num_layers, m.source), load_cluster("4x8xH100"), 128,
+                [Pipeline(128, 32, 4, [Stage(list(range(32)), layers)])])
+    return save_plan(plan, tmp_path / f"mixtral-ep{ep}.yaml")
+
+
+def test_validate_and_estimate_an_moe_plan_on_the_command_line(tmp_path, capsys):
+    from autopar.cli import main
+
+    path = mixtral_plan(tmp_path, ep=8)
+    assert main(["validate", str(path)]) == 0
+    assert "valid" in capsys.readouterr().out
+    assert main(["estimate", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "layers.0..layers.31 tp1 z1 ful ep8" in out and "predicted: step" in out
+    assert main(["validate", str(mixtral_plan(tmp_path, ep=1))]) == 2  # the same plan without ep does not fit
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "exceeds the budget 80.00 GiB" in err[0]
+
+
+def test_validate_refuses_an_ep_not_dividing_the_experts_in_one_line(tmp_path, capsys):
+    from autopar.cli import main
+
+    text = mixtral_plan(tmp_path, ep=8).read_text().replace("ep: 8", "ep: 16")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text)
+    assert main(["validate", str(bad)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "ep 16 does not divide the 8 experts of unit 'layers.0'" in err[0]
+    assert "pipelines[0].stages[0].layers[1].ep" in err[0]
