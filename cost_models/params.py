@@ -64,11 +64,12 @@ class CostParams:
     step_overhead_per_unit_s: what a runtime step costs per layer unit besides its compute and the
         terms above (loss reduction, flattening gradients for the sync, zeroing them, the runner).
     moe_imbalance: tokens the most loaded rank of an expert-parallel group computes (and exchanges), as a
-        multiple of the even share, with dropless routing (``cost_models.moe``). 1.1 by default: below the
-        capacity factor 1.25 that Switch Transformer trains with (Fedus et al. 2101.03961, sec. 2.2 and
-        table 1: the per-expert load a dropping router tolerates) once the router has trained; Megatron-Core's
-        MoE guide (megatron/core/transformer/moe/README.md, "OOM caused by token distribution imbalance")
-        reports far worse balance only in the first 100-300 steps from scratch. Measured runs can fit it.
+        multiple of the even share, with dropless routing (``cost_models.moe``). 1.1 by default, an assumption
+        at the low end of the capacity factors (1.0 to 2.0) Switch Transformer trains with (Fedus et al.
+        2101.03961, sec. 2.2: the per-expert load a dropping router tolerates), for a router that has
+        trained; Megatron-Core's MoE guide (megatron/core/transformer/moe/README.md @ 022bcb5a, "OOM caused by
+        token distribution imbalance") reports severe imbalance only in the first 100-300 steps from scratch.
+        No published dropless run states its max/mean load; measured step times can fit it.
     """
 
     eff_max: float = 0.60
