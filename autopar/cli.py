@@ -77,7 +77,8 @@ def cmd_search(args) -> int:
     validate_plan(res.plan, model, est.memory_gib)
     save_plan(res.plan, out)
     base = {k: (v[1].predicted() if v else None) for k, v in res.baselines.items()}
-    summary = (f"autopar: {model.name} (seq {model.seq_len}, {param_count(model.num_params)} params, "
+    active = f", {param_count(model.active_params)} active" if model.num_experts else ""  # MoE: total and active
+    summary = (f"autopar: {model.name} (seq {model.seq_len}, {param_count(model.num_params)} params{active}, "
                f"{model.num_layers} units) on {cluster.describe()} ({cluster.num_devices} devices), "
                f"global batch {args.global_batch_size}, {res.plan.precision}")
     seconds = f"search: {res.seconds:.1f} s (plan)" + (f" + {res.baseline_seconds:.1f} s (baselines)"

@@ -109,3 +109,12 @@ def incast_time(nbytes: ArrayLike, n: ArrayLike, fan_in: ArrayLike, bw: ArrayLik
     """GenModel's incast term with delta = 1: ``fan_in - 1`` extra senders, each with ``nbytes / n``,
     share one receiving link of ``bw`` bytes/s (no congestion penalty beyond the sharing)."""
     return (fan_in - 1) * (nbytes / n) / bw
+
+
+def alltoall_time(nbytes: ArrayLike, n: ArrayLike, bw: ArrayLike, lat: ArrayLike) -> Seconds:
+    """All-to-all over n ranks where each rank holds ``nbytes`` to scatter among them (1/n stays local):
+    (n-1)/n of the data leaves every rank over the group's slowest link, and each rank pays the latency
+    of one message per peer (n - 1)."""
+    b, n = _arr(nbytes), _arr(n)
+    t = (n - 1) / np.maximum(n, 1) * b / bw + (n - 1) * lat
+    return np.where((n > 1) & (b > 0), t, 0.0)

@@ -17,6 +17,7 @@ The terms are separate functions (``compute_times``, ``activation_traffic_times`
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
@@ -24,6 +25,7 @@ from typing import NamedTuple, Protocol
 import numpy as np
 
 from cost_models import communication as comm
+from cost_models import moe as expert_parallel
 from cost_models.collectives import Collectives, GroupLinks
 from cost_models.compute import compute_time, memory_bound_time
 from cost_models.memory import model_state_bytes
@@ -286,6 +288,9 @@ def layer_costs(layer: Layer, strategies: list[Strategy], stage: Stage) -> Layer
     mem_states = model_state_bytes(shard, zero, dp, p.state_bytes, p.param_bytes, p.state_table, p.grad_bytes)
     mem_act = saved * b_local * p.act_mem_factor
     cost = fwd + bwd + step / stage.num_microbatches
+    if getattr(layer, "moe", None) is not None and any(getattr(s, "ep", 1) > 1 for s in strategies):
+        base = LayerCosts(fwd, bwd, step, cost, mem_states, mem_act)  # ep > 1 rows re-priced by cost_models.moe
+        return LayerCosts(**expert_parallel.expert_parallel_costs(layer, strategies, stage, base, sys.modules[__name__]))
     return LayerCosts(fwd, bwd, step, cost, mem_states, mem_act)
 
 
@@ -322,6 +327,8 @@ def transient_bytes(layer: Layer, stage: Stage, strategy: Strategy) -> float:
     act = layer.saved_bytes("none", strategy.tp, strategy.sp) * b_local * stage.params.act_mem_factor
     if strategy.zero != 3 or strategy.tp >= stage.n:  # ZeRO-3 without data parallelism gathers nothing
         return act
+    if getattr(strategy, "ep", 1) > 1:  # expert parallel: a rank gathers only its own experts (cost_models.moe)
+        return act + 2.0 * expert_parallel.ep_shard_params(layer, strategy.ep, float(strategy.tp)) * stage.params.param_bytes
     return act + 2.0 * float(shard_params(layer, np.array([float(strategy.tp)]))[0]) * stage.params.param_bytes
 
 

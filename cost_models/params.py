@@ -71,6 +71,13 @@ class CostParams:
         group of d > 1 (d = 1 holds stage 0's a + b), as the runtime really holds them.
     step_overhead_per_unit_s: what a runtime step costs per layer unit besides its compute and the
         terms above (loss reduction, flattening gradients for the sync, zeroing them, the runner).
+    moe_imbalance: tokens the most loaded rank of an expert-parallel group computes (and exchanges), as a
+        multiple of the even share, with dropless routing (``cost_models.moe``). 1.1 by default, an assumption
+        at the low end of the capacity factors (1.0 to 2.0) Switch Transformer trains with (Fedus et al.
+        2101.03961, sec. 2.2: the per-expert load a dropping router tolerates), for a router that has
+        trained; Megatron-Core's MoE guide (megatron/core/transformer/moe/README.md @ 022bcb5a, "OOM caused by
+        token distribution imbalance") reports severe imbalance only in the first 100-300 steps from scratch.
+        No published dropless run states its max/mean load; measured step times can fit it.
     """
 
     eff_max: float = 0.60
@@ -91,6 +98,7 @@ class CostParams:
     comm_fit: tuple = ()
     state_table: tuple = ()
     step_overhead_per_unit_s: float = 0.0
+    moe_imbalance: float = 1.1
 
     def __post_init__(self) -> None:
         # Plan and profile files give lists; tuples keep the params hashable (cache keys).

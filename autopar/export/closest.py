@@ -4,7 +4,7 @@
 level and checkpoint mode covering the most parameters; the plan's own layer split, pipeline depth and
 micro-batching where they are expressible). When that projection is valid and fits in memory it is the
 answer: nothing else moves. Otherwise ``closest`` scores the target's whole uniform space (pipeline
-depth, TP, ZeRO, checkpointing, micro-batches) and keeps the fastest plan that is valid and fits.
+depth, TP, ZeRO, checkpointing, micro-batches, and for MoE models the expert-parallel degree) and keeps the fastest plan that is valid and fits.
 """
 
 from __future__ import annotations
@@ -49,6 +49,15 @@ def _tp_options(caps: Caps, pp: int, n: int, model: ModelSpec) -> list[int]:
     return [t for t in range(1, n + 1) if n % t == 0 and all(ly.tp_ok(t) for ly in blocks)]
 
 
+def _ep_options(caps: Caps, model: ModelSpec, tp: int, zero: int, dp: int) -> list[int]:
+    """Expert-parallel degrees the target runs here: 1, and for an MoE model with tp 1 and a ZeRO level the
+    target runs expert parallelism with, the degrees dividing dp and every MoE unit's expert count."""
+    experts = {ly.moe.num_experts for ly in model.layers if ly.moe is not None}
+    if not experts or tp > 1 or zero not in caps.ep_zero:
+        return [1]
+    return [e for e in range(1, dp + 1) if dp % e == 0 and all(x % e == 0 for x in experts)]
+
+
 def _split_for(caps: Caps, plan: Plan, model: ModelSpec, pp: int):
     """The plan's own split when the target takes any split and the plan has one pipeline of ``pp`` stages."""
     if caps.split == "any" and len(plan.pipelines) == 1 and len(plan.pipelines[0].stages) == pp:
@@ -87,7 +96,9 @@ def project(plan: Plan, model: ModelSpec, caps: Caps) -> Shape | None:
         return None
     want_m = plan.pipelines[0].num_microbatches
     m = min(ms, key=lambda k: (abs(k - want_m), k))
-    return Shape(pp, tp, zero, ckpt, sp, m, split, replicas, _schedule(caps, plan, pp))
+    want_ep = max((ly.strategy.ep for st in plan.stages for ly in st.layers), default=1)  # 1 on every dense unit
+    ep = min(_ep_options(caps, model, tp, zero, n // tp), key=lambda e: (abs(e - want_ep), -e))
+    return Shape(pp, tp, zero, ckpt, sp, m, split, replicas, _schedule(caps, plan, pp), ep)
 
 
 def _schedule(caps: Caps, plan: Plan, pp: int) -> str:
@@ -129,8 +140,9 @@ def _space(plan: Plan, model: ModelSpec, caps: Caps) -> Iterator[Shape]:
                     continue  # fewer micro-batches than stages: all bubble (m = 1 kept for the no-PP case)
                 for zero in caps.zero_levels(pp):
                     for ckpt in caps.ckpt:
-                        yield Shape(pp, tp, zero, ckpt, _sp(caps, tp, True), m, split,
-                                    schedule=_schedule(caps, plan, pp))
+                        for ep in _ep_options(caps, model, tp, zero, n // tp):
+                            yield Shape(pp, tp, zero, ckpt, _sp(caps, tp, True), m, split,
+                                        schedule=_schedule(caps, plan, pp), ep=ep)
 
 
 def closest(plan: Plan, model: ModelSpec, params: CostParams, caps: Caps) -> tuple[Candidate, Candidate | None]:
@@ -168,7 +180,8 @@ def label(shape: Shape | None) -> str:
     if shape is None:
         return "-"
     r = f" x{shape.replicas} replicas" if shape.replicas > 1 else ""
-    return (f"pp{shape.pp} tp{shape.tp} z{shape.zero} {shape.ckpt}{' sp' if shape.sp else ''} "
+    e = f" ep{shape.ep}" if shape.ep > 1 else ""
+    return (f"pp{shape.pp} tp{shape.tp} z{shape.zero} {shape.ckpt}{' sp' if shape.sp else ''}{e} "
             f"m{shape.num_microbatches}{r}")
 
 

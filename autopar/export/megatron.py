@@ -6,7 +6,12 @@ TP fastest, then data parallel, pipeline slowest = the plan's), ``--sequence-par
 --data-parallel-sharding-strategy optim_grads[_params]``), ``--recompute-granularity selective`` (the
 attention core) or ``full`` (``--recompute-method uniform --recompute-num-layers 1``), the micro and
 global batch, the model's shape, and with pipelining ``--pipeline-model-parallel-layout`` (the stages'
-units: ``E`` embedding, ``t`` block, ``L`` loss; ``|`` between stages).
+units: ``E`` embedding, ``t`` block, ``L`` loss; ``|`` between stages). An MoE model adds its experts
+(``moe_args``: ``--num-experts``, ``--moe-router-topk``, ``--moe-ffn-hidden-size``, shared experts,
+``--moe-layer-freq`` where some blocks are dense; TransformerConfig's ``num_moe_experts``,
+``moe_router_topk``) and, with ep > 1, ``--expert-model-parallel-size`` (``expert_model_parallel_size``)
+with the all-to-all dispatcher; routing stays dropless (no ``--moe-expert-capacity-factor``), as autopar
+plans and runs it.
 The arguments are the bash array ``ARGS`` (an option and its values a line).
 """
 
@@ -24,6 +29,26 @@ def layout(ex: Export) -> str:
     letter = {"embedding": "E", "block": "t", "head": "L"}
     kinds = {ly.name: ly.kind for ly in ex.model.layers}
     return "|".join("".join(letter.get(kinds[ex.units[i]], "t") for i in stage) for stage in ex.shape.split)
+
+
+def moe_args(ex: Export) -> list[str]:
+    """The MoE arguments of the export's model (empty for a dense model)."""
+    m = ex.model
+    moes = [ly.moe for ly in m.layers if ly.moe is not None]
+    if not moes:
+        return []
+    first = moes[0]
+    width = round(first.params_per_expert / (3 * m.hidden))  # SwiGLU experts: 3 x hidden x width
+    blocks = [ly for ly in m.layers if ly.kind == "block"]
+    out = ["--num-experts", str(first.num_experts), "--moe-router-topk", str(first.top_k),
+           "--moe-ffn-hidden-size", str(width), "--moe-grouped-gemm", "--moe-router-load-balancing-type", "aux_loss"]
+    if m.meta.get("shared_ffn"):
+        out += ["--moe-shared-expert-intermediate-size", str(m.meta["shared_ffn"])]
+    if any(ly.moe is None for ly in blocks):
+        out += ["--moe-layer-freq", "[" + ",".join("1" if ly.moe else "0" for ly in blocks) + "]"]
+    if ex.shape.ep > 1:
+        out += ["--expert-model-parallel-size", str(ex.shape.ep), "--moe-token-dispatcher-type", "alltoall"]
+    return out
 
 
 def args(ex: Export) -> list[str]:
@@ -53,7 +78,7 @@ def args(ex: Export) -> list[str]:
         out += ["--ffn-hidden-size", str(m.ffn)]
     if m.num_kv_heads and m.num_kv_heads != m.num_heads:
         out += ["--group-query-attention", "--num-query-groups", str(m.num_kv_heads)]
-    return out + PRECISION[ex.plan.precision]
+    return out + moe_args(ex) + PRECISION[ex.plan.precision]
 
 
 def render(ex: Export) -> str:

@@ -34,6 +34,7 @@ class Shape:
     split: tuple[tuple[int, ...], ...]
     replicas: int = 1
     schedule: str = "1f1b"
+    ep: int = 1  # expert parallel degree of the MoE units (where it is legal for the unit)
 
     def stage_devices(self, world: int) -> int:
         """Devices per stage on a world of ``world`` devices."""
@@ -59,7 +60,13 @@ def unit_strategy(ly: LayerSpec, model: ModelSpec, shape: Shape, n: int) -> Stra
     ckpt = shape.ckpt if recomputed(ly, model) else "none"
     if ckpt == "op" and ly.op is None:
         ckpt = "none"
-    return Strategy(tp, shape.zero if n // tp > 1 else 0, ckpt, shape.sp and tp > 1)
+    return Strategy(tp, shape.zero if n // tp > 1 else 0, ckpt, shape.sp and tp > 1, unit_ep(ly, shape.ep, tp, n // tp))
+
+
+def unit_ep(ly: LayerSpec, ep: int, tp: int, dp: int) -> int:
+    """``ep`` for an MoE unit that can take it (tp 1, ep dividing its dp and its experts), else 1."""
+    ok = ly.moe is not None and tp == 1 and dp % ep == 0 and ly.moe.num_experts % ep == 0
+    return ep if ok else 1
 
 
 def build_plan(original: Plan, model: ModelSpec, shape: Shape) -> Plan:
@@ -111,7 +118,7 @@ def _runs(values: list) -> str:
 
 def describe(plan: Plan) -> dict[str, str]:
     """The plan field by field as short text, for ``changes``: pipelines, stages, split, devices,
-    tp/zero/ckpt/sp per unit (pipeline 0's order; every pipeline's when they differ), micro-batching,
+    tp/zero/ckpt/sp/ep per unit (pipeline 0's order; every pipeline's when they differ), micro-batching,
     schedule."""
     pipes = plan.pipelines
 
@@ -129,6 +136,7 @@ def describe(plan: Plan) -> dict[str, str]:
         "zero": per_unit(lambda s: s.zero),
         "ckpt": per_unit(lambda s: s.ckpt),
         "sp": per_unit(lambda s: "on" if s.sp else "off"),
+        "ep": per_unit(lambda s: s.ep),
         "micro-batches": " / ".join(f"{p.num_microbatches} of {p.micro_batch_size}" for p in pipes),
         "schedule": plan.schedule,
     }

@@ -6,7 +6,8 @@ The script holds those overrides in the bash array ``ARGS`` (an option and its v
 x ``tensor_parallel_degree`` x ``pipeline_parallel_degree``, torchtitan's mesh order pp, replicate,
 shard, tp = the plan's rank order), FSDP resharding (ZeRO-3 ``always``, ZeRO-2 ``never``), sequence
 parallel, the pipeline schedule, micro-batch and per-stage modules, the activation checkpoint
-subcommand and the batch, sequence and parameter dtype.
+subcommand and the batch, sequence and parameter dtype; for an MoE model with ep > 1
+``--parallelism.expert_parallel_degree`` (ranks borrowed from FSDP's dp_shard, so with ZeRO-2/3 only).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ def args(ex: Export) -> list[str]:
            "--parallelism.pipeline_parallel_degree", str(s.pp)]
     if shard > 1:
         out += ["--parallelism.fsdp_reshard_after_forward", "always" if s.zero == 3 else "never"]
+    if s.ep > 1:
+        out += ["--parallelism.expert_parallel_degree", str(s.ep)]
     if s.tp > 1:
         out += ["--parallelism.enable_sequence_parallel" if s.sp else "--parallelism.no-enable_sequence_parallel"]
     if s.pp > 1:

@@ -6,7 +6,9 @@ parameters at that precision, so ``estimate_plan(plan, model)`` estimates it as 
 
 Devices are numbered as Megatron and AMP rank them (tp fastest, then dp, then pp), so stage k holds
 devices ``k*tp*dp ... (k+1)*tp*dp - 1``. Every unit runs ``Strategy(tp, zero, ckpt, sp)``, with the
-checkpointing on the transformer blocks only (what Megatron, DeepSpeed and torchtitan recompute).
+checkpointing on the transformer blocks only (what Megatron, DeepSpeed and torchtitan recompute), and
+the MoE units with the case's ``ep`` (Megatron's ``--expert-model-parallel-size``: EP groups of
+consecutive DP ranks, as autopar's, since Megatron orders its ranks tp-cp-ep-dp-pp).
 A case's ``micro_batch_size`` is per data-parallel rank; autopar's is per pipeline (split over the
 DP ranks, see autopar/plan/rules.py), so the plan's is ``micro_batch_size * dp``.
 """
@@ -38,6 +40,7 @@ class Shape:
     global_batch_size: int
     schedule: str
     virtual_stages: int = 1  # > 1: Megatron's interleaved 1F1B, model chunks per GPU
+    ep: int = 1  # expert-parallel degree of the MoE units
 
 
 def read_shape(f: Fields, global_batch_size: int, schedule: str) -> Shape:
@@ -56,7 +59,7 @@ def read_shape(f: Fields, global_batch_size: int, schedule: str) -> Shape:
                  zero=f.req_int("zero", low=0, high=3), ckpt=f.req_str("ckpt", choices=CKPT_MODES),
                  sp=bool(f.opt_bool("sequence_parallel", False)) and tp > 1,
                  global_batch_size=global_batch_size, schedule="interleaved" if v > 1 else schedule,
-                 virtual_stages=v)
+                 virtual_stages=v, ep=f.opt_int("ep", 1, low=1))
 
 
 def stage_sizes(f: Fields, model: ModelSpec, pp: int, notes: list[str]) -> list[int]:
@@ -108,7 +111,8 @@ def build_plan(shape: Shape, sizes: list[int], model: ModelSpec, cluster: Cluste
     stages, first = [], 0
     for k, size in enumerate(sizes):
         layers = [StageLayer(ly.name, Strategy(tp=shape.tp, zero=shape.zero, sp=shape.sp,
-                                                ckpt=shape.ckpt if ly.kind == "block" else "none"))
+                                                ckpt=shape.ckpt if ly.kind == "block" else "none",
+                                                ep=shape.ep if ly.moe is not None else 1))
                   for ly in model.layers[first:first + size]]
         s = k % shape.pp
         stages.append(Stage(devices=list(range(s * width, (s + 1) * width)), layers=layers))

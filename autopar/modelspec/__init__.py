@@ -5,7 +5,7 @@ torch is imported lazily (tracing only), so the planner and ``autopar list model
 
 from autopar.modelspec.hf import from_hf_config
 from autopar.modelspec.load import from_factory, load_model
-from autopar.modelspec.spec import CKPT_MODES, LayerSpec, ModelSpec
+from autopar.modelspec.spec import CKPT_MODES, LayerSpec, ModelSpec, MoESpec
 from autopar.modelspec.zoo import from_zoo, zoo_entry, zoo_names
 
 
@@ -28,5 +28,5 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'autopar.modelspec' has no attribute {name!r}")
 
 
-__all__ = ["CKPT_MODES", "LayerSpec", "ModelSpec", "from_factory", "from_hf_config", "from_zoo", "load_model",
+__all__ = ["CKPT_MODES", "LayerSpec", "ModelSpec", "MoESpec", "from_factory", "from_hf_config", "from_zoo", "load_model",
            "spec_from_module", "zoo_entry", "zoo_names"]

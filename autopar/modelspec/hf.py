@@ -1,6 +1,8 @@
 """Hugging Face ``config.json`` -> zoo-style entry -> ModelSpec (the zoo's formulas; no transformers needed).
 
-Supported ``model_type``: llama, mistral, gpt2, gpt_neox, bert, vit. The default sequence length is
+Supported ``model_type``: llama, mistral, gpt2, gpt_neox, bert, vit, and the mixture-of-experts
+mixtral, qwen2_moe, qwen3_moe (``moe`` below; blocks from ``zoo_moe``: Qwen's Q/K/V biases and Qwen3's
+Q/K norms, a few thousand parameters per block, are left out). The default sequence length is
 ``max_position_embeddings`` capped at ``DEFAULT_SEQ_CAP`` (long-context maxima are rarely the training
 length; pass ``--seq-len``). The attention implementation comes from ``attn_implementation``
 (``ATTN_IMPLEMENTATIONS``): ``eager`` materialises the s x s scores (their memory, and their HBM traffic
@@ -29,11 +31,18 @@ _LLAMA = {
               "dropout": ("attention_dropout", 0.0)},
     "fixed": {"arch": "decoder", "norm": "rms", "mlp": "swiglu", "pos": "rope", "tp_family": "llama"},
 }
+_QWEN_MOE = {"experts": ("num_experts", "num_local_experts"), "top_k": "num_experts_per_tok", "moe_ffn": "moe_intermediate_size",
+             "shared_ffn": "shared_expert_intermediate_size", "moe_every": "decoder_sparse_step",
+             "dense_layers": "mlp_only_layers", "head_dim": "head_dim"}
 # model_type -> how to read it: "shape" zoo field <- config key; "flags" zoo field <- (config key,
-# default), truthy values turn a flag on; "fixed" values every such model has.
+# default), truthy values turn a flag on; "fixed" values every such model has; "moe" zoo MoE field
+# (autopar/modelspec/zoo_moe.py) <- config key (or the first present of several spellings).
 HF_TYPES = {
     "llama": _LLAMA,
     "mistral": _LLAMA,
+    "mixtral": {**_LLAMA, "moe": {"experts": "num_local_experts", "top_k": "num_experts_per_tok"}},
+    "qwen2_moe": {**_LLAMA, "fixed": {**_LLAMA["fixed"], "shared_gate": True}, "moe": _QWEN_MOE},
+    "qwen3_moe": {**_LLAMA, "moe": _QWEN_MOE},
     "gpt2": {
         "shape": {"layers": "n_layer", "hidden": "n_embd", "heads": "n_head", "ffn": "n_inner",
                   "vocab": "vocab_size", "seq_len": "n_positions", "max_pos": "n_positions"},
@@ -100,6 +109,11 @@ def entry_from_hf_config(cfg: dict, name: str) -> dict:
     for field, key in table["shape"].items():
         if cfg.get(key) is not None:
             entry[field] = cfg[key]
+    for field, keys in table.get("moe", {}).items():
+        for key in (keys,) if isinstance(keys, str) else keys:
+            if cfg.get(key) is not None:
+                entry[field] = cfg[key]
+                break
     if "ffn" not in entry and isinstance(entry.get("hidden"), int):
         entry["ffn"] = 4 * entry["hidden"]  # GPT-2's n_inner: null means 4 * hidden
     for field, (key, default) in table["flags"].items():

@@ -17,6 +17,54 @@ CKPT_MODES = ("none", "selective", "full", "op")
 
 
 @dataclass(frozen=True)
+class MoESpec:
+    """The mixture-of-experts part of a layer unit (a block whose MLP is routed to ``top_k`` of
+    ``num_experts`` experts per token, dropless: every token reaches its ``top_k`` experts).
+
+    num_experts:      routed experts of the unit (shared experts, which every token runs, are not counted:
+                      they are ordinary parameters of the unit).
+    top_k:            experts each token is sent to.
+    expert_params:    parameters of all routed experts together (what expert parallelism splits: a rank of
+                      an EP group of degree e holds ``expert_params / e``); part of ``LayerSpec.params``.
+    capacity_factor:  tokens an expert may take, as a multiple of the even share (None: dropless, the only
+                      mode autopar plans and runs; kept so a spec can state a model trained with dropping).
+    expert_flops:     forward FLOPs per sample of the routed experts (top_k active: 2 x top_k x one
+                      expert's parameters per token); part of ``LayerSpec.flops``.
+    dispatch_bytes:   bytes per sample an all-to-all moves to the experts (top_k copies of each token's
+                      hidden state); the combine moves the same back.
+    expert_act_bytes: saved activation bytes per sample of the expert MLPs (the dispatched tokens and the
+                      expert interiors); part of ``LayerSpec.act_tp_bytes``.
+    """
+
+    num_experts: int
+    top_k: int
+    expert_params: int
+    capacity_factor: float | None = None
+    expert_flops: float = 0.0
+    dispatch_bytes: float = 0.0
+    expert_act_bytes: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.num_experts, int) or self.num_experts < 1:
+            raise AutoparError("moe.num_experts", f"must be an integer >= 1, got {self.num_experts!r}",
+                               "give the routed expert count (num_local_experts / num_experts)")
+        if not isinstance(self.top_k, int) or not 1 <= self.top_k <= self.num_experts:
+            raise AutoparError("moe.top_k", f"must be an integer in 1..{self.num_experts}, got {self.top_k!r}",
+                               "give the experts per token (num_experts_per_tok)")
+        if self.capacity_factor is not None and not self.capacity_factor > 0:
+            raise AutoparError("moe.capacity_factor", f"must be positive, got {self.capacity_factor!r}",
+                               "give a factor > 0, or leave it unset (dropless)")
+        for f in ("expert_params", "expert_flops", "dispatch_bytes", "expert_act_bytes"):
+            if getattr(self, f) < 0:
+                raise AutoparError(f"moe.{f}", f"is negative ({getattr(self, f)})", "give a count or size of at least 0")
+
+    @property
+    def params_per_expert(self) -> float:
+        """Parameters of one routed expert."""
+        return self.expert_params / self.num_experts
+
+
+@dataclass(frozen=True)
 class LayerSpec:
     """One layer unit in execution order (embedding, a transformer block, norm + head, any module).
 
@@ -41,6 +89,8 @@ class LayerSpec:
     tp_plan:         name of the unit's TP plan table in autopar.models (None: no TP).
     op:              what ckpt ``op`` keeps and recomputes (``op_policy.OpSaved``); None: not modelled
                      for this unit, so ``op`` is refused for it.
+    moe:             the unit's routed experts (``MoESpec``); None: a dense unit. ``params`` counts every
+                     expert (total), ``flops`` the ``top_k`` a token runs (active).
     """
 
     name: str
@@ -58,6 +108,7 @@ class LayerSpec:
     tp_collectives: int = 0
     tp_plan: str | None = None
     op: OpSaved | None = None
+    moe: MoESpec | None = None
 
     def __post_init__(self) -> None:
         for f in ("params", "tp_params", "flops", "attn_core_flops", "act_tp_bytes", "act_seq_bytes",
@@ -68,6 +119,9 @@ class LayerSpec:
         if self.tp_params > self.params:
             raise AutoparError(f"layer {self.name}.tp_params", "exceeds params",
                                "tp_params counts the TP-sharded part of params")
+        if self.moe is not None and self.moe.expert_params > self.params:
+            raise AutoparError(f"layer {self.name}.moe.expert_params", "exceeds params",
+                               "expert_params counts the routed experts' part of params")
 
     @property
     def supports_tp(self) -> bool:
@@ -148,6 +202,17 @@ class ModelSpec:
     @property
     def num_params(self) -> int:
         return sum(ly.params for ly in self.layers)
+
+    @property
+    def num_experts(self) -> dict[str, int]:
+        """Unit name -> routed experts, for the MoE units only (empty for a dense model)."""
+        return {ly.name: ly.moe.num_experts for ly in self.layers if ly.moe is not None}
+
+    @property
+    def active_params(self) -> float:
+        """Parameters a token runs through: every dense parameter, ``top_k`` experts of each MoE unit."""
+        return sum(ly.params - (ly.moe.expert_params * (1 - ly.moe.top_k / ly.moe.num_experts) if ly.moe else 0)
+                   for ly in self.layers)
 
     @property
     def flops_per_sample(self) -> float:

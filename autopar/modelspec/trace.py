@@ -45,6 +45,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from autopar.errors import AutoparError
 from autopar.modelspec.spec import LayerSpec, ModelSpec
+from autopar.modelspec.trace_moe import ExpertFlops, unit_moe
 from autopar.modelspec.trace_ops import OpTrace, SdpaTrace, op_facts
 from autopar.units import discover
 
@@ -241,6 +242,7 @@ def spec_from_module(module: nn.Module, example_input, name: str | None = None, 
     was_training = module.training
     handles = []
     counter = FlopCounterMode(display=False)
+    expert_flops = ExpertFlops(module, counter)  # MoE experts: meta routing counts nothing meaningful
     try:
         module.train()
         with counter:
@@ -266,12 +268,14 @@ def spec_from_module(module: nn.Module, example_input, name: str | None = None, 
     finally:
         for h in handles:
             h.remove()
+        expert_flops.remove()
         module.train(was_training)
     if not rec.order:
         raise AutoparError("model", f"{name} ran none of its units ({', '.join(n for n, _ in units[:4])})",
                            "call the child modules from forward()")
     return _build(module, name, units, rec, ops, seq, batch, dbytes, source,
-                  {"forward_flops": fwd_total / batch, "backward_flops": bwd_total / batch, "batch": batch})
+                  {"forward_flops": fwd_total / batch, "backward_flops": bwd_total / batch, "batch": batch},
+                  expert_flops)
 
 
 def _unit_params(module: nn.Module, units, order: list[str]) -> dict[str, list[nn.Parameter]]:
@@ -315,7 +319,8 @@ def _sharded(p: torch.Tensor, rule: str, divisors: tuple[int, ...]) -> bool:
     return p.dim() >= 2 if rule == "matrices" else any(n in divisors for n in p.shape)
 
 
-def _build(module, name, units, rec: _Recorder, ops: OpTrace, seq, batch, dbytes, source, trace_meta) -> ModelSpec:
+def _build(module, name, units, rec: _Recorder, ops: OpTrace, seq, batch, dbytes, source, trace_meta,
+           expert_flops: ExpertFlops) -> ModelSpec:
     mods = dict(units)
     per_unit = _unit_params(module, units, rec.order)
     layers = []
@@ -333,8 +338,12 @@ def _build(module, name, units, rec: _Recorder, ops: OpTrace, seq, batch, dbytes
             coll, kind = row["collectives"], row["kind"]
             carried = (st["out"] or 0) if row["bytes_of"] == "output" else st["in"]
             comm = coll * carried / batch
+        moe = unit_moe(mod, seq, boundary, dbytes)
+        flops = st["flops"] / batch
+        if moe is not None:  # the experts' FLOPs as dropless top-k routing runs them (trace_moe)
+            flops += moe.expert_flops - expert_flops.counted(mod) / batch
         layers.append(LayerSpec(
-            n, kind, params=count, tp_params=tp_params, flops=st["flops"] / batch,
+            n, kind, params=count, tp_params=tp_params, flops=flops, moe=moe,
             attn_core_flops=st["attn"] / batch, act_tp_bytes=st["tp"] / batch, act_seq_bytes=st["seq"] / batch,
             act_attn_bytes=st["attn_b"] / batch, boundary_bytes=boundary, tp_divisors=divisors,
             tp_comm_bytes=comm, tp_collectives=coll, tp_plan=plan,

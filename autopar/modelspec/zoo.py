@@ -48,6 +48,7 @@ import yaml
 from autopar.errors import AutoparError
 from autopar.modelspec.op_policy import Matmul, OpSaved, op_saved
 from autopar.modelspec.spec import LayerSpec, ModelSpec
+from autopar.modelspec.zoo_moe import is_moe_layer, moe_block, normalize_moe
 
 ZOO_FILE = Path(__file__).with_name("zoo.yaml")
 INDEX_BYTES = 8  # int64 token / position / type ids saved by embedding lookups
@@ -125,6 +126,7 @@ def normalize_entry(entry: dict) -> dict:
         raise AutoparError("model.vocab", f"must be a positive integer, got {entry.get('vocab')!r}",
                            "give the tokenizer's vocabulary size")
     entry.setdefault("seq_len", entry.get("max_pos", 2048))
+    normalize_moe(entry)
     if entry["pos"] == "learned":
         entry.setdefault("max_pos", entry["seq_len"])
     return entry
@@ -266,9 +268,10 @@ def spec_from_entry(entry: dict, seq_len: int | None = None, dtype_bytes: int | 
     x = _Shape(s=s, h=e["hidden"], a=e["heads"], kv=e["kv_heads"], f=e["ffn"], V=vocab, d=d,
                m=1 if e["dropout"] else 0, e=e)
     layers = [EMBED_UNITS[EMBED_KIND[e["arch"]]](x)]
-    layers += [_block(x, i) for i in range(e["layers"])]
+    layers += [moe_block(x, i) if is_moe_layer(e, i) else _block(x, i) for i in range(e["layers"])]
     layers.append(HEAD_UNITS[HEAD_KIND[e["arch"]]](x))
     meta = {k: e[k] for k in ("arch", "norm", "mlp", "pos", "bias", "dropout", "flash", "fused_qkv") if k in e}
+    meta.update({k: e[k] for k in ("experts", "top_k", "moe_ffn", "shared_ffn") if e.get(k)})
     meta.update(tied_embeddings=bool(e["tied"]) and e["arch"] != "vit", family=e.get("family", ""),
                 vocab_unpadded=e["vocab"])
     return ModelSpec(name=e["name"], seq_len=s, layers=layers, hidden=x.h, vocab=vocab, num_heads=x.a,

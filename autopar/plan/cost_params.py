@@ -4,7 +4,8 @@ Every field is typed and in range, so a hand-edited file cannot make the memory 
 absurd (``reserve_gib: -100``, a byte count of 0, an efficiency of 7): reserve and times >= 0, byte
 counts >= 1, efficiencies in (0, 4] (a measured curve is relative to the measured matmul peak, which a
 quick profile's small units can beat), overlaps in [0, 1], every number finite. Unknown keys are refused.
-A profile sets only the fields it measures (``partial``); a plan written by autopar stores them all.
+A profile sets only the fields it measures (``partial``); a plan written by autopar stores them all (those
+of ``_LATER``, added since, may be absent from an older plan).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ _FRACTIONS = ("overlap_sync", "overlap_zero3")
 _FACTORS = ("act_mem_factor",)
 _NONNEG = ("layer_overhead_s", "reserve_gib", "step_overhead_per_unit_s", "act_traffic", "slot_overhead_s")
 EFF_HIGH = 4.0
+# Fields added after plans were first written: absent from an older plan, they take CostParams' default.
+_LATER = ("moe_imbalance",)
 
 
 def _finite(x: float, field: str, fix: str, high: float | None = None) -> float:
@@ -81,7 +84,7 @@ def read_cost_params(doc: object, path: str, fix: str, *, partial: bool = False)
     out: dict = {}
     for name in names:
         if not top.has(name):
-            if partial:
+            if partial or name in _LATER:
                 continue
             raise AutoparError(top.at(name), "is missing", fix)
         value, at = top.doc[name], top.at(name)
@@ -90,6 +93,8 @@ def read_cost_params(doc: object, path: str, fix: str, *, partial: bool = False)
             out[name] = int(num) if isinstance(value, int) else num
         elif name in _EFF:
             out[name] = _num(value, at, fix, gt=0, high=EFF_HIGH)
+        elif name == "moe_imbalance":  # the most loaded EP rank's tokens over the even share
+            out[name] = _num(value, at, fix, ge=1, high=10)
         elif name in _FACTORS:
             out[name] = _num(value, at, fix, gt=0, high=10)
         elif name in _FRACTIONS:

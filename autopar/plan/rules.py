@@ -26,17 +26,20 @@ What is checked (each group only when its inputs are given):
   the stage's device count, each TP group sits inside one node, dp = devices / tp divides the
   micro-batch size; with a world that builds meshes, ZeRO-3 with 1 < tp < devices needs the stage's TP
   and DP groups to form one 2-D device mesh;
+* experts (``expert_rules``): ep > 1 only on MoE units, dividing the unit's dp and its expert count,
+  and not together with tp > 1;
 * memory (with predicted peaks): each device's peak is within its budget (``memory_budget_gib`` when
   set, else the device's own GPU memory).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from itertools import chain
 
 from autopar.modelspec.spec import ModelSpec
+from autopar.plan.expert_rules import expert_rules
 from autopar.plan.schema import SCHEDULES, Plan
 
 Problem = tuple[str, str, str]  # (field, problem, fix): the parts of an AutoparError
@@ -64,12 +67,14 @@ class ModelFacts:
 
     units: tuple[UnitFacts, ...]
     seq_len: int | None = None
+    experts: Mapping[str, int] = field(default_factory=dict, hash=False)  # MoE unit -> routed experts (absent: dense)
 
     @classmethod
     def of_spec(cls, model: ModelSpec) -> ModelFacts:
-        """The facts of a planner ModelSpec (a unit has a TP plan when it states TP divisors)."""
+        """The facts of a planner ModelSpec (a unit has a TP plan when it states TP divisors; its experts
+        come from ``LayerSpec.moe``)."""
         return cls(tuple(UnitFacts(ly.name, ly.supports_tp, tuple(ly.tp_divisors)) for ly in model.layers),
-                   model.seq_len)
+                   model.seq_len, model.num_experts)
 
 
 @dataclass(frozen=True)
@@ -88,6 +93,7 @@ def plan_rules(plan: Plan, model: ModelFacts | None = None, world: WorldFacts | 
     return list(chain(top_rules(plan, model), schedule_rules(plan), placement_rules(plan, model),
                       device_rules(plan, world),
                       layer_rules(plan, model, world),
+                      expert_rules(plan, model.experts if model is not None else None),
                       memory_rules(plan, memory_peak_gib) if memory_peak_gib else ()))
 
 

@@ -49,6 +49,10 @@ class Rule(str, Enum):
                      "or head; kept: none, selective, full)")
     SP_NO_EFFECT = ("sp-no-effect",
                     "sequence parallel changes nothing for a unit with no sequence-shardable activations")
+    EP_NOT_DIVIDING = ("ep-not-dividing", "an expert-parallel degree of an MoE unit must divide its dp and its "
+                       "expert count")
+    EP_WITH_TP = ("ep-with-tp", "an MoE unit with tp > 1 runs with ep = 1 (tensor and expert parallel on one unit "
+                  "are not supported together)")
     DOMINATED = ("dominated", "slower and at least as large as another strategy with the same layout")
     # -- layer ranges a stage could run (homogeneous search; counted per range end dropped) --
     RANGE_OVER_MEMORY = ("range-over-memory",

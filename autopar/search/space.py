@@ -66,8 +66,21 @@ def _crosses_node(ctx: StageContext, tp: int) -> bool:
     return bool((nodes.min(axis=1) != nodes.max(axis=1)).any())
 
 
+def ep_degrees(layer: LayerSpec, tp: int, dp: int, pruned: Counter) -> list[int]:
+    """Expert-parallel degrees for ``layer`` at (tp, dp): 1, and for an MoE unit with tp 1 every ep > 1 dividing
+    both dp and its expert count (``plan.expert_rules``); dense units get [1], so their space is unchanged."""
+    if layer.moe is None or dp == 1:
+        return [1]
+    if tp > 1:
+        pruned[Rule.EP_WITH_TP] += 1
+        return [1]
+    out = [e for e in divisors(dp) if layer.moe.num_experts % e == 0]
+    pruned[Rule.EP_NOT_DIVIDING] += len(divisors(dp)) - len(out)
+    return out
+
+
 def enumerate_strategies(layer: LayerSpec, ctx: StageContext, tps: list[int], pruned: Counter) -> list[Strategy]:
-    """All (tp, zero, ckpt, sp) left after the structural rules, in a fixed order."""
+    """All (tp, zero, ckpt, sp, ep) left after the structural rules, in a fixed order."""
     has_attn = layer.attn_core_flops > 0 or layer.act_attn_bytes > 0
     out = []
     for tp in tps:
@@ -96,7 +109,7 @@ def enumerate_strategies(layer: LayerSpec, ctx: StageContext, tps: list[int], pr
                     if sp and layer.act_seq_bytes == 0:
                         pruned[Rule.SP_NO_EFFECT] += 1
                         continue
-                    out.append(Strategy(tp=tp, zero=zero, ckpt=ckpt, sp=sp))
+                    out.extend(Strategy(tp=tp, zero=zero, ckpt=ckpt, sp=sp, ep=ep) for ep in ep_degrees(layer, tp, dp, pruned))
     return out
 
 

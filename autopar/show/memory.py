@@ -71,10 +71,15 @@ def stage_memory(plan: Plan, model: ModelSpec, est: PlanEstimate, params: CostPa
                     parts["model states"] += lc.mem_states
                 else:
                     shard = float(shard_params(spec, np.array([float(s.tp)]))[0])
-                    pa, gr, op = _state_split(shard, s.zero, len(st.devices) // s.tp, params)
-                    parts["parameters"] += pa
-                    parts["gradients"] += gr
-                    parts["optimizer states"] += op
+                    dp = len(st.devices) // s.tp
+                    splits = [(shard, dp)]
+                    if s.ep > 1 and spec.moe is not None:  # 1/ep of the experts, ZeRO over dp/ep (cost_models.moe)
+                        splits = [(shard - spec.moe.expert_params, dp), (spec.moe.expert_params / s.ep, dp // s.ep)]
+                    for part, group in splits:
+                        pa, gr, op = _state_split(part, s.zero, group, params)
+                        parts["parameters"] += pa
+                        parts["gradients"] += gr
+                        parts["optimizer states"] += op
                 parts["activations"] += se.inflight * lc.mem_act
                 transient = max(transient, transient_bytes(spec, ctx, s))
             parts["transient"] = transient

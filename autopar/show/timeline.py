@@ -72,7 +72,7 @@ def _recompute_share(model: ModelSpec, plan: Plan, params: CostParams, cache: Co
             for spec, ly in zip(spec_layers(model, index, [x.name for x in st.layers]), st.layers):
                 s = ly.strategy
                 if s.ckpt != "none":
-                    plain = Strategy(s.tp, s.zero, "none", s.sp)
+                    plain = Strategy(s.tp, s.zero, "none", s.sp, s.ep)
                     extra += max(0.0, cache.layer_cost(spec, s, ctx).bwd - cache.layer_cost(spec, plain, ctx).bwd)
             row.append(extra)
         out.append(row)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from autopar.modelspec.spec import LayerSpec
+from autopar.modelspec.spec import LayerSpec, MoESpec
 from autopar.plan.io import plan_to_dict
 from autopar.search import SearchOptions, search
 from autopar.search.homogeneous import HomogeneousSearch
@@ -23,11 +23,15 @@ SEARCH_DIR = Path(__file__).resolve().parents[2] / "autopar" / "search"
 
 def rules_model():
     """A model that meets every strategy rule: 6 heads (tp 4 cannot divide them), an embedding with no
-    sequence-shardable activations (sp has no effect) and a unit with no TP plan."""
+    sequence-shardable activations (sp has no effect), a unit with no TP plan and an MoE block of 3 experts
+    (ep 2 or 4 cannot divide them; with tp > 1 it has no ep)."""
     m = gpt_like(blocks=4, a=6)
     embed = replace(m.layers[0], act_seq_bytes=0.0)
     norm = LayerSpec("norm", "generic", 1024, 0, 1e6, boundary_bytes=m.layers[1].boundary_bytes)
-    return replace(m, layers=[embed] + m.layers[1:-1] + [norm, m.layers[-1]])
+    b0 = m.layers[1]
+    moe = replace(b0, moe=MoESpec(3, 1, expert_params=b0.params // 2, expert_flops=b0.flops / 4,
+                                  dispatch_bytes=b0.boundary_bytes))
+    return replace(m, layers=[embed, moe] + m.layers[2:-1] + [norm, m.layers[-1]])
 
 
 def opts(**kw) -> SearchOptions:

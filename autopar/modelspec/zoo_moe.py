@@ -1,0 +1,96 @@
+"""Mixture-of-experts blocks of zoo entries and HF configs (Mixtral, Qwen-MoE, DeepSeek-style): the zoo's
+block formulas with the MLP replaced by a router, ``experts`` routed SwiGLU experts of width ``moe_ffn``
+(``top_k`` per token, dropless) and optional shared experts of total width ``shared_ffn``.
+
+Entry fields (zoo.yaml, or read from a HF config by ``hf.py``):
+
+* ``experts``, ``top_k``: routed experts per MoE block and experts per token;
+* ``moe_ffn``: one routed expert's width (default ``ffn``); ``shared_ffn``: width of the shared
+  expert(s) every token runs (0: none), ``shared_gate``: a sigmoid gate (h -> 1) scales it (Qwen-MoE);
+* ``moe_every`` (HF ``decoder_sparse_step``), ``dense_first`` (DeepSeek's ``first_k_dense_replace``),
+  ``dense_layers`` (Qwen's ``mlp_only_layers``): which blocks are MoE; the others are dense blocks of
+  width ``ffn``;
+* ``head_dim``: attention head width when it is not hidden / heads (Qwen3-MoE).
+
+Counting (the zoo's conventions; per sample of s tokens): the router is an h x E matmul (2*s*h*E FLOPs)
+whose fp32 logits are saved (s*E*4 bytes); each token runs ``top_k`` experts, 2*3*h*moe_ffn FLOPs each;
+the dispatched tokens (top_k*s*h) and each expert's SwiGLU interior (4 tensors of width moe_ffn, as the
+dense block) are saved. Parameters count every expert (total), FLOPs the active ones. Op-level
+checkpointing is not modelled for MoE blocks (refused for them).
+"""
+
+from __future__ import annotations
+
+from autopar.errors import AutoparError
+from autopar.modelspec.spec import LayerSpec, MoESpec
+
+ROUTER_LOGIT_BYTES = 4  # HF routers compute softmax over fp32 logits
+SWIGLU_MATRICES = 3
+SWIGLU_SAVED = 4  # gate and up outputs, SiLU output, down-projection input (zoo.MLP_SAVED["swiglu"])
+_INT_KEYS = ("experts", "top_k", "moe_ffn", "shared_ffn", "moe_every", "dense_first")
+
+
+def normalize_moe(entry: dict) -> None:
+    """Check and fill the MoE fields of a zoo-style entry in place (nothing to do for a dense entry)."""
+    if not entry.get("experts"):
+        return
+    entry.setdefault("moe_ffn", entry["ffn"])
+    for key, default in (("top_k", 1), ("shared_ffn", 0), ("moe_every", 1), ("dense_first", 0)):
+        entry.setdefault(key, default)
+    entry.setdefault("shared_gate", False)
+    entry.setdefault("dense_layers", [])
+    for key in _INT_KEYS:
+        v = entry[key]
+        low = 0 if key in ("shared_ffn", "dense_first") else 1
+        if not isinstance(v, int) or isinstance(v, bool) or v < low:
+            raise AutoparError(f"model.{key}", f"must be an integer >= {low}, got {v!r}",
+                               "fix the MoE shape (zoo.yaml entry or config.json)")
+    if entry["top_k"] > entry["experts"]:
+        raise AutoparError("model.top_k", f"{entry['top_k']} experts per token exceed the {entry['experts']} experts",
+                           "give num_experts_per_tok <= the expert count")
+    if entry["mlp"] != "swiglu":
+        raise AutoparError("model.mlp", f"MoE experts are modelled as SwiGLU MLPs, the entry says {entry['mlp']!r}",
+                           "use mlp: swiglu for an MoE entry")
+    hd = entry.get("head_dim")
+    if hd is not None and (not isinstance(hd, int) or hd <= 0):
+        raise AutoparError("model.head_dim", f"must be a positive integer, got {hd!r}", "give the attention head width")
+
+
+def is_moe_layer(e: dict, i: int) -> bool:
+    """Whether block ``i`` of entry ``e`` is an MoE block."""
+    return (bool(e.get("experts")) and i >= e["dense_first"] and (i + 1) % e["moe_every"] == 0
+            and i not in e["dense_layers"])
+
+
+def moe_block(x, i: int) -> LayerSpec:
+    """LayerSpec of MoE block ``i`` (``x``: the zoo's per-sample shape, ``zoo._Shape``)."""
+    e, s, h, a, d, m = x.e, x.s, x.h, x.a, x.d, x.m
+    hd = e.get("head_dim") or h // a
+    qw, kvw = a * hd, x.kv * hd  # query / attention-output width, K and V width
+    E, k, fe, fs = e["experts"], e["top_k"], e["moe_ffn"], e["shared_ffn"]
+    w_attn = h * (qw + 2 * kvw) + qw * h
+    col_bias = (qw + 2 * kvw) if e["bias"] else 0
+    row_bias = h if e["bias"] else 0
+    router = h * E
+    experts = E * SWIGLU_MATRICES * h * fe
+    shared = SWIGLU_MATRICES * h * fs + (h if fs and e["shared_gate"] else 0)
+    norms = 2 * x.norm
+    attn_core = 4.0 * s * s * qw
+    expert_flops = 2.0 * s * k * SWIGLU_MATRICES * h * fe
+    flops = 2.0 * s * (w_attn + router + shared) + attn_core + expert_flops
+    kv_saved = kvw if e["flash"] else qw
+    expert_act = k * s * h * d + SWIGLU_SAVED * k * s * fe * d
+    act_tp = s * d * (h + qw + 2 * kv_saved) + expert_act + SWIGLU_SAVED * s * fs * d + s * E * ROUTER_LOGIT_BYTES
+    if e["flash"]:
+        act_attn = a * s * 4
+    else:
+        act_attn = a * s * s * (d + (d + m if m else 0))
+    divisors = tuple(v for v in (a, x.kv, fe, fs) if v)
+    moe = MoESpec(num_experts=E, top_k=k, expert_params=experts, expert_flops=expert_flops,
+                  dispatch_bytes=float(k * s * h * d), expert_act_bytes=float(expert_act))
+    return LayerSpec(
+        f"layers.{i}", "block", params=w_attn + col_bias + row_bias + router + experts + shared + norms,
+        tp_params=w_attn + col_bias + experts + shared, flops=flops, attn_core_flops=attn_core,
+        act_tp_bytes=act_tp, act_seq_bytes=s * h * (4 * d + 2 * m), act_attn_bytes=act_attn,
+        boundary_bytes=s * h * d, tp_divisors=divisors, tp_comm_bytes=2 * s * h * d, tp_collectives=2,
+        tp_plan=f"{e['tp_family']}.block", moe=moe)
