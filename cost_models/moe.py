@@ -101,7 +101,8 @@ def _ep_rows(layer, strategies: list, stage, ep: int, t) -> dict[str, np.ndarray
     experts = SimpleNamespace(params=moe.expert_params / ep, tp_params=0)
     ar_d, ag_d, rs_d = t.dp_comm_times(dense, tp, stage.dp_links, coll, p)
     ar_e, ag_e, rs_e = t.dp_comm_times(experts, tp, lambda t: stage.dp_links(ep), coll, p)
-    z_fwd, z_bwd = t.zero_exposed(f_comp, b_comp, ag_d + ag_e, rs_d + rs_e, zero, p.overlap_zero3)
+    z_fwd, z_bwd = t.zero_exposed(f_comp, b_comp, ag_d + ag_e, rs_d + rs_e, zero, p.overlap_zero3,
+                                  p.zero3_comm_eff)
     fwd = f_comp + z_fwd + a2a_fwd
     bwd = b_comp + z_bwd + a2a_bwd
 
