@@ -1,0 +1,129 @@
+"""The zero-bubble schedule (zb-h1: backward split into B and W) on gloo processes: 3 SGD steps equal a
+single-process run, and the weight gradients land in W, never in B."""
+
+from __future__ import annotations
+
+import pytest
+
+from autopar.errors import AutoparError
+from autopar.models import GPT, GPTConfig
+from autopar.plan.compact import make_plan
+from autopar.runtime.checks import check_plan
+from autopar.units import unit_tp_info, units
+from tests.runtime.cases import MODELS
+from tests.runtime.reference import assert_matches_reference
+
+pytestmark = pytest.mark.dist
+
+
+def _stages(units: list[str], sizes: list[int], devices: list[list[int]], **strategy) -> list:
+    out, at = [], 0
+    for ds, n in zip(devices, sizes):
+        out.append((ds, [(u, dict(strategy)) for u in units[at:at + n]]))
+        at += n
+    return out
+
+
+def _check(model: str, mbs: int, m: int, sizes: list[int], devices: list[list[int]], pipelines: int = 1,
+           **strategy) -> None:
+    build, units, (x, y), loss_fn = MODELS[model]
+    n = sum(len(d) for d in devices)
+    pipes = [(mbs, m, _stages(units, sizes, [[d + j * n for d in ds] for ds in devices], **strategy))
+             for j in range(pipelines)]
+    assert_matches_reference(build, make_plan(pipes, schedule="zb-h1"), x, y, loss_fn=loss_fn)
+
+
+@pytest.mark.parametrize("model,sizes", [("gpt", [2, 2]), ("mlp", [3, 2])])
+@pytest.mark.parametrize("m", [1, 2, 4])
+def test_pp2_two_ranks(model, sizes, m):
+    _check(model, 8 // m, m, sizes, [[0], [1]])
+
+
+def test_pp2_dp2():
+    _check("gpt", 4, 2, [2, 2], [[0, 1], [2, 3]])
+
+
+def test_pp2_two_pipelines():
+    """Two data-parallel pipelines: the gradients W accumulates meet across pipelines."""
+    _check("gpt", 2, 2, [2, 2], [[0], [1]], pipelines=2)
+
+
+@pytest.mark.parametrize("strategy", [{"zero": 1}, {"zero": 2}, {"ckpt": "full"}, {"ckpt": "selective"},
+                                      {"zero": 2, "ckpt": "full"}, {"tp": 2}, {"tp": 2, "sp": True},
+                                      {"tp": 2, "zero": 1}])
+def test_pp2_dp2_zero_ckpt_tp(strategy):
+    _check("gpt", 4, 2, [2, 2], [[0, 1], [2, 3]], **strategy)
+
+
+def _gpt6():
+    return GPT(GPTConfig(vocab_size=64, seq_len=8, dim=32, n_layers=6, n_heads=4, ffn_hidden=64))
+
+
+@pytest.mark.parametrize("m", [4, 8])
+def test_pp4_four_ranks(m):
+    """Four stages (stage 3 defers 3 W's to the drain), micro-batches of 8 // m."""
+    units = ["embed"] + [f"layers.{i}" for i in range(6)] + ["head"]
+    x, y = MODELS["gpt"][2]
+    plan = make_plan([(8 // m, m, _stages(units, [2, 2, 2, 2], [[0], [1], [2], [3]]))], schedule="zb-h1")
+    assert_matches_reference(_gpt6, plan, x, y)
+
+
+def _hook_order_rank(rank, world, plan):
+    """On this rank: the events of one step, each gradient landing ("grad") between the start and end of
+    the B or W pass that produced it."""
+    import torch
+
+    from autopar.runtime import stage, wrap
+
+    events: list[str] = []
+    for name in ("backward_input", "backward_weight"):
+        real = getattr(stage, name)
+
+        def spy(*args, _real=real, _tag=name[9]):  # "i" (B) or "w" (W)
+            events.append(_tag + "(")
+            try:
+                return _real(*args)
+            finally:
+                events.append(")")
+        setattr(stage, name, spy)
+    pm = wrap(MODELS["gpt"][0](), plan, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1))
+    for unit in pm.local_units.values():
+        for p in unit.parameters():
+            p.register_post_accumulate_grad_hook(lambda _p: events.append("grad"))
+    pm.step(*MODELS["gpt"][2])
+    inside, where = None, []
+    for e in events:
+        if e.endswith("("):
+            inside = e[0]
+        elif e == ")":
+            inside = None
+        else:
+            where.append(inside)
+    return where, events.count("i("), events.count("w(")
+
+
+@pytest.mark.parametrize("strategy", [{}, {"zero": 2}])
+def test_weight_gradients_land_in_w_never_in_b(strategy):
+    """Every parameter gradient accumulates (and so every accumulate-grad hook, ZeRO-2's reduce-scatter
+    included, fires) inside a W pass; B passes touch no parameter."""
+    from autopar.runtime.local_ranks import run_distributed
+
+    _, units, _, _ = MODELS["gpt"]
+    plan = make_plan([(2, 4, _stages(units, [2, 2], [[0, 1], [2, 3]], **strategy))], schedule="zb-h1")
+    for where, bs, ws in run_distributed(_hook_order_rank, 4, plan, timeout_s=60):
+        assert bs == ws == 4
+        assert where and set(where) == {"w"}
+
+
+@pytest.mark.parametrize("sizes,devices,strategy,words", [
+    ([2, 2], [[0, 1], [2, 3]], {"zero": 3}, "schedule zb-h1 with zero 3"),
+    ([2, 2], [[0, 1], [2, 3]], {"ckpt": "op"}, "schedule zb-h1 with ckpt op"),
+    ([4], [[0, 1, 2, 3]], {}, "schedule zb-h1 on a single-stage pipeline")])
+def test_wrap_refuses_what_the_split_backward_cannot_run_before_any_collective(sizes, devices, strategy, words):
+    """wrap's check (the plan rules): one line naming the pair, before any process group exists."""
+    build, names, _, _ = MODELS["gpt"]
+    plan = make_plan([(4, 2, _stages(names, sizes, devices, **strategy))], schedule="zb-h1")
+    model = build()
+    named = units(model)
+    with pytest.raises(AutoparError, match=words):
+        check_plan(plan, [n for n, _ in named], {n: unit_tp_info(model, n, mod) for n, mod in named}, 4)
