@@ -18,7 +18,9 @@ class Caps:
     pp / tp: whether it configures pipeline / tensor parallelism (tp_with_pp: both at once);
     replicas: identical pipelines over sharded stages (HSDP); precisions: autopar precisions it trains in;
     schedules: its pipeline schedules (Megatron and DeepSpeed run 1F1B only; without pipelining every tool
-    accumulates micro-batch by micro-batch, as 1F1B).
+    accumulates micro-batch by micro-batch, as 1F1B). No target takes ``zb-h1``: torchtitan's zero-bubble
+    schedules (InterleavedZeroBubble, ZBVZeroBubble) are its multi-stage ones, built for 2+ stages per rank,
+    so a zb-h1 plan exports as the closest 1F1B plan with the change listed.
     """
 
     name: str

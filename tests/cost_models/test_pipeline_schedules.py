@@ -120,3 +120,20 @@ def test_zb_h1_with_free_w_is_1f1b_with_the_shorter_backward():
     p, m = 4, 8
     free = simulate_step(schedule_table("zb-h1", p, m), [1.0] * p, [1.0] * p, [0.0] * p, [0.0] * p)
     assert free == simulate_step(schedule_table("1f1b", p, m), [1.0] * p, [1.0] * p, [0.0] * p)
+
+
+@pytest.mark.parametrize("p,m", [(2, 2), (2, 5), (3, 3), (4, 4), (4, 8), (4, 12), (8, 16)])
+def test_zb_h1_table_is_torchs_zero_bubble_order_for_one_stage_per_rank(p, m):
+    """torch.distributed.pipelining builds ScheduleInterleavedZeroBubble's per-rank order with
+    ``_get_1f1b_rank_ops(enable_zero_bubble=True)``; with one stage per rank (its warm-up then p - 1 - rank
+    forwards, ``num_1f1b_microbatches = rank``) that order, less its idle slots, is this table's."""
+    from torch.distributed.pipelining import schedules as ts
+
+    kinds = {ts._ComputationType.FORWARD: "F", ts._ComputationType.BACKWARD_INPUT: "B",
+             ts._ComputationType.BACKWARD_WEIGHT: "W"}
+    for rank in range(p):
+        warm = ts._get_warmup_ops(rank, 1, p, p, m, multiply_factor=1)  # one local stage: min(p - 1 - rank, m)
+        ops = ts._get_1f1b_rank_ops(1, p, warm, m - warm, warm, rank, lambda _, r=rank: r, lambda _, r=rank: r, rank,
+                                    enable_zero_bubble=True)
+        theirs = [(kinds[a.computation_type], a.microbatch_index, 0) for a in ops if a is not None]
+        assert theirs == _flat(schedule_table("zb-h1", p, m)[rank])

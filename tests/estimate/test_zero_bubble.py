@@ -35,7 +35,7 @@ def test_the_step_is_the_table_simulated_with_b_and_w_split():
     stages = est.pipelines[0]
     index = MODEL.index()
     wgt = []
-    for st, se in zip(plan.pipelines[0].stages, stages):
+    for st in plan.pipelines[0].stages:
         ctx = StageContext(CLUSTER, tuple(st.devices), 8, 8, CostParams())
         wgt.append(sum(weight_grad_time(MODEL.layers[index[ly.name]], ly.strategy, ctx) for ly in st.layers))
     assert all(0 < w < se.bwd_s for w, se in zip(wgt, stages))
