@@ -127,3 +127,60 @@ def test_wrap_refuses_what_the_split_backward_cannot_run_before_any_collective(s
     named = units(model)
     with pytest.raises(AutoparError, match=words):
         check_plan(plan, [n for n, _ in named], {n: unit_tp_info(model, n, mod) for n, mod in named}, 4)
+
+
+def _peak_held_rank(rank, world, plan):
+    """The most micro-batches whose autograd graph (and so its saved activations) this rank holds right
+    after a forward: ``StageRunner.outputs`` keeps a micro-batch's output until its backward (1F1B) or
+    its W (zb-h1) frees the graph."""
+    import torch
+
+    from autopar.runtime import stage, wrap
+
+    peak = [0]
+    real = stage.StageRunner.forward
+
+    def forward(self, *args):
+        send = real(self, *args)
+        peak[0] = max(peak[0], len(self.outputs))
+        return send
+    stage.StageRunner.forward = forward
+    pm = wrap(_gpt6(), plan, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1))
+    pm.step(*MODELS["gpt"][2])
+    return peak[0]
+
+
+@pytest.mark.parametrize("m", [2, 8])
+def test_each_stage_holds_the_micro_batches_the_cost_model_counts(m):
+    """4 stages: under zb-h1 every rank holds min(p, m) micro-batches' graphs at its peak (the estimate's
+    ``zero_bubble_inflight``), under 1F1B stage s holds min(p - s, m) (``inflight_microbatches``)."""
+    from autopar.estimate.zero_bubble import zero_bubble_inflight
+    from autopar.runtime.local_ranks import run_distributed
+    from cost_models.memory import inflight_microbatches
+
+    units = ["embed"] + [f"layers.{i}" for i in range(6)] + ["head"]
+    for schedule in ("zb-h1", "1f1b"):
+        plan = make_plan([(8 // m, m, _stages(units, [2, 2, 2, 2], [[0], [1], [2], [3]]))], schedule=schedule)
+        held = run_distributed(_peak_held_rank, 4, plan, timeout_s=60)
+        want = zero_bubble_inflight(4, m) if schedule == "zb-h1" else [inflight_microbatches("1f1b", 4, s, m)
+                                                                        for s in range(4)]
+        assert held == want, schedule
+
+
+def test_compiled_units_run_the_split_backward_like_one_process():
+    """wrap(compile=aot_eager): B and W over compiled units' graphs still equal eager single-process training."""
+    import torch
+
+    from autopar.runtime.local_ranks import run_distributed
+    from tests.runtime.reference import reference_train
+    from tests.runtime.test_api_compile import _rank
+
+    build, units, (x, y), _ = MODELS["gpt"]
+    plan = make_plan([(2, 4, _stages(units, [2, 2], [[0], [1]]))], schedule="zb-h1")
+    got = run_distributed(_rank, 2, plan, {"backend": "aot_eager"}, timeout_s=200)
+    ref_losses, ref_state = reference_train(build, x, y, 3, 0.1)
+    for losses, state, graphs in got:
+        assert graphs > 0
+        torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), atol=1e-5, rtol=1e-5)
+        for k, ref in ref_state.items():
+            torch.testing.assert_close(state[k], ref, atol=1e-5, rtol=1e-5)
