@@ -184,3 +184,51 @@ def test_compiled_units_run_the_split_backward_like_one_process():
         torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), atol=1e-5, rtol=1e-5)
         for k, ref in ref_state.items():
             torch.testing.assert_close(state[k], ref, atol=1e-5, rtol=1e-5)
+
+
+def _backward_flops_rank(rank, world, plan):
+    """This rank's FLOPs (torch's FlopCounterMode) in B, in W and, under 1F1B, in whole backwards; and
+    whether every B left W a record of its intermediates (W then skips the input-gradient path)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from autopar.runtime import stage, wrap
+
+    flops = {"B": 0, "W": 0, "full": 0}
+    records = []
+
+    def counted(fn, key):
+        def run(*args):
+            with FlopCounterMode(display=False) as fc:
+                out = fn(*args)
+            flops[key] += fc.get_total_flops()
+            if key == "B":
+                records.append(type(args[0].output_grads.get(args[1])).__name__)
+            return out
+        return run
+    stage.backward_input = counted(stage.backward_input, "B")
+    stage.backward_weight = counted(stage.backward_weight, "W")
+    stage.StageRunner.backward = counted(stage.StageRunner.backward, "full")
+    pm = wrap(_gpt6(), plan, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1))
+    pm.step(*MODELS["gpt"][2])
+    return flops, set(records)
+
+
+def test_w_does_not_run_the_input_gradient_path_again():
+    """Per rank, B + W count exactly the FLOPs of 1F1B's whole backward (each matmul's input gradient in B,
+    its weight gradient in W, none twice); on the later stages B records the intermediates for W and
+    carries FLOPs of its own (the first stage, fed token ids, has no B: its W is the whole backward)."""
+    from autopar.runtime.local_ranks import run_distributed
+
+    units = ["embed"] + [f"layers.{i}" for i in range(6)] + ["head"]
+    got = {}
+    for schedule in ("zb-h1", "1f1b"):
+        plan = make_plan([(2, 4, _stages(units, [3, 2, 3], [[0], [1], [2]]))], schedule=schedule)
+        got[schedule] = run_distributed(_backward_flops_rank, 3, plan, timeout_s=60)
+    for s, ((zb, records), (one, _)) in enumerate(zip(got["zb-h1"], got["1f1b"])):
+        assert one["full"] > 0 and one["B"] == one["W"] == 0
+        assert zb["full"] == 0 and zb["B"] + zb["W"] == one["full"], s
+        if s == 0:
+            assert zb["B"] == 0 and records == {"Tensor"}  # the output gradient, for W's whole backward
+        else:
+            assert 0 < zb["B"] < one["full"] and 0 < zb["W"] < one["full"] and records == {"_Groups"}
