@@ -60,3 +60,17 @@ def test_zero_bubble_off_and_gpipe_searches_try_none():
     for opts in (SearchOptions(pp_degrees=[4], zero_bubble=False), SearchOptions(pp_degrees=[4], schedule="gpipe")):
         res = search(gpt_like(blocks=8), _cluster(4), 8, opts)
         assert res.plan.schedule != "zb-h1" and not any(c.schedule for c in res.configs)
+
+
+@pytest.mark.parametrize("budget_gib,inter_gbps", [(None, 5.0), (0.3, 5.0), (0.12, 5.0), (None, 0.05)])
+def test_trying_zb_h1_never_makes_the_plan_slower(budget_gib, inter_gbps):
+    """On the brute-force cases (tests/search/test_bruteforce.py): with zb-h1 tried, the plan is the exact
+    1F1B optimum or a faster zb-h1 plan that fits."""
+    from tests.search.test_bruteforce import PARAMS, small_cluster
+
+    model, cluster = gpt_like(blocks=2), small_cluster(inter_gbps=inter_gbps)
+    off = search(model, cluster, 8, SearchOptions(memory_budget_gib=budget_gib, params=PARAMS, zero_bubble=False),
+                 with_baselines=False)
+    on = search(model, cluster, 8, SearchOptions(memory_budget_gib=budget_gib, params=PARAMS), with_baselines=False)
+    assert on.estimate.step_time_s <= off.estimate.step_time_s and on.estimate.fits
+    assert (on.plan.schedule == "zb-h1") == (on.estimate.step_time_s < off.estimate.step_time_s)
