@@ -232,3 +232,13 @@ def test_w_does_not_run_the_input_gradient_path_again():
             assert zb["B"] == 0 and records == {"Tensor"}  # the output gradient, for W's whole backward
         else:
             assert 0 < zb["B"] < one["full"] and 0 < zb["W"] < one["full"] and records == {"_Groups"}
+
+
+def test_pipelines_of_different_depths():
+    """An asymmetric plan: a 2-stage and a 3-stage zb-h1 pipeline (5 ranks) with different batch shares and
+    micro-batch counts; their W-accumulated gradients meet across pipelines as under 1F1B."""
+    units = ["embed"] + [f"layers.{i}" for i in range(6)] + ["head"]
+    x, y = MODELS["gpt"][2]
+    plan = make_plan([(2, 2, _stages(units, [4, 4], [[0], [1]])),
+                      (1, 4, _stages(units, [3, 2, 3], [[2], [3], [4]]))], schedule="zb-h1")
+    assert_matches_reference(_gpt6, plan, x, y)
