@@ -112,7 +112,7 @@ def test_zb_h1_table_splits_1f1b_and_holds_its_stage_0_peak_everywhere(p, m):
         ws = [a for a in acts if a[0] == "W"]
         assert ws == [("W", k, 0) for k in range(m)]
         assert all(acts.index(("B", k, 0)) < acts.index(("W", k, 0)) for k in range(m))
-        assert max(live[0] for live in inflight_profile(acts)) == min(p, m)
+        assert max(live[0] for live in inflight_profile(acts)) == min(p, m) == inflight_microbatches("zb-h1", p, s, m)
         assert max(live[0] for live in inflight_profile([a for a in acts if a[0] != "W"])) == min(p - s, m)
 
 
