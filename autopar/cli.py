@@ -149,12 +149,15 @@ def _explain(res) -> None:
     for rule, count in sorted(res.pruned.items(), key=lambda kv: -kv[1]):
         print(f"  {count:>9,}  {rule}: {describe(rule)}")
     if res.configs:
-        print("configurations (pp, micro-batches, virtual stages v > 1: interleaved): lower bound -> result")
+        print("configurations (pp, micro-batches, virtual stages v > 1: interleaved, zb-h1: a 1F1B setting re-run "
+              "under the zero-bubble schedule): lower bound -> result")
     for c in sorted(res.configs, key=lambda c: c.step_time)[:20]:
         r = f"{c.step_time:.4g} s" if c.stages else (c.note or "-")
-        v = f" v={c.virtual_stages}" if c.virtual_stages > 1 else ""
+        v = (f" v={c.virtual_stages}" if c.virtual_stages > 1 else "") + (f" {c.schedule}" if c.schedule else "")
         print(f"  pp={c.pp:<3} m={c.num_microbatches:<5} mbs={c.micro_batch_size:<5} "
               f"bound {c.lower_bound:.4g} s -> {r}{v}")
+    if res.configs:
+        print(f"schedule: {res.plan.schedule} (the fastest fitting configuration above)")
 
 
 # -- estimate / validate ------------------------------------------------------------------------

@@ -44,8 +44,11 @@ def inflight_microbatches(schedule: str, num_stages: int, stage: int, num_microb
 
     1F1B: stage i warms up with p - i forwards before its first backward, so min(p - i, m).
     GPipe: every forward runs before any backward, so m.
+    zb-h1: a micro-batch's activations stay until its W, so every stage holds min(p, m) (its table's peak).
     """
     if schedule == "gpipe":
         return num_microbatches
+    if schedule == "zb-h1":
+        return min(num_stages, num_microbatches)
     return min(num_stages - stage, num_microbatches)
 

@@ -15,6 +15,13 @@ action has chunk 0.
   i-th forward, (i // (p v)) p + i % p its micro-batch), backwards the same with the chunks reversed;
   stage s warms up with min(2 (p - s - 1) + (v - 1) p, m v) forwards, then alternates, then drains.
   It needs m to be a multiple of p (Megatron's own constraint).
+* ``zb-h1`` (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", ZB-H1; torch's
+  ``_get_1f1b_rank_ops(enable_zero_bubble=True)``): 1F1B's forwards and backwards, each backward split
+  into ``"B"`` (input gradient, on the critical path) and ``"W"`` (weight gradient, no communication).
+  Stage s runs its first s backwards without their W; from then on each B is followed by the W of the
+  oldest backward still without one, and the s W's left over run last, in the drain's bubble. A
+  micro-batch's activations stay until its W (``inflight_profile``), so every stage holds up to
+  min(p, m) micro-batches: stage 0's 1F1B peak, on every stage. Needs p >= 2 (``zero_bubble_slots``).
 
 The runtime executes these very tables (``autopar.runtime.schedule``) and the cost model reads its
 bubble and peak in-flight activations from them (``inflight_profile``, ``simulate_step``), so the
@@ -25,8 +32,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-Action = tuple[str, int, int]  # ("F" | "B", micro-batch index, local chunk index)
-TABLE_SCHEDULES = ("1f1b", "gpipe", "interleaved")
+Action = tuple[str, int, int]  # ("F" | "B" | "W", micro-batch index, local chunk index)
+TABLE_SCHEDULES = ("1f1b", "gpipe", "interleaved", "zb-h1")
 
 
 def schedule_problem(schedule: str, num_stages: int, num_microbatches: int, virtual_stages: int = 1) -> str | None:
@@ -34,6 +41,8 @@ def schedule_problem(schedule: str, num_stages: int, num_microbatches: int, virt
     p, m, v = num_stages, num_microbatches, virtual_stages
     if schedule not in TABLE_SCHEDULES:
         return f"unknown schedule {schedule!r}"
+    if schedule == "zb-h1" and v == 1 and p < 2:
+        return "the zb-h1 schedule needs at least 2 pipeline stages (one stage has no bubble to fill)"
     if schedule != "interleaved":
         return None if v == 1 else f"virtual_stages {v} needs the interleaved schedule (not {schedule})"
     if v < 2:
@@ -62,6 +71,8 @@ def stage_slots(schedule: str, num_stages: int, stage: int, num_microbatches: in
         raise ValueError(problem)
     if schedule == "gpipe":
         return [[("F", k, 0)] for k in range(m)] + [[("B", k, 0)] for k in range(m)]
+    if schedule == "zb-h1":
+        return zero_bubble_slots(p, s, m)
     if schedule == "1f1b":
         fwd = [("F", k, 0) for k in range(m)]
         bwd = [("B", k, 0) for k in range(m)]
@@ -77,6 +88,21 @@ def stage_slots(schedule: str, num_stages: int, stage: int, num_microbatches: in
     return [[f] for f in fwd[:warm]] + pairs + [[b] for b in bwd[len(fwd) - warm:]]
 
 
+def zero_bubble_slots(num_stages: int, stage: int, num_microbatches: int) -> list[list[Action]]:
+    """ZB-H1's actions for stage ``stage``, one per slot: 1F1B's order with every backward split into B
+    then, s backwards later (s = ``stage``), its W; the last s W's close the step. W slots send and
+    receive nothing."""
+    p, s, m = num_stages, stage, num_microbatches
+    out: list[list[Action]] = []
+    w = 0
+    for kind, k, c in (a for slot in stage_slots("1f1b", p, s, m) for a in slot):
+        out.append([(kind, k, c)])
+        if kind == "B" and k >= s:
+            out.append([("W", w, 0)])
+            w += 1
+    return out + [[("W", k, 0)] for k in range(w, m)]
+
+
 def schedule_table(schedule: str, num_stages: int, num_microbatches: int, virtual_stages: int = 1,
                    ) -> list[list[list[Action]]]:
     """Every stage's slots (``stage_slots`` for s = 0 .. p - 1)."""
@@ -84,23 +110,25 @@ def schedule_table(schedule: str, num_stages: int, num_microbatches: int, virtua
 
 
 def inflight_profile(actions: Sequence[Action], virtual_stages: int = 1) -> list[tuple[int, ...]]:
-    """Per chunk, the micro-batches whose activations the stage holds after each forward (F run, B not yet).
+    """Per chunk, the micro-batches whose activations the stage holds after each forward (F run, B not yet;
+    in a table with W actions, W not yet: the weight gradient needs the saved activations).
 
     The peaks of activation memory are right after forwards, so these are the points to weigh.
     """
     live = [0] * virtual_stages
     out = []
+    frees = "W" if any(kind == "W" for kind, _, _ in actions) else "B"
     for kind, _, c in actions:
         if kind == "F":
             live[c] += 1
             out.append(tuple(live))
-        else:
+        elif kind == frees:
             live[c] -= 1
     return out
 
 
 def simulate_step(table: Sequence[Sequence[Sequence[Action]]], fwd_s: Sequence[float], bwd_s: Sequence[float],
-                  p2p_s: Sequence[float]) -> float:
+                  p2p_s: Sequence[float], wgt_s: Sequence[float] | None = None) -> float:
     """Time for every stage to run its slots (``schedule_table``), as the runtime runs them: a slot starts
     when its stage is free and every input of the slot has arrived; its actions run back to back; its
     outputs leave when the slot ends.
@@ -108,8 +136,10 @@ def simulate_step(table: Sequence[Sequence[Sequence[Action]]], fwd_s: Sequence[f
     ``fwd_s[g]`` / ``bwd_s[g]``: one micro-batch's forward / backward on virtual stage g (g = c * p + s);
     ``p2p_s[g]``: the one-way transfer from virtual stage g to g + 1 (activations forward, gradients
     back; the last entry is unused). A forward of g > 0 needs g - 1's forward of the micro-batch, a
-    backward of g < last g + 1's backward. Raises RuntimeError on a deadlock.
+    backward of g < last g + 1's backward. ``wgt_s[g]``: a W action's time (tables with W only; their
+    ``bwd_s`` is then the B part); a W needs nothing but its stage. Raises RuntimeError on a deadlock.
     """
+    seconds = {"F": fwd_s, "B": bwd_s, "W": wgt_s}
     p = len(table)
     last = len(fwd_s) - 1
     sent: dict[tuple[str, int, int], float] = {}  # (kind, micro-batch, virtual stage) -> when its output left
@@ -133,8 +163,7 @@ def simulate_step(table: Sequence[Sequence[Sequence[Action]]], fwd_s: Sequence[f
                         break
                     start = max(start, sent[dep] + delay)
                 else:
-                    end = start + sum(fwd_s[c * p + s] if kind == "F" else bwd_s[c * p + s]
-                                      for kind, k, c in slots[pos[s]])
+                    end = start + sum(seconds[kind][c * p + s] for kind, k, c in slots[pos[s]])
                     for kind, k, c in slots[pos[s]]:
                         sent[(kind, k, c * p + s)] = end
                     clock[s] = end

@@ -16,6 +16,7 @@ from autopar.cluster.cluster import Cluster
 from autopar.estimate.cache import CostCache
 from autopar.estimate.context import StageContext, context_link
 from autopar.estimate.pipeline import StageEstimate, estimate_pipeline, spec_layers, stage_cost
+from autopar.estimate.zero_bubble import estimate_zero_bubble
 from autopar.modelspec.spec import ModelSpec
 from autopar.plan.schema import Pipeline
 from cost_models import CostParams
@@ -64,7 +65,10 @@ def estimate_interleaved(pipe: Pipeline, model: ModelSpec, cluster: Cluster, par
 
 def estimate_any(pipe: Pipeline, model: ModelSpec, cluster: Cluster, schedule: str, params: CostParams,
                  cache: CostCache | None = None) -> tuple[list[StageEstimate], float]:
-    """``estimate_interleaved`` for a pipeline with virtual stages, else ``estimate_pipeline``."""
+    """``estimate_interleaved`` for a pipeline with virtual stages, ``estimate_zero_bubble`` under ``zb-h1``,
+    else ``estimate_pipeline``."""
+    if schedule == "zb-h1" and pipe.virtual_stages == 1:
+        return estimate_zero_bubble(pipe, model, cluster, params, cache)
     if pipe.virtual_stages > 1:
         return estimate_interleaved(pipe, model, cluster, params, cache if cache is not None else CostCache())
     return estimate_pipeline(pipe, model, cluster, schedule, params, cache)

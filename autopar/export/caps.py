@@ -19,7 +19,9 @@ class Caps:
     replicas: identical pipelines over sharded stages (HSDP); precisions: autopar precisions it trains in;
     schedules: its pipeline schedules (Megatron and DeepSpeed run 1F1B only; without pipelining every tool
     accumulates micro-batch by micro-batch, as 1F1B); ep_zero: the ZeRO levels with which it runs expert
-    parallelism (one degree for every MoE unit; empty: no expert parallelism in its configuration).
+    parallelism (one degree for every MoE unit; empty: no expert parallelism in its configuration). No target takes
+    ``zb-h1``: torchtitan's zero-bubble schedules (InterleavedZeroBubble, ZBVZeroBubble) are its multi-stage ones,
+    built for 2+ stages per rank, so a zb-h1 plan exports as the closest 1F1B plan with the change listed.
     """
 
     name: str

@@ -17,6 +17,7 @@ What is checked (each group only when its inputs are given):
 * schedule: ``virtual_stages`` > 1 only with the interleaved schedule, which needs it >= 2 in every
   pipeline, at least 2 physical stages, a stage list of p * v chunks with chunk k on the devices of
   chunk k mod p, and num_microbatches a multiple of p (Megatron's constraint, the schedule table's);
+  ``zb-h1`` needs 2+ stages and no unit with zero 3 or ckpt op (``zero_bubble_rules``);
 * placement: each pipeline places every layer unit of the model exactly once, in model order,
   contiguously (stage k+1 starts where stage k ended), and ``plan.model.num_layers`` counts them;
   without a model, pipeline 0's units stand for the model's;
@@ -177,6 +178,27 @@ def schedule_rules(plan: Plan) -> Problems:
             yield (f"{at}.num_microbatches", f"{p.num_microbatches} micro-batches with the interleaved schedule on "
                    f"{ps} stages: it needs a multiple of the stage count",
                    f"use a multiple of {ps} micro-batches, or schedule: 1f1b")
+    yield from zero_bubble_rules(plan)
+
+
+def zero_bubble_rules(plan: Plan) -> Problems:
+    """``zb-h1``: two or more stages per pipeline, and none of the options its split backward cannot run
+    (runtime/zero_bubble.py): ZeRO-3 (FSDP's reduce-scatter and reshard hooks fire once per backward, in
+    B) and op-level checkpointing (torch's selective checkpoint allows one backward per region)."""
+    if plan.schedule != "zb-h1":
+        return
+    for pi, p in enumerate(plan.pipelines):
+        at = f"pipelines[{pi}]"
+        if p.virtual_stages == 1 and len(p.stages) < 2:
+            yield (f"{at}.stages", "schedule zb-h1 on a single-stage pipeline: zero bubble splits the backward "
+                   "to fill a pipeline's bubble, and one stage has none", "use 2+ stages, or schedule: 1f1b")
+        for si, st in enumerate(p.stages):
+            for li, ly in enumerate(st.layers):
+                for bad, why in ((ly.strategy.zero == 3, "zero 3"), (ly.strategy.ckpt == "op", "ckpt op")):
+                    if bad:
+                        yield (f"{at}.stages[{si}].layers[{li}]", f"schedule zb-h1 with {why} (unit {ly.name!r}): "
+                               "the split backward (B then W) cannot run them together",
+                               "use zero 0-2 and ckpt none/selective/full, or schedule: 1f1b")
 
 
 def placement_rules(plan: Plan, model: ModelFacts | None) -> Problems:

@@ -18,6 +18,8 @@ Conventions the search, the cost model and the runtime share:
   ``virtual_stages: v`` lists p * v stages, the model chunks in model order; chunk k runs on the devices
   of chunk k mod p (it repeats them), so each of the p physical stages runs v chunks. Every other
   pipeline has ``virtual_stages: 1`` (absent from the file) and one chunk per stage.
+* **Zero-bubble pipelines** (``schedule: zb-h1``, Qi et al. 2024's ZB-H1): 1F1B's stages, each backward
+  split into input-gradient (B) and weight-gradient (W) passes; needs 2+ stages (``rules.schedule_rules``).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from autopar.errors import AutoparError
 from autopar.modelspec.spec import CKPT_MODES
 
 PLAN_VERSION = 1
-SCHEDULES = ("1f1b", "gpipe", "interleaved")
+SCHEDULES = ("1f1b", "gpipe", "interleaved", "zb-h1")
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from autopar.runtime.loss import cross_entropy as cross_entropy  # re-exported: 
 from autopar.runtime.loss import step_loss
 from autopar.runtime.p2p import Exchange, Mailbox, Recv, Send, reshard
 from autopar.runtime.schedule import Action, stage_slots
+from autopar.runtime.zero_bubble import backward_input, backward_weight
 
 
 @dataclass
@@ -168,6 +169,7 @@ class StageRunner:
         """Forget the previous step's micro-batches and loss; count this batch's valid targets."""
         self.inputs: dict[int, torch.Tensor] = {}
         self.outputs: dict[int, torch.Tensor] = {}
+        self.output_grads: dict[int, torch.Tensor | None] = {}  # zb-h1: kept from B for W (zero_bubble.py)
         self.loss_sum = torch.zeros((), device=device)
         if targets is not None:
             self.loss.begin(targets)
@@ -205,6 +207,7 @@ def run_slots(chunks: list[StageRunner], slots: list[list[Action]], mailbox: Mai
         r.start_step(inputs.device, targets)
     mailbox.shapes.clear()  # shapes may change from step to step: the first micro-batch re-sends them
     flat = [a for slot in slots for a in slot]
+    split = any(kind == "W" for kind, _, _ in flat)  # zb-h1: each backward runs as B, then W
     # ZeRO-3 units accumulate unsharded gradients and reduce-scatter once, in their chunk's last backward.
     last_backward = {c: max((i for i, (kind, _, cc) in enumerate(flat) if kind == "B" and cc == c), default=-1)
                      for c in range(len(chunks))}
@@ -222,6 +225,10 @@ def run_slots(chunks: list[StageRunner], slots: list[list[Action]], mailbox: Mai
             runner = chunks[c]
             if kind == "F":
                 send = runner.forward(k, inputs, targets, got)
+            elif kind == "W":  # zb-h1: B (input gradient only) ran earlier; now the weight gradients
+                send = backward_weight(runner, k)
+            elif split:
+                send = backward_input(runner, k, got)
             else:
                 for m in runner.fsdp_modules:
                     m.set_requires_gradient_sync(i == last_backward[c])

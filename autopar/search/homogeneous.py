@@ -38,6 +38,7 @@ from autopar.search.progress import progress_bar
 from autopar.search.result import HOMOGENEOUS, ConfigResult, SearchResult
 from autopar.search.rules import Rule, rule_counts
 from autopar.search.space import divisors, layer_candidates, tp_degrees
+from autopar.search.zero_bubble import try_zero_bubble
 from autopar.version import __version__
 from cost_models.memory import inflight_microbatches
 from cost_models.pipeline import boundary_p2p_time
@@ -312,7 +313,7 @@ def search_homogeneous(model: ModelSpec, cluster: Cluster, global_batch_size: in
     start = time.perf_counter()
     hs = HomogeneousSearch(model, cluster, global_batch_size, opts)
     best, results = hs.run()
-    interleaved = try_interleaving(hs, results)
+    interleaved = try_interleaving(hs, results) + try_zero_bubble(hs, results)
     results += interleaved
     for r in interleaved:
         if r.stages and (best is None or r.step_time < best.step_time):
@@ -320,7 +321,7 @@ def search_homogeneous(model: ModelSpec, cluster: Cluster, global_batch_size: in
     seconds = time.perf_counter() - start
     if best is None:
         raise nothing_fits_error(results, cluster, opts)
-    schedule = "interleaved" if best.virtual_stages > 1 else opts.schedule
+    schedule = best.schedule or ("interleaved" if best.virtual_stages > 1 else opts.schedule)
     plan = Plan(ModelRef(model.name, model.seq_len, model.num_layers, model.source), cluster, global_batch_size,
                 [hs.pipeline_of(best)], schedule=schedule, memory_budget_gib=opts.memory_budget_gib)
     est = estimate_plan(plan, model, opts.params)

@@ -82,6 +82,10 @@ class Search(Protocol):
 
     def switch_costs(self, ctx: StageContext, layouts: dict) -> dict: ...
 
+    def evaluate(self, p: int, m: int, ctx: StageContext, cands, layouts, lower_bound: float,
+                 incumbent: float = float("inf"), exact: bool = False, inflight: list | None = None,
+                 ) -> ConfigResult: ...
+
 
 def stage_equivalents(p: int, m: int, v: int) -> list[float]:
     """Per stage, its peak in-flight micro-batch chunks in the interleaved table, in stages' worth (/ v):

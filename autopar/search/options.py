@@ -23,6 +23,8 @@ class SearchOptions:
     # Virtual stage counts a 1f1b search tries on its best settings (interleaved re-cuts, search/interleave.py);
     # () tries none.
     virtual_stages: tuple[int, ...] = (2, 4)
+    # A 1f1b search also tries the zero-bubble schedule (zb-h1) on its best settings (search/zero_bubble.py).
+    zero_bubble: bool = True
 
     def __post_init__(self) -> None:
         if self.memory_budget_gib is not None and self.memory_budget_gib <= 0:

@@ -25,6 +25,7 @@ class ConfigResult:
     min_memory_gib: float = float("inf")  # least per-device need of any partition (for "nothing fits")
     note: str = ""
     virtual_stages: int = 1  # > 1: an interleaved re-cut of a 1F1B setting (search/interleave.py); stages = chunks
+    schedule: str = ""  # set: a 1F1B setting re-run under this schedule (zb-h1: search/zero_bubble.py)
 
 
 @dataclass

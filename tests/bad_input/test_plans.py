@@ -108,6 +108,7 @@ PLAN_EDITS = {
     "batch-share-mismatch": setter("pipelines.0.batch_share", 8),
     "schedule-unknown": setter("schedule", "zb-v"),
     "schedule-interleaved-one-chunk": setter("schedule", "interleaved"),  # needs virtual_stages >= 2
+    "schedule-zb-h1-one-stage": setter("schedule", "zb-h1"),  # zero bubble needs 2+ stages
     "virtual-stages-with-1f1b": setter("pipelines.0.virtual_stages", 2),  # the pair named
     "virtual-stages-zero": setter("pipelines.0.virtual_stages", 0),
     "precision-unknown": setter("precision", "fp64"),

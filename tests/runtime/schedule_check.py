@@ -19,6 +19,8 @@ def comm_points(schedule: str, num_stages: int, stage: int, num_microbatches: in
     def sends(a):
         kind, k, c = a
         g = c * num_stages + stage
+        if kind == "W":  # zb-h1's weight gradients: nothing crosses stages
+            return set()
         if kind == "F":
             return {("act", g, k)} if g < last else set()
         return {("grad", g - 1, k)} if g > 0 else set()
@@ -26,6 +28,8 @@ def comm_points(schedule: str, num_stages: int, stage: int, num_microbatches: in
     def recvs(a):
         kind, k, c = a
         g = c * num_stages + stage
+        if kind == "W":
+            return set()
         if kind == "F":
             return {("act", g - 1, k)} if g > 0 else set()
         return {("grad", g, k)} if g < last else set()

@@ -56,6 +56,19 @@ def test_schedules_are_complete_and_deadlock_free(schedule, stages, micro):
     assert simulate(schedule, stages, micro) >= 2 * micro
 
 
+@pytest.mark.parametrize("stages,micro", [(2, 1), (2, 4), (3, 2), (4, 8), (5, 3), (8, 16)])
+def test_zb_h1_table_is_complete_and_deadlock_free(stages, micro):
+    """F, B and W of every micro-batch once each, W after its B; the strict model of the batches completes
+    (a W slot sends and receives nothing, so it splits one batch of 1F1B's into a send and a receive)."""
+    for s in range(stages):
+        acts = [a for slot in stage_slots("zb-h1", stages, s, micro) for a in slot]
+        assert sorted(acts) == sorted((kind, k, 0) for kind in "FBW" for k in range(micro))
+        assert all(acts.index(("B", k, 0)) < acts.index(("W", k, 0)) for k in range(micro))
+    assert simulate("zb-h1", stages, micro) >= 2 * micro
+    with pytest.raises(AutoparError, match="at least 2 pipeline stages"):
+        stage_slots("zb-h1", 1, 0, micro)
+
+
 @pytest.mark.parametrize("stages,virtual,micro", [(2, 2, 2), (2, 2, 4), (2, 3, 6), (3, 2, 3), (3, 2, 9), (4, 2, 8),
                                                   (4, 3, 4), (4, 4, 16), (5, 2, 10), (8, 2, 16), (8, 4, 8)])
 def test_interleaved_table_is_complete_ordered_and_deadlock_free(stages, virtual, micro):
@@ -86,7 +99,8 @@ def test_one_action_per_slot_would_deadlock_the_interleaved_table(monkeypatch):
 
 @pytest.mark.parametrize("schedule,virtual,micro,problem", [
     ("interleaved", 1, 4, "virtual_stages >= 2"), ("1f1b", 2, 4, "needs the interleaved schedule"),
-    ("interleaved", 2, 3, "multiple of the stage count"), ("zb", 1, 4, "unknown schedule")])
+    ("interleaved", 2, 3, "multiple of the stage count"), ("zb", 1, 4, "unknown schedule"),
+    ("zb-h1", 2, 4, "needs the interleaved schedule")])
 def test_sizes_without_a_table_are_refused_in_one_line(schedule, virtual, micro, problem):
     with pytest.raises(AutoparError, match=problem):
         stage_slots(schedule, 2, 0, micro, virtual)

@@ -127,7 +127,7 @@ def brute_force(model, cluster, B, budget_gib, params=PARAMS, with_joint=False):
 def test_search_matches_brute_force(budget_gib, inter_gbps):
     model, cluster, B = gpt_like(blocks=2), small_cluster(inter_gbps=inter_gbps), 8
     expected, joint = brute_force(model, cluster, B, budget_gib, with_joint=True)
-    opts = SearchOptions(memory_budget_gib=budget_gib, params=PARAMS)
+    opts = SearchOptions(memory_budget_gib=budget_gib, params=PARAMS, zero_bubble=False)  # exact over 1F1B plans
     if not np.isfinite(expected):
         with pytest.raises(Exception, match="no plan fits"):
             search(model, cluster, B, opts, with_baselines=False)
@@ -144,9 +144,9 @@ def test_search_matches_brute_force_with_a_slot_overhead():
     """A fixed cost per pipeline slot (m + p - 1 of them) moves the optimum to fewer micro-batches and
     stages; the search still finds the brute-force optimum, and the plan's estimate is that number."""
     model, cluster, B = gpt_like(blocks=2), small_cluster(inter_gbps=0.05), 8
-    plain = search(model, cluster, B, SearchOptions(params=PARAMS), with_baselines=False)
+    plain = search(model, cluster, B, SearchOptions(params=PARAMS, zero_bubble=False), with_baselines=False)
     params = CostParams(reserve_gib=0.0, slot_overhead_s=plain.estimate.step_time_s)
-    res = search(model, cluster, B, SearchOptions(params=params), with_baselines=False)
+    res = search(model, cluster, B, SearchOptions(params=params, zero_bubble=False), with_baselines=False)
     assert res.estimate.step_time_s == pytest.approx(brute_force(model, cluster, B, None, params), rel=1e-9)
     assert estimate_plan(res.plan, model, params).step_time_s == res.estimate.step_time_s
     slots = lambda r: r.plan.pipelines[0].num_microbatches + len(r.plan.stages) - 1  # noqa: E731

@@ -54,7 +54,7 @@ def test_few_micro_batches_on_deep_pipelines_pick_an_interleaved_plan(blocks, pp
     """With pp fixed and few micro-batches the bubble dominates: the search returns an interleaved plan that
     the rules accept, that estimates to the figure the search optimised, and that beats every 1F1B setting."""
     model = gpt_like(blocks=blocks)
-    res = search(model, _cluster(pp), gbs, SearchOptions(pp_degrees=[pp]))
+    res = search(model, _cluster(pp), gbs, SearchOptions(pp_degrees=[pp], zero_bubble=False))
     plan, pipe = res.plan, res.plan.pipelines[0]
     assert plan.schedule == "interleaved" and pipe.virtual_stages > 1 and pipe.num_stages == pp
     assert plan_problems(plan, model) == []
@@ -76,7 +76,7 @@ def test_the_interleaved_schedule_is_not_a_search_option():
 
 
 def test_no_virtual_stages_tries_no_interleaving_and_bad_counts_are_refused():
-    res = search(gpt_like(blocks=8), _cluster(4), 8, SearchOptions(pp_degrees=[4], virtual_stages=()))
+    res = search(gpt_like(blocks=8), _cluster(4), 8, SearchOptions(pp_degrees=[4], virtual_stages=(), zero_bubble=False))
     assert res.plan.schedule == "1f1b" and all(c.virtual_stages == 1 for c in res.configs)
     with pytest.raises(AutoparError, match="virtual_stages: must be counts >= 2"):
         SearchOptions(virtual_stages=(1,))
