@@ -28,6 +28,7 @@ from cost_models.collectives import Collectives, GroupLinks
 from cost_models.compute import compute_time, memory_bound_time
 from cost_models.memory import model_state_bytes
 from cost_models.params import CostParams
+from cost_models.zero_options import gathered_bytes, no_reshard_backward, option_arrays, overlapped_sync
 
 CKPT_CODE = {"none": 0, "selective": 1, "full": 2, "op": 3}
 CKPT_NAME = {code: name for name, code in CKPT_CODE.items()}
@@ -271,6 +272,8 @@ def layer_costs(layer: Layer, strategies: list[Strategy], stage: Stage) -> Layer
     tp_fwd, tp_bwd = tp_comm_times(layer, tp, sp, ckpt, b_local, stage.tp_links, coll)
     ar, ag_param, rs_grad = dp_comm_times(layer, tp, stage.dp_links, coll, p)
     z_fwd, z_bwd = zero_exposed(f_comp, b_comp, ag_param, rs_grad, zero, p.overlap_zero3)
+    reshard, overlap = option_arrays(strategies)  # ZeRO-3 reshard: false, ZeRO-1/2 zero_overlap (zero_options)
+    z_bwd = no_reshard_backward(z_bwd, b_comp, rs_grad, zero, reshard, p.overlap_zero3)
     fwd = (f_comp + z_fwd) + tp_fwd
     bwd = (b_comp + z_bwd) + tp_bwd
 
@@ -278,10 +281,12 @@ def layer_costs(layer: Layer, strategies: list[Strategy], stage: Stage) -> Layer
     shard = shard_params(layer, tp)
     sync = np.select([zero == 0, zero == 1, zero == 2], [ar, rs_grad + ag_param, ag_param], 0.0)
     exposed = np.maximum(0.0, sync - p.overlap_sync * b_comp)
+    exposed = overlapped_sync(exposed, f_comp, b_comp, ag_param, rs_grad, zero, overlap, p)
     owned = np.where(zero >= 1, shard / dp, shard)
     step = exposed + memory_bound_time(owned * p.opt_bytes_touched, stage.hbm_bw) + p.step_overhead_per_unit_s
 
     mem_states = model_state_bytes(shard, zero, dp, p.state_bytes, p.param_bytes, p.state_table, p.grad_bytes)
+    mem_states = mem_states + gathered_bytes(shard, dp, zero, reshard, p.param_bytes)
     mem_act = saved * b_local * p.act_mem_factor
     cost = fwd + bwd + step / stage.num_microbatches
     return LayerCosts(fwd, bwd, step, cost, mem_states, mem_act)

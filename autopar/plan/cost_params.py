@@ -4,7 +4,8 @@ Every field is typed and in range, so a hand-edited file cannot make the memory 
 absurd (``reserve_gib: -100``, a byte count of 0, an efficiency of 7): reserve and times >= 0, byte
 counts >= 1, efficiencies in (0, 4] (a measured curve is relative to the measured matmul peak, which a
 quick profile's small units can beat), overlaps in [0, 1], every number finite. Unknown keys are refused.
-A profile sets only the fields it measures (``partial``); a plan written by autopar stores them all.
+A profile sets only the fields it measures (``partial``); a plan written by autopar stores them all (those
+added later, ``_ADDED_LATER``, may be absent from older plans: their defaults).
 """
 
 from __future__ import annotations
@@ -19,10 +20,13 @@ from cost_models import CostParams
 COLLECTIVES = ("allreduce", "allgather", "reduce_scatter")
 _BYTES = ("param_bytes", "grad_comm_bytes", "grad_bytes", "state_bytes", "opt_bytes_touched")
 _EFF = ("eff_max",)
-_FRACTIONS = ("overlap_sync", "overlap_zero3")
+_FRACTIONS = ("overlap_sync", "overlap_zero3", "overlap_grad_reduce", "overlap_param_gather")
 _FACTORS = ("act_mem_factor",)
 _NONNEG = ("layer_overhead_s", "reserve_gib", "step_overhead_per_unit_s", "act_traffic", "slot_overhead_s")
 EFF_HIGH = 4.0
+# Fields added after plans were first written: a stored mapping without them takes their defaults (the plans
+# written before them hold no strategy that reads them: zero_overlap came with them).
+_ADDED_LATER = ("overlap_grad_reduce", "overlap_param_gather")
 
 
 def _finite(x: float, field: str, fix: str, high: float | None = None) -> float:
@@ -81,7 +85,7 @@ def read_cost_params(doc: object, path: str, fix: str, *, partial: bool = False)
     out: dict = {}
     for name in names:
         if not top.has(name):
-            if partial:
+            if partial or name in _ADDED_LATER:
                 continue
             raise AutoparError(top.at(name), "is missing", fix)
         value, at = top.doc[name], top.at(name)
