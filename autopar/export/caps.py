@@ -18,7 +18,9 @@ class Caps:
     pp / tp: whether it configures pipeline / tensor parallelism (tp_with_pp: both at once);
     replicas: identical pipelines over sharded stages (HSDP); precisions: autopar precisions it trains in;
     schedules: its pipeline schedules (Megatron and DeepSpeed run 1F1B only; without pipelining every tool
-    accumulates micro-batch by micro-batch, as 1F1B).
+    accumulates micro-batch by micro-batch, as 1F1B); reshard: the ``reshard`` values it runs ZeRO-3 with
+    (False: parameters kept gathered from forward to backward); overlap: the ``zero_overlap`` values it runs
+    ZeRO-1/2 with (True: reduce-scatter in backward and all-gather before forward overlapped, both).
     """
 
     name: str
@@ -34,30 +36,37 @@ class Caps:
     precisions: tuple[str, ...]
     suffix: str  # the file name ending its format takes
     schedules: tuple[str, ...] = ("1f1b",)  # pipeline schedules (autopar names)
+    reshard: tuple[bool, ...] = (True,)  # ZeRO-3's reshard values
+    overlap: tuple[bool, ...] = (False,)  # ZeRO-1/2's zero_overlap values
 
     def zero_levels(self, pp: int) -> tuple[int, ...]:
         return self.zero_pp if pp > 1 else self.zero
 
 
 CAPS: dict[str, Caps] = {
-    # torchtitan 0.3: FSDP2 (dp_shard; reshard_after_forward always = ZeRO-3, never = ZeRO-2), DDP
-    # (dp_replicate), HSDP (both); TP always with its SequenceParallel switch; module_fqns_per_model_part;
+    # torchtitan 0.3: FSDP2 (dp_shard; fsdp_reshard_after_forward always = ZeRO-3, never = ZeRO-3 with
+    # reshard: false; its parameters are sharded between steps, so it is not ZeRO-2), DDP (dp_replicate),
+    # HSDP (both); TP always with its SequenceParallel switch; module_fqns_per_model_part;
     # activation_checkpoint none | selective (per-op SAC, autopar's op) | full; bf16 or fp32 parameters.
-    "torchtitan": Caps("torchtitan", (0, 2, 3), (0, 2, 3), ("none", "op", "full"), "free", "any", True, True, True,
-                       True, ("bf16", "fp32"), ".sh", ("1f1b", "gpipe")),
+    "torchtitan": Caps("torchtitan", (0, 3), (0, 3), ("none", "op", "full"), "free", "any", True, True, True,
+                       True, ("bf16", "fp32"), ".sh", ("1f1b", "gpipe"), reshard=(True, False)),
     # Megatron-LM / megatron-core 0.16: uniform TP/PP, --pipeline-model-parallel-layout, DDP or the
     # distributed optimizer (ZeRO-1), Megatron-FSDP optim_grads (ZeRO-2) / optim_grads_params (ZeRO-3)
-    # without pipelining; --recompute-granularity selective (the attention core) | full.
+    # without pipelining, --overlap-grad-reduce with --overlap-param-gather (zero_overlap) on either;
+    # --recompute-granularity selective (the attention core) | full.
     "megatron": Caps("megatron", (0, 1, 2, 3), (0, 1), ("none", "selective", "full"), "free", "any", True, True,
-                     True, False, ("bf16", "fp16", "fp32"), ".sh"),
+                     True, False, ("bf16", "fp16", "fp32"), ".sh", overlap=(False, True)),
     # DeepSpeed 0.19: zero_optimization.stage 0-3 (0-1 with its pipeline engine), AutoTP without pipelining,
     # PipelineModule's partition by block type (an even split), activation checkpointing of every block.
+    # Not zero_overlap (its overlap_comm overlaps the gradient reduction only, not the parameter all-gather)
+    # nor reshard: false (stage3_max_reuse_distance keeps parameters by distance, not from forward to backward).
     "deepspeed": Caps("deepspeed", (0, 1, 2, 3), (0, 1), ("none", "full"), "never", "even", True, True, False,
                       False, ("bf16", "fp16", "fp32"), ".json"),
-    # accelerate 1.x FSDP plugin: NO_SHARD / SHARD_GRAD_OP / FULL_SHARD, no tensor or pipeline parallelism,
-    # fsdp_activation_checkpointing of the transformer blocks.
-    "accelerate": Caps("accelerate", (0, 2, 3), (0, 2, 3), ("none", "full"), "never", "even", False, False, False,
-                       False, ("bf16", "fp16", "fp32"), ".yaml"),
+    # accelerate 1.x FSDP plugin: fsdp_reshard_after_forward NO_SHARD / SHARD_GRAD_OP (ZeRO-3 with reshard:
+    # false: FSDP1 gathers before forward and reshards after backward, so not ZeRO-2) / FULL_SHARD, no tensor
+    # or pipeline parallelism, fsdp_activation_checkpointing of the transformer blocks.
+    "accelerate": Caps("accelerate", (0, 3), (0, 3), ("none", "full"), "never", "even", False, False, False,
+                       False, ("bf16", "fp16", "fp32"), ".yaml", reshard=(True, False)),
 }
 TARGETS = tuple(CAPS)
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from autopar.errors import AutoparError
 from autopar.estimate import CostCache, PlanEstimate, estimate_plan
 from autopar.export.caps import Caps
+from autopar.export.options import option_pairs, sharding_options
 from autopar.export.shape import Shape, build_plan, even_split, recomputed, weighted_choice
 from autopar.modelspec.spec import ModelSpec
 from autopar.plan.schema import Plan
@@ -87,7 +88,8 @@ def project(plan: Plan, model: ModelSpec, caps: Caps) -> Shape | None:
         return None
     want_m = plan.pipelines[0].num_microbatches
     m = min(ms, key=lambda k: (abs(k - want_m), k))
-    return Shape(pp, tp, zero, ckpt, sp, m, split, replicas, _schedule(caps, plan, pp))
+    reshard, overlap = sharding_options(plan, model, caps, zero)
+    return Shape(pp, tp, zero, ckpt, sp, m, split, replicas, _schedule(caps, plan, pp), reshard, overlap)
 
 
 def _schedule(caps: Caps, plan: Plan, pp: int) -> str:
@@ -129,8 +131,9 @@ def _space(plan: Plan, model: ModelSpec, caps: Caps) -> Iterator[Shape]:
                     continue  # fewer micro-batches than stages: all bubble (m = 1 kept for the no-PP case)
                 for zero in caps.zero_levels(pp):
                     for ckpt in caps.ckpt:
-                        yield Shape(pp, tp, zero, ckpt, _sp(caps, tp, True), m, split,
-                                    schedule=_schedule(caps, plan, pp))
+                        for reshard, overlap in option_pairs(caps, zero):
+                            yield Shape(pp, tp, zero, ckpt, _sp(caps, tp, True), m, split,
+                                        schedule=_schedule(caps, plan, pp), reshard=reshard, overlap=overlap)
 
 
 def closest(plan: Plan, model: ModelSpec, params: CostParams, caps: Caps) -> tuple[Candidate, Candidate | None]:
@@ -168,7 +171,8 @@ def label(shape: Shape | None) -> str:
     if shape is None:
         return "-"
     r = f" x{shape.replicas} replicas" if shape.replicas > 1 else ""
-    return (f"pp{shape.pp} tp{shape.tp} z{shape.zero} {shape.ckpt}{' sp' if shape.sp else ''} "
+    opts = (" nr" if not shape.reshard else "") + (" ov" if shape.overlap else "")
+    return (f"pp{shape.pp} tp{shape.tp} z{shape.zero}{opts} {shape.ckpt}{' sp' if shape.sp else ''} "
             f"m{shape.num_microbatches}{r}")
 
 

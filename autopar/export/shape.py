@@ -34,6 +34,8 @@ class Shape:
     split: tuple[tuple[int, ...], ...]
     replicas: int = 1
     schedule: str = "1f1b"
+    reshard: bool = True  # ZeRO-3 units: reshard after forward
+    overlap: bool = False  # ZeRO-1/2 units: zero_overlap
 
     def stage_devices(self, world: int) -> int:
         """Devices per stage on a world of ``world`` devices."""
@@ -59,7 +61,9 @@ def unit_strategy(ly: LayerSpec, model: ModelSpec, shape: Shape, n: int) -> Stra
     ckpt = shape.ckpt if recomputed(ly, model) else "none"
     if ckpt == "op" and ly.op is None:
         ckpt = "none"
-    return Strategy(tp, shape.zero if n // tp > 1 else 0, ckpt, shape.sp and tp > 1)
+    zero = shape.zero if n // tp > 1 else 0
+    return Strategy(tp, zero, ckpt, shape.sp and tp > 1, reshard=shape.reshard or zero != 3,
+                    zero_overlap=shape.overlap and zero in (1, 2))
 
 
 def build_plan(original: Plan, model: ModelSpec, shape: Shape) -> Plan:
@@ -111,7 +115,7 @@ def _runs(values: list) -> str:
 
 def describe(plan: Plan) -> dict[str, str]:
     """The plan field by field as short text, for ``changes``: pipelines, stages, split, devices,
-    tp/zero/ckpt/sp per unit (pipeline 0's order; every pipeline's when they differ), micro-batching,
+    tp/zero/ckpt/sp/reshard/zero_overlap per unit (pipeline 0's order; every pipeline's when they differ), micro-batching,
     schedule."""
     pipes = plan.pipelines
 
@@ -129,6 +133,8 @@ def describe(plan: Plan) -> dict[str, str]:
         "zero": per_unit(lambda s: s.zero),
         "ckpt": per_unit(lambda s: s.ckpt),
         "sp": per_unit(lambda s: "on" if s.sp else "off"),
+        "reshard after forward": per_unit(lambda s: "off" if not s.reshard else "on" if s.zero == 3 else "-"),
+        "zero_overlap": per_unit(lambda s: "on" if s.zero_overlap else "off" if s.zero in (1, 2) else "-"),
         "micro-batches": " / ".join(f"{p.num_microbatches} of {p.micro_batch_size}" for p in pipes),
         "schedule": plan.schedule,
     }
