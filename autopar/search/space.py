@@ -16,6 +16,7 @@ from autopar.estimate import LayerCosts, StageContext, layer_costs, transient_bo
 from autopar.modelspec.spec import CKPT_MODES, LayerSpec
 from autopar.plan.schema import Strategy
 from autopar.search.rules import Rule
+from autopar.search.zero_variants import zero_variants
 
 
 def divisors(n: int) -> list[int]:
@@ -96,7 +97,7 @@ def enumerate_strategies(layer: LayerSpec, ctx: StageContext, tps: list[int], pr
                     if sp and layer.act_seq_bytes == 0:
                         pruned[Rule.SP_NO_EFFECT] += 1
                         continue
-                    out.append(Strategy(tp=tp, zero=zero, ckpt=ckpt, sp=sp))
+                    out.extend(zero_variants(Strategy(tp=tp, zero=zero, ckpt=ckpt, sp=sp), ctx.params, pruned))
     return out
 
 
