@@ -115,7 +115,7 @@ def _runs(values: list) -> str:
 
 def describe(plan: Plan) -> dict[str, str]:
     """The plan field by field as short text, for ``changes``: pipelines, stages, split, devices,
-    tp/zero/ckpt/sp/reshard/zero_overlap per unit (pipeline 0's order; every pipeline's when they differ), micro-batching,
+    tp/zero (with ``nr``: reshard false, ``ov``: zero_overlap, as ``Strategy.short``)/ckpt/sp per unit (pipeline 0's order; every pipeline's when they differ), micro-batching,
     schedule."""
     pipes = plan.pipelines
 
@@ -130,11 +130,9 @@ def describe(plan: Plan) -> dict[str, str]:
         "units per stage": " / ".join(",".join(str(len(st.layers)) for st in p.stages) for p in pipes),
         "devices": " / ".join("; ".join(_span(st.devices) for st in p.stages) for p in pipes),
         "tp": per_unit(lambda s: s.tp),
-        "zero": per_unit(lambda s: s.zero),
+        "zero": per_unit(lambda s: f"{s.zero}{'' if s.reshard else ' nr'}{' ov' if s.zero_overlap else ''}"),
         "ckpt": per_unit(lambda s: s.ckpt),
         "sp": per_unit(lambda s: "on" if s.sp else "off"),
-        "reshard after forward": per_unit(lambda s: "off" if not s.reshard else "on" if s.zero == 3 else "-"),
-        "zero_overlap": per_unit(lambda s: "on" if s.zero_overlap else "off" if s.zero in (1, 2) else "-"),
         "micro-batches": " / ".join(f"{p.num_microbatches} of {p.micro_batch_size}" for p in pipes),
         "schedule": plan.schedule,
     }
