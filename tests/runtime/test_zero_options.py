@@ -173,3 +173,14 @@ def test_no_reshard_units_are_resharded_after_forward_only_runs():
     plain = run_distributed(_gathered_after_eval, 2, make_plan([(4, 2, [([0, 1], same(GPT_UNITS, zero=3))])]))
     assert [k[0] for k in kept] == [True, True]
     assert [k[1] for k in kept] == [p[1] for p in plain]
+
+
+def test_tied_embedding_and_head_with_the_options():
+    """A tied embedding / head whose copies reduce-scatter from backward (ZeRO-1 and ZeRO-2 overlap) stay
+    tied: the ties' sum reads the slices those reduce-scatters filled."""
+    from tests.runtime.cases import token_data
+    from tests.runtime.test_correctness_ties import tied_gpt
+
+    ov1, ov2 = {"zero": 1, "zero_overlap": True}, {"zero": 2, "zero_overlap": True}
+    plan = make_plan([(4, 2, [([0, 1], [(E, ov1), (L0, NR), (L1, {}), (H, ov2)])])])
+    assert_matches_reference(tied_gpt, plan, *token_data())
