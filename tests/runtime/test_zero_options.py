@@ -33,8 +33,10 @@ def test_no_reshard_one_stage(model):
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
 def test_no_reshard_pipelined_four_ranks(schedule):
     """2 stages x 2 FSDP ranks, 4 micro-batches: forwards of later micro-batches find the parameters still
-    gathered, backwards reshard them; mixed with resharding units on the same stage."""
-    _check("gpt", [(2, 4, [([0, 1], [(E, NR), (L0, {"zero": 3})]), ([2, 3], [(L1, NR), (H, NR)])])], schedule)
+    gathered, backwards reshard them (a fully recomputed unit reruns its forward on the kept parameters); mixed
+    with resharding units on the same stage."""
+    _check("gpt", [(2, 4, [([0, 1], [(E, NR), (L0, {"zero": 3})]), ([2, 3], [(L1, {**NR, "ckpt": "full"}), (H, NR)])])],
+           schedule)
 
 
 def test_no_reshard_interleaved_with_tp():
