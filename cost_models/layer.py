@@ -28,7 +28,13 @@ from cost_models.collectives import Collectives, GroupLinks
 from cost_models.compute import compute_time, memory_bound_time
 from cost_models.memory import model_state_bytes
 from cost_models.params import CostParams
-from cost_models.zero_options import gathered_bytes, no_reshard_backward, option_arrays, overlapped_sync
+from cost_models.zero_options import (
+    gathered_bytes,
+    no_reshard_backward,
+    option_arrays,
+    overlapped_sync,
+    transient_copies,
+)
 
 CKPT_CODE = {"none": 0, "selective": 1, "full": 2, "op": 3}
 CKPT_NAME = {code: name for name, code in CKPT_CODE.items()}
@@ -318,14 +324,15 @@ def transient_bytes(layer: Layer, stage: Stage, strategy: Strategy) -> float:
 
     Its full activations of one micro-batch share (recompute under checkpointing, and the
     activation gradients of backward; times ``act_mem_factor``, as saved activations), and under ZeRO-3 two unsharded copies of its TP shard of the
-    parameters (the gathered layer and the prefetched next one). Without ZeRO-3 the parameters are
+    parameters (the gathered layer and the prefetched next one; one with ``reshard: false``, zero_options). Without ZeRO-3 the parameters are
     resident and counted in the model states: a TP-8 layer of a 1T model holds no extra copy.
     """
     b_local = stage.micro_batch_size * strategy.tp / stage.n
     act = layer.saved_bytes("none", strategy.tp, strategy.sp) * b_local * stage.params.act_mem_factor
     if strategy.zero != 3 or strategy.tp >= stage.n:  # ZeRO-3 without data parallelism gathers nothing
         return act
-    return act + 2.0 * float(shard_params(layer, np.array([float(strategy.tp)]))[0]) * stage.params.param_bytes
+    copies = transient_copies(strategy)  # reshard: false holds its own gathered copy in its model states
+    return act + copies * float(shard_params(layer, np.array([float(strategy.tp)]))[0]) * stage.params.param_bytes
 
 
 def transient_bound(layer: Layer, stage: Stage, strategies: list[Strategy]) -> float:

@@ -78,3 +78,10 @@ def gathered_bytes(shard: np.ndarray, dp: np.ndarray, zero: np.ndarray, reshard:
     its gathered parameters less the shard it owns (0 for every other strategy, and without DP)."""
     kept = (zero == 3) & ~reshard & (dp > 1)
     return np.where(kept, shard * (1.0 - 1.0 / dp) * param_bytes, 0.0)
+
+
+def transient_copies(strategy: object) -> float:
+    """Unsharded parameter copies a ZeRO-3 unit needs beyond its model states while it runs: 2 (the gathered
+    unit and the prefetched next one) when it reshards after forward; 1 (the prefetched next one) with
+    ``reshard: false``, whose own gathered copy ``gathered_bytes`` already counts in the model states."""
+    return 2.0 if getattr(strategy, "reshard", True) else 1.0

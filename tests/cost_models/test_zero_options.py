@@ -90,3 +90,13 @@ def test_defaults_price_old_strategies_as_before():
     for z in (0, 1, 2, 3):
         a, b = layer_costs(U, [Plain(zero=z)], st), layer_costs(U, [Strat(zero=z)], st)
         assert (a.cost[0], a.mem_states[0]) == (b.cost[0], b.mem_states[0])
+
+
+def test_no_reshard_transient_holds_one_prefetched_copy():
+    """Its own gathered copy is in the model states already: while it runs only the next unit's prefetch is extra."""
+    from cost_models.layer import transient_bytes
+
+    st = _stage()
+    act = 3e6 * 1  # saved bytes without checkpointing, one sample per rank
+    assert transient_bytes(U, st, Strat(zero=3)) == pytest.approx(act + 2 * 1e6 * 2, **EXACT)
+    assert transient_bytes(U, st, Strat(zero=3, reshard=False)) == pytest.approx(act + 1e6 * 2, **EXACT)
