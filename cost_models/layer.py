@@ -30,6 +30,13 @@ from cost_models.collectives import Collectives, GroupLinks
 from cost_models.compute import compute_time, memory_bound_time
 from cost_models.memory import model_state_bytes
 from cost_models.params import CostParams
+from cost_models.zero_options import (
+    gathered_bytes,
+    no_reshard_backward,
+    option_arrays,
+    overlapped_sync,
+    transient_copies,
+)
 
 CKPT_CODE = {"none": 0, "selective": 1, "full": 2, "op": 3}
 CKPT_NAME = {code: name for name, code in CKPT_CODE.items()}
@@ -275,6 +282,8 @@ def layer_costs(layer: Layer, strategies: list[Strategy], stage: Stage) -> Layer
     tp_fwd, tp_bwd = tp_comm_times(layer, tp, sp, ckpt, b_local, stage.tp_links, coll)
     ar, ag_param, rs_grad = dp_comm_times(layer, tp, stage.dp_links, coll, p)
     z_fwd, z_bwd = zero_exposed(f_comp, b_comp, ag_param, rs_grad, zero, p.overlap_zero3, p.zero3_comm_eff)
+    reshard, overlap = option_arrays(strategies)  # ZeRO-3 reshard: false, ZeRO-1/2 zero_overlap (zero_options)
+    z_bwd = no_reshard_backward(z_bwd, b_comp, rs_grad / p.zero3_comm_eff, zero, reshard, p.overlap_zero3)
     fwd = (f_comp + z_fwd) + tp_fwd
     bwd = (b_comp + z_bwd) + tp_bwd
 
@@ -282,10 +291,12 @@ def layer_costs(layer: Layer, strategies: list[Strategy], stage: Stage) -> Layer
     shard = shard_params(layer, tp)
     sync = np.select([zero == 0, zero == 1, zero == 2], [ar, rs_grad + ag_param, ag_param], 0.0)
     exposed = np.maximum(0.0, sync - p.overlap_sync * b_comp)
+    exposed = overlapped_sync(exposed, f_comp, b_comp, ag_param, rs_grad, zero, overlap, p)
     owned = np.where(zero >= 1, shard / dp, shard)
     step = exposed + memory_bound_time(owned * p.opt_bytes_touched, stage.hbm_bw) + p.step_overhead_per_unit_s
 
     mem_states = model_state_bytes(shard, zero, dp, p.state_bytes, p.param_bytes, p.state_table, p.grad_bytes)
+    mem_states = mem_states + gathered_bytes(shard, dp, zero, reshard, p.param_bytes)
     mem_act = saved * b_local * p.act_mem_factor
     cost = fwd + bwd + step / stage.num_microbatches
     if getattr(layer, "moe", None) is not None and any(getattr(s, "ep", 1) > 1 for s in strategies):
@@ -320,16 +331,17 @@ def transient_bytes(layer: Layer, stage: Stage, strategy: Strategy) -> float:
 
     Its full activations of one micro-batch share (recompute under checkpointing, and the
     activation gradients of backward; times ``act_mem_factor``, as saved activations), and under ZeRO-3 two unsharded copies of its TP shard of the
-    parameters (the gathered layer and the prefetched next one). Without ZeRO-3 the parameters are
+    parameters (the gathered layer and the prefetched next one; one with ``reshard: false``, zero_options). Without ZeRO-3 the parameters are
     resident and counted in the model states: a TP-8 layer of a 1T model holds no extra copy.
     """
     b_local = stage.micro_batch_size * strategy.tp / stage.n
     act = layer.saved_bytes("none", strategy.tp, strategy.sp) * b_local * stage.params.act_mem_factor
     if strategy.zero != 3 or strategy.tp >= stage.n:  # ZeRO-3 without data parallelism gathers nothing
         return act
+    copies = transient_copies(strategy)  # reshard: false holds its own gathered copy in its model states
     if getattr(strategy, "ep", 1) > 1:  # expert parallel: a rank gathers only its own experts (cost_models.moe)
-        return act + 2.0 * expert_parallel.ep_shard_params(layer, strategy.ep, float(strategy.tp)) * stage.params.param_bytes
-    return act + 2.0 * float(shard_params(layer, np.array([float(strategy.tp)]))[0]) * stage.params.param_bytes
+        return act + copies * expert_parallel.ep_shard_params(layer, strategy.ep, float(strategy.tp)) * stage.params.param_bytes
+    return act + copies * float(shard_params(layer, np.array([float(strategy.tp)]))[0]) * stage.params.param_bytes
 
 
 def transient_bound(layer: Layer, stage: Stage, strategies: list[Strategy]) -> float:

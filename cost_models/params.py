@@ -40,6 +40,14 @@ class CostParams:
         time however many GPUs shared the work, about 16 GB/s per GPU for its gathers, against the
         ~125 GB/s the hierarchical ring formula gives a 3.6 GB gather there; ``autopar calibrate``
         fits it for such a runtime.
+    overlap_grad_reduce: fraction of one micro-batch's backward that hides the gradient reduce-scatter
+        of a ZeRO-1 unit with ``zero_overlap`` (Megatron's ``--overlap-grad-reduce``: buckets are
+        reduce-scattered as the step's last backward completes them, behind the backward of earlier
+        layers; cost_models/zero_options.py). 1 by default, as ``overlap_zero3``: Megatron-core and
+        torchtitan report the bucketed collectives hidden except the last bucket; calibrate it.
+    overlap_param_gather: fraction of one micro-batch's forward that hides the parameter all-gather
+        of a ZeRO-1/2 unit with ``zero_overlap`` (Megatron's ``--overlap-param-gather``: started by
+        the optimizer step, waited for by the unit's first forward of the next step). 1 by default.
     reserve_gib: framework reserve per device (CUDA context, NCCL buffers, allocator fragmentation).
     act_mem_factor: bytes the caching allocator holds per byte of activations the model counts (saved
         for backward, and a layer's transient working set): above 1 where freed activation blocks of
@@ -90,6 +98,8 @@ class CostParams:
     overlap_sync: float = 0.0
     overlap_zero3: float = 1.0
     zero3_comm_eff: float = 1.0
+    overlap_grad_reduce: float = 1.0
+    overlap_param_gather: float = 1.0
     reserve_gib: float = 1.0
     act_mem_factor: float = 1.0
     act_traffic: float = 3.0

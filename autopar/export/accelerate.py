@@ -1,6 +1,8 @@
 """accelerate: the ``accelerate launch --config_file`` YAML of the plan (FSDP).
 
-``distributed_type: FSDP`` with ``fsdp_sharding_strategy`` FULL_SHARD (ZeRO-3), SHARD_GRAD_OP (ZeRO-2)
+``distributed_type: FSDP`` with ``fsdp_sharding_strategy`` and ``fsdp_reshard_after_forward`` (the same
+FSDP1 strategy under both names: accelerate 1.x deprecates the first for the second, and its launcher still
+hands the first to the FSDP1 plugin) FULL_SHARD (ZeRO-3), SHARD_GRAD_OP (ZeRO-3 with ``reshard: false``)
 or NO_SHARD (ZeRO-0), transformer-block wrapping, ``fsdp_activation_checkpointing`` (full
 checkpointing of the blocks), ``mixed_precision`` and the process counts. accelerate's config has no
 batch fields: the header gives the per-device micro-batch and the gradient accumulation steps the
@@ -13,7 +15,7 @@ import yaml
 
 from autopar.export.common import Export
 
-SHARDING = {3: "FULL_SHARD", 2: "SHARD_GRAD_OP", 0: "NO_SHARD"}
+SHARDING = {(3, True): "FULL_SHARD", (3, False): "SHARD_GRAD_OP", (0, True): "NO_SHARD"}  # (zero, reshard)
 PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}
 
 
@@ -33,7 +35,8 @@ def config(ex: Export) -> dict:
         "use_cpu": False,
         "fsdp_config": {
             "fsdp_version": 1,
-            "fsdp_sharding_strategy": SHARDING[ex.shape.zero],
+            "fsdp_sharding_strategy": SHARDING[ex.shape.zero, ex.shape.reshard],
+            "fsdp_reshard_after_forward": SHARDING[ex.shape.zero, ex.shape.reshard],
             "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
             "fsdp_backward_prefetch": "BACKWARD_PRE",
             "fsdp_state_dict_type": "SHARDED_STATE_DICT",

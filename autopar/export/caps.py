@@ -22,6 +22,9 @@ class Caps:
     parallelism (one degree for every MoE unit; empty: no expert parallelism in its configuration). No target takes
     ``zb-h1``: torchtitan's zero-bubble schedules (InterleavedZeroBubble, ZBVZeroBubble) are its multi-stage ones,
     built for 2+ stages per rank, so a zb-h1 plan exports as the closest 1F1B plan with the change listed.
+    reshard: the ``reshard`` values it runs ZeRO-3 with
+    (False: parameters kept gathered from forward to backward); overlap: the ``zero_overlap`` values it runs
+    ZeRO-1/2 with (True: reduce-scatter in backward and all-gather before forward overlapped, both).
     """
 
     name: str
@@ -38,33 +41,40 @@ class Caps:
     suffix: str  # the file name ending its format takes
     schedules: tuple[str, ...] = ("1f1b",)  # pipeline schedules (autopar names)
     ep_zero: tuple[int, ...] = ()  # ZeRO levels it runs expert parallelism with
+    reshard: tuple[bool, ...] = (True,)  # ZeRO-3's reshard values
+    overlap: tuple[bool, ...] = (False,)  # ZeRO-1/2's zero_overlap values
 
     def zero_levels(self, pp: int) -> tuple[int, ...]:
         return self.zero_pp if pp > 1 else self.zero
 
 
 CAPS: dict[str, Caps] = {
-    # torchtitan 0.3: FSDP2 (dp_shard; reshard_after_forward always = ZeRO-3, never = ZeRO-2), DDP
-    # (dp_replicate), HSDP (both); TP always with its SequenceParallel switch; module_fqns_per_model_part;
+    # torchtitan 0.3: FSDP2 (dp_shard; fsdp_reshard_after_forward always = ZeRO-3, never = ZeRO-3 with
+    # reshard: false; its parameters are sharded between steps, so it is not ZeRO-2), DDP (dp_replicate),
+    # HSDP (both); TP always with its SequenceParallel switch; module_fqns_per_model_part;
     # activation_checkpoint none | selective (per-op SAC, autopar's op) | full; bf16 or fp32 parameters.
     # --parallelism.expert_parallel_degree borrows its ranks from FSDP (ParallelismConfig: efsdp = dp_shard * cp *
-    # tp / ep), so expert parallelism goes with ZeRO-2/3 (dp_shard = the stage's data-parallel ranks).
-    "torchtitan": Caps("torchtitan", (0, 2, 3), (0, 2, 3), ("none", "op", "full"), "free", "any", True, True, True,
-                       True, ("bf16", "fp32"), ".sh", ("1f1b", "gpipe"), (2, 3)),
+    # tp / ep), so expert parallelism goes with FSDP (ZeRO-3, resharding or not).
+    "torchtitan": Caps("torchtitan", (0, 3), (0, 3), ("none", "op", "full"), "free", "any", True, True, True,
+                       True, ("bf16", "fp32"), ".sh", ("1f1b", "gpipe"), (3,), reshard=(True, False)),
     # Megatron-LM / megatron-core 0.16: uniform TP/PP, --pipeline-model-parallel-layout, DDP or the
     # distributed optimizer (ZeRO-1), Megatron-FSDP optim_grads (ZeRO-2) / optim_grads_params (ZeRO-3)
-    # without pipelining; --recompute-granularity selective (the attention core) | full.
+    # without pipelining, --overlap-grad-reduce with --overlap-param-gather (zero_overlap) on either;
+    # --recompute-granularity selective (the attention core) | full.
     # --expert-model-parallel-size (EP a sub-group of DP) with DDP or the distributed optimizer.
     "megatron": Caps("megatron", (0, 1, 2, 3), (0, 1), ("none", "selective", "full"), "free", "any", True, True,
-                     True, False, ("bf16", "fp16", "fp32"), ".sh", ep_zero=(0, 1)),
+                     True, False, ("bf16", "fp16", "fp32"), ".sh", ep_zero=(0, 1), overlap=(False, True)),
     # DeepSpeed 0.19: zero_optimization.stage 0-3 (0-1 with its pipeline engine), AutoTP without pipelining,
     # PipelineModule's partition by block type (an even split), activation checkpointing of every block.
+    # Not zero_overlap (its overlap_comm overlaps the gradient reduction only, not the parameter all-gather)
+    # nor reshard: false (stage3_max_reuse_distance keeps parameters by distance, not from forward to backward).
     "deepspeed": Caps("deepspeed", (0, 1, 2, 3), (0, 1), ("none", "full"), "never", "even", True, True, False,
                       False, ("bf16", "fp16", "fp32"), ".json"),
-    # accelerate 1.x FSDP plugin: NO_SHARD / SHARD_GRAD_OP / FULL_SHARD, no tensor or pipeline parallelism,
-    # fsdp_activation_checkpointing of the transformer blocks.
-    "accelerate": Caps("accelerate", (0, 2, 3), (0, 2, 3), ("none", "full"), "never", "even", False, False, False,
-                       False, ("bf16", "fp16", "fp32"), ".yaml"),
+    # accelerate 1.x FSDP plugin: fsdp_reshard_after_forward NO_SHARD / SHARD_GRAD_OP (ZeRO-3 with reshard:
+    # false: FSDP1 gathers before forward and reshards after backward, so not ZeRO-2) / FULL_SHARD, no tensor
+    # or pipeline parallelism, fsdp_activation_checkpointing of the transformer blocks.
+    "accelerate": Caps("accelerate", (0, 3), (0, 3), ("none", "full"), "never", "even", False, False, False,
+                       False, ("bf16", "fp16", "fp32"), ".yaml", reshard=(True, False)),
 }
 TARGETS = tuple(CAPS)
 

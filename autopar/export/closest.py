@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from autopar.errors import AutoparError
 from autopar.estimate import CostCache, PlanEstimate, estimate_plan
 from autopar.export.caps import Caps
+from autopar.export.options import option_pairs, sharding_options
 from autopar.export.shape import Shape, build_plan, even_split, recomputed, weighted_choice
 from autopar.modelspec.spec import ModelSpec
 from autopar.plan.schema import Plan
@@ -98,7 +99,8 @@ def project(plan: Plan, model: ModelSpec, caps: Caps) -> Shape | None:
     m = min(ms, key=lambda k: (abs(k - want_m), k))
     want_ep = max((ly.strategy.ep for st in plan.stages for ly in st.layers), default=1)  # 1 on every dense unit
     ep = min(_ep_options(caps, model, tp, zero, n // tp), key=lambda e: (abs(e - want_ep), -e))
-    return Shape(pp, tp, zero, ckpt, sp, m, split, replicas, _schedule(caps, plan, pp), ep)
+    reshard, overlap = sharding_options(plan, model, caps, zero)
+    return Shape(pp, tp, zero, ckpt, sp, m, split, replicas, _schedule(caps, plan, pp), ep, reshard, overlap)
 
 
 def _schedule(caps: Caps, plan: Plan, pp: int) -> str:
@@ -141,8 +143,10 @@ def _space(plan: Plan, model: ModelSpec, caps: Caps) -> Iterator[Shape]:
                 for zero in caps.zero_levels(pp):
                     for ckpt in caps.ckpt:
                         for ep in _ep_options(caps, model, tp, zero, n // tp):
-                            yield Shape(pp, tp, zero, ckpt, _sp(caps, tp, True), m, split,
-                                        schedule=_schedule(caps, plan, pp), ep=ep)
+                            for reshard, overlap in option_pairs(caps, zero):
+                                yield Shape(pp, tp, zero, ckpt, _sp(caps, tp, True), m, split,
+                                            schedule=_schedule(caps, plan, pp), ep=ep, reshard=reshard,
+                                            overlap=overlap)
 
 
 def closest(plan: Plan, model: ModelSpec, params: CostParams, caps: Caps) -> tuple[Candidate, Candidate | None]:
@@ -181,7 +185,8 @@ def label(shape: Shape | None) -> str:
         return "-"
     r = f" x{shape.replicas} replicas" if shape.replicas > 1 else ""
     e = f" ep{shape.ep}" if shape.ep > 1 else ""
-    return (f"pp{shape.pp} tp{shape.tp} z{shape.zero} {shape.ckpt}{' sp' if shape.sp else ''}{e} "
+    opts = (" nr" if not shape.reshard else "") + (" ov" if shape.overlap else "")
+    return (f"pp{shape.pp} tp{shape.tp} z{shape.zero}{opts} {shape.ckpt}{' sp' if shape.sp else ''}{e} "
             f"m{shape.num_microbatches}{r}")
 
 

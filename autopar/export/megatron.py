@@ -3,7 +3,8 @@
 Uniform ``--tensor-model-parallel-size`` / ``--pipeline-model-parallel-size`` (Megatron's rank order:
 TP fastest, then data parallel, pipeline slowest = the plan's), ``--sequence-parallel``, ZeRO-1 as
 ``--use-distributed-optimizer``, ZeRO-2/3 as Megatron-FSDP (``--use-megatron-fsdp
---data-parallel-sharding-strategy optim_grads[_params]``), ``--recompute-granularity selective`` (the
+--data-parallel-sharding-strategy optim_grads[_params]``), ``zero_overlap`` as ``--overlap-grad-reduce
+--overlap-param-gather``, ``--recompute-granularity selective`` (the
 attention core) or ``full`` (``--recompute-method uniform --recompute-num-layers 1``), the micro and
 global batch, the model's shape, and with pipelining ``--pipeline-model-parallel-layout`` (the stages'
 units: ``E`` embedding, ``t`` block, ``L`` loss; ``|`` between stages). An MoE model adds its experts
@@ -65,6 +66,8 @@ def args(ex: Export) -> list[str]:
         out.append("--use-distributed-optimizer")
     elif s.zero in FSDP:
         out += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", FSDP[s.zero]]
+    if s.overlap:  # zero_overlap (ZeRO-1/2): Megatron takes the param gather overlap only with the grad one
+        out += ["--overlap-grad-reduce", "--overlap-param-gather"]
     if s.ckpt == "selective":
         out += ["--recompute-granularity", "selective"]
     elif s.ckpt == "full":

@@ -35,6 +35,8 @@ class Shape:
     replicas: int = 1
     schedule: str = "1f1b"
     ep: int = 1  # expert parallel degree of the MoE units (where it is legal for the unit)
+    reshard: bool = True  # ZeRO-3 units: reshard after forward
+    overlap: bool = False  # ZeRO-1/2 units: zero_overlap
 
     def stage_devices(self, world: int) -> int:
         """Devices per stage on a world of ``world`` devices."""
@@ -60,7 +62,9 @@ def unit_strategy(ly: LayerSpec, model: ModelSpec, shape: Shape, n: int) -> Stra
     ckpt = shape.ckpt if recomputed(ly, model) else "none"
     if ckpt == "op" and ly.op is None:
         ckpt = "none"
-    return Strategy(tp, shape.zero if n // tp > 1 else 0, ckpt, shape.sp and tp > 1, unit_ep(ly, shape.ep, tp, n // tp))
+    zero = shape.zero if n // tp > 1 else 0
+    return Strategy(tp, zero, ckpt, shape.sp and tp > 1, reshard=shape.reshard or zero != 3,
+                    zero_overlap=shape.overlap and zero in (1, 2), ep=unit_ep(ly, shape.ep, tp, n // tp))
 
 
 def unit_ep(ly: LayerSpec, ep: int, tp: int, dp: int) -> int:
@@ -118,7 +122,7 @@ def _runs(values: list) -> str:
 
 def describe(plan: Plan) -> dict[str, str]:
     """The plan field by field as short text, for ``changes``: pipelines, stages, split, devices,
-    tp/zero/ckpt/sp/ep per unit (pipeline 0's order; every pipeline's when they differ), micro-batching,
+    tp/zero (with ``nr``: reshard false, ``ov``: zero_overlap, as ``Strategy.short``)/ckpt/sp/ep per unit (pipeline 0's order; every pipeline's when they differ), micro-batching,
     schedule."""
     pipes = plan.pipelines
 
@@ -133,7 +137,7 @@ def describe(plan: Plan) -> dict[str, str]:
         "units per stage": " / ".join(",".join(str(len(st.layers)) for st in p.stages) for p in pipes),
         "devices": " / ".join("; ".join(_span(st.devices) for st in p.stages) for p in pipes),
         "tp": per_unit(lambda s: s.tp),
-        "zero": per_unit(lambda s: s.zero),
+        "zero": per_unit(lambda s: f"{s.zero}{'' if s.reshard else ' nr'}{' ov' if s.zero_overlap else ''}"),
         "ckpt": per_unit(lambda s: s.ckpt),
         "sp": per_unit(lambda s: "on" if s.sp else "off"),
         "ep": per_unit(lambda s: s.ep),

@@ -4,7 +4,8 @@ torchtitan 0.3 reads no job file: ``torchtitan.config.ConfigManager`` takes ``--
 (a config_registry function, which defines the model) and tyro overrides ``--<section>.<field>``.
 The script holds those overrides in the bash array ``ARGS`` (an option and its values a line): parallelism degrees (``data_parallel_replicate_degree`` x ``data_parallel_shard_degree``
 x ``tensor_parallel_degree`` x ``pipeline_parallel_degree``, torchtitan's mesh order pp, replicate,
-shard, tp = the plan's rank order), FSDP resharding (ZeRO-3 ``always``, ZeRO-2 ``never``), sequence
+shard, tp = the plan's rank order), FSDP resharding (ZeRO-3 ``always``, with ``reshard: false``
+``never``), sequence
 parallel, the pipeline schedule, micro-batch and per-stage modules, the activation checkpoint
 subcommand and the batch, sequence and parameter dtype; for an MoE model with ep > 1
 ``--parallelism.expert_parallel_degree`` (ranks borrowed from FSDP's dp_shard, so with ZeRO-2/3 only).
@@ -27,13 +28,13 @@ def args(ex: Export) -> list[str]:
     """The ConfigManager overrides of the export (without ``--module``/``--config``)."""
     s, dp, gbs = ex.shape, ex.dp, ex.plan.global_batch_size
     ranks = dp * s.replicas
-    shard = dp if s.zero in (2, 3) else 1
+    shard = dp if s.zero == 3 else 1
     out = ["--parallelism.data_parallel_replicate_degree", str(ranks // shard),
            "--parallelism.data_parallel_shard_degree", str(shard),
            "--parallelism.tensor_parallel_degree", str(s.tp),
            "--parallelism.pipeline_parallel_degree", str(s.pp)]
     if shard > 1:
-        out += ["--parallelism.fsdp_reshard_after_forward", "always" if s.zero == 3 else "never"]
+        out += ["--parallelism.fsdp_reshard_after_forward", "always" if s.reshard else "never"]
     if s.ep > 1:
         out += ["--parallelism.expert_parallel_degree", str(s.ep)]
     if s.tp > 1:

@@ -5,7 +5,7 @@ absurd (``reserve_gib: -100``, a byte count of 0, an efficiency of 7): reserve a
 counts >= 1, efficiencies in (0, 4] (a measured curve is relative to the measured matmul peak, which a
 quick profile's small units can beat), overlaps in [0, 1], every number finite. Unknown keys are refused.
 A profile sets only the fields it measures (``partial``); a plan written by autopar stores them all (those
-of ``_LATER``, added since, may be absent from an older plan).
+of ``_LATER``, added since, may be absent from an older plan: their defaults).
 """
 
 from __future__ import annotations
@@ -20,12 +20,13 @@ from cost_models import CostParams
 COLLECTIVES = ("allreduce", "allgather", "reduce_scatter")
 _BYTES = ("param_bytes", "grad_comm_bytes", "grad_bytes", "state_bytes", "opt_bytes_touched")
 _EFF = ("eff_max", "zero3_comm_eff")
-_FRACTIONS = ("overlap_sync", "overlap_zero3")
+_FRACTIONS = ("overlap_sync", "overlap_zero3", "overlap_grad_reduce", "overlap_param_gather")
 _FACTORS = ("act_mem_factor",)
 _NONNEG = ("layer_overhead_s", "reserve_gib", "step_overhead_per_unit_s", "act_traffic", "slot_overhead_s")
 EFF_HIGH = 4.0
-# Fields added after plans were first written: absent from an older plan, they take CostParams' default.
-_LATER = ("moe_imbalance",)
+# Fields added after plans were first written: absent from an older plan, they take CostParams' default (the
+# plans written before them hold no strategy that reads them: ep and zero_overlap came with them).
+_LATER = ("moe_imbalance", "overlap_grad_reduce", "overlap_param_gather", "zero3_comm_eff")
 
 
 def _finite(x: float, field: str, fix: str, high: float | None = None) -> float:

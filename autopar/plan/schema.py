@@ -44,6 +44,13 @@ class Strategy:
     ckpt: str = "none"  # none | selective | full | op
     sp: bool = False  # sequence parallel (needs tp > 1)
     ep: int = 1  # expert parallel degree of an MoE unit: its experts split over ep consecutive DP ranks
+    # ZeRO-3 only: False keeps the unit's parameters gathered from its forward to its backward (FSDP2
+    # reshard_after_forward=False: no second all-gather in backward, the full parameters held meanwhile).
+    reshard: bool = True
+    # ZeRO-1/2 only: Megatron's distributed optimizer with overlap_grad_reduce + overlap_param_gather:
+    # the gradient reduce-scatter runs during the step's last backward, the parameter all-gather
+    # during the next forward (cost_models/zero_options.py prices what stays exposed).
+    zero_overlap: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.tp, int) or self.tp < 1:
@@ -58,10 +65,22 @@ class Strategy:
         if not isinstance(self.ep, int) or isinstance(self.ep, bool) or self.ep < 1:
             raise AutoparError("strategy.ep", f"must be an integer >= 1, got {self.ep!r}",
                                "use 1 (no expert parallelism) or a divisor of dp and of the unit's experts")
+        if not isinstance(self.reshard, bool) or (not self.reshard and self.zero != 3):
+            raise AutoparError("strategy.reshard", f"reshard: {self.reshard!r} with zero {self.zero}: only ZeRO-3 "
+                               "reshards parameters after forward", "set reshard: false only with zero: 3 (or omit it)")
+        if not isinstance(self.zero_overlap, bool) or (self.zero_overlap and self.zero not in (1, 2)):
+            raise AutoparError("strategy.zero_overlap", f"zero_overlap: {self.zero_overlap!r} with zero {self.zero}: "
+                               "only ZeRO-1/2 (the distributed optimizer) overlap their step-level reduce-scatter "
+                               "and all-gather", "set zero_overlap: true only with zero: 1 or 2 (or omit it)")
 
     def short(self) -> str:
-        """Compact label, e.g. ``tp2 z3 full sp`` (``tp1 z1 ep4`` for expert parallel 4)."""
+        """Compact label, e.g. ``tp2 z3 full sp``; ``nr`` after z3: no reshard after forward; ``ov`` after
+        z1/z2: distributed-optimizer overlap (``tp1 z3 nr``, ``tp1 z1 ov``); ``ep4``: expert parallel 4."""
         s = f"tp{self.tp} z{self.zero}"
+        if not self.reshard:
+            s += " nr"
+        if self.zero_overlap:
+            s += " ov"
         if self.ckpt != "none":
             s += f" {self.ckpt[:3]}"
         if self.sp:

@@ -37,6 +37,8 @@ def comm_fields(fits: dict, dtype_bytes: int, device: str) -> dict:
                      for n, f in sorted(fits.items()) for c in COMM_FIT_COLLECTIVES],
         "param_bytes": dtype_bytes, "grad_comm_bytes": dtype_bytes,
         "overlap_zero3": overlap_zero3(device),
+        # the distributed optimizer's overlapped collectives run on the same gloo threads: as ZeRO-3's
+        "overlap_grad_reduce": overlap_zero3(device), "overlap_param_gather": overlap_zero3(device),
     }
 
 

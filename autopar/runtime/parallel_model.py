@@ -20,7 +20,7 @@ from autopar.runtime.guards import check_same_batch, finite_step
 from autopar.runtime.layout import Placement
 from autopar.runtime.outputs import gather_outputs, global_loss
 from autopar.runtime.p2p import Mailbox
-from autopar.runtime.sharding import FlatShard, Zero2Reducer
+from autopar.runtime.sharding import AsyncReducer, FlatShard, Zero2Reducer, reshard_kept
 from autopar.runtime.stage import LocalUnit, StageRunner
 from autopar.runtime.step_log import StepLogger
 from autopar.runtime.ties import TiedGrads
@@ -35,7 +35,7 @@ class _UnitState:
     sync: UnitGradSync
     proxies: list[torch.Tensor]  # what the optimizer steps for this unit
     shard: FlatShard | None  # ZeRO-1/2
-    zero2: Zero2Reducer | None  # ZeRO-2 whose sync group is its shard group: reduce-scatters in backward
+    zero2: Zero2Reducer | AsyncReducer | None  # ZeRO-2 (or ZeRO-1 zero_overlap) reducing in backward
 
 
 class ParallelModel:
@@ -110,6 +110,7 @@ class ParallelModel:
         """The global mean loss of a global batch, forward only (in the current train/eval mode)."""
         inputs, targets = self._batch("eval_step", inputs, targets)
         loss_sum, _ = self.runner.run_forward(inputs, targets)
+        reshard_kept(self.local_units.values())
         self._mailbox.flush()
         return global_loss(loss_sum)
 
@@ -133,6 +134,7 @@ class ParallelModel:
                 chunk = torch.cat([chunk, chunk[:1].expand(gbs - rows, *chunk.shape[1:])])
             chunk, _ = self._batch("predict", chunk, None)
             _, outputs = self.runner.run_forward(chunk, None)
+            reshard_kept(self.local_units.values())
             self._mailbox.flush()
             pieces.append(gather_outputs(self.runner, outputs, gbs, self.device)[:rows])
         return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
@@ -205,9 +207,12 @@ class ParallelModel:
             self.optimizer_steps += 1
         for st in self._states:
             if st.shard is not None and problem is None:
-                st.shard.all_gather_params()
+                st.shard.all_gather_params()  # with zero_overlap only issued: all units' gathers at once
             for p in st.unit.module.parameters():
                 p.grad = None
+        for st in self._states:
+            if st.shard is not None:
+                st.shard.wait_params()
         self.optimizer.zero_grad(set_to_none=True)
         if problem is not None:
             if self.on_nonfinite == "raise":

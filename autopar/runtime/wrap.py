@@ -26,7 +26,7 @@ from autopar.runtime.materialize import materialize_unit
 from autopar.runtime.p2p import Mailbox
 from autopar.runtime.parallel_model import ParallelModel, _UnitState
 from autopar.runtime.precision_policy import apply_cast, check_policy, fsdp_policy
-from autopar.runtime.sharding import FlatShard, Zero2Reducer, apply_fsdp
+from autopar.runtime.sharding import FlatShard, apply_fsdp, backward_reducer
 from autopar.runtime.stage import LocalUnit, cross_entropy
 from autopar.runtime.tensor_parallel import apply_tp
 from autopar.runtime.ties import TiedGrads, tie_rank_sets
@@ -128,7 +128,7 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
     logits_sharded = (loss_parallel and loss_fn is None and chunk_ids[-1] == len(pipe.stages) - 1
                       and last.strategy.tp > 1 and "logits" in infos[last.name].plan.values())
     boundary_check = BoundaryCheck(named, plan)  # meta copies of the units, taken before they are sharded
-    options = _UnitOptions(mixed_precision, names[-1], compile_kwargs)
+    options = _UnitOptions(mixed_precision, names[-1], compile_kwargs, pipe.num_microbatches)
     states = [_build_unit(ly, modules[ly.name], infos[ly.name], places[ly.name], pi, rank, groups, seed, device,
                           logits_sharded and ly is last, options) for ly in mine]
     mine_names = {ly.name for ly in mine}
@@ -178,6 +178,7 @@ class _UnitOptions:
     mixed_precision: MixedPrecisionPolicy | None
     last_unit: str  # the model's last unit (its output dtype is the policy's output_dtype)
     compile_kwargs: dict | None
+    microbatches: int = 1  # this rank's pipeline's micro-batches: backward passes per step call
 
 
 def _build_unit(ly: StageLayer, module: nn.Module, info: UnitTPInfo, places: list[Placement], pipeline: int,
@@ -207,17 +208,17 @@ def _build_unit(ly: StageLayer, module: nn.Module, info: UnitTPInfo, places: lis
     if options.compile_kwargs is not None:
         module.forward = torch.compile(module.forward, **options.compile_kwargs)
     if fsdp_mesh is not None and params:
-        apply_fsdp(module, fsdp_mesh, fsdp_policy(policy, params[0].dtype, last) if policy is not None else None)
+        apply_fsdp(module, fsdp_mesh, fsdp_policy(policy, params[0].dtype, last) if policy is not None else None,
+                   reshard_after_forward=strat.reshard)
         params = list(module.parameters())
     sync = UnitGradSync(module, places, mine, rank, groups)
     shard, proxies, zero2 = None, [_local(p) for p in params], None
     if mine.zero in (1, 2) and params:
-        shard = FlatShard(proxies, groups.get(lay.dp_group(rank)))
-        # ZeRO-2 reduce-scatters straight into the shard, micro-batch by micro-batch, when its sync
-        # group is exactly its DP group. Otherwise (TP, or the unit also lives in other pipelines,
-        # which run other micro-batch counts) the step-end sync all-reduces and the shard slices.
-        if (mine.zero == 2 and sync.mode == "aligned" and lay.tp == 1
-                and set(sync.rep_ranks) == set(lay.dp_group(rank))):
-            zero2 = Zero2Reducer(shard, params)
+        shard = FlatShard(proxies, groups.get(lay.dp_group(rank)), overlap=strat.zero_overlap)
+        # ZeRO-2 (and ZeRO-1 with zero_overlap) reduce-scatter straight into the shard from backward
+        # when the sync group is exactly the DP group. Otherwise (TP, or the unit also lives in other
+        # pipelines, which run other micro-batch counts) the step-end sync all-reduces and the shard slices.
+        direct = sync.mode == "aligned" and lay.tp == 1 and set(sync.rep_ranks) == set(lay.dp_group(rank))
+        zero2 = backward_reducer(shard, params, mine.zero, strat.zero_overlap, direct, options.microbatches)
         proxies = [shard.master]
     return _UnitState(LocalUnit(ly.name, module, lay, strat), mine, sync, proxies, shard, zero2)

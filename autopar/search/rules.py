@@ -53,6 +53,11 @@ class Rule(str, Enum):
                        "expert count")
     EP_WITH_TP = ("ep-with-tp", "an MoE unit with tp > 1 runs with ep = 1 (tensor and expert parallel on one unit "
                   "are not supported together)")
+    ZERO_OVERLAP_DOMINATES = ("zero-overlap-dominates",
+                              "ZeRO-1/2 with and without zero_overlap hold the same memory: when the backward "
+                              "hides no step-level sync (overlap_sync 0) the overlapped one is never slower (kept: "
+                              "zero_overlap); when nothing hides its collectives (overlap_grad_reduce and "
+                              "overlap_param_gather 0) it is never faster (kept: without)")
     DOMINATED = ("dominated", "slower and at least as large as another strategy with the same layout")
     # -- layer ranges a stage could run (homogeneous search; counted per range end dropped) --
     RANGE_OVER_MEMORY = ("range-over-memory",

@@ -8,7 +8,7 @@ change the optimum.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -16,6 +16,7 @@ from autopar.estimate import LayerCosts, StageContext, layer_costs, transient_bo
 from autopar.modelspec.spec import CKPT_MODES, LayerSpec
 from autopar.plan.schema import Strategy
 from autopar.search.rules import Rule
+from autopar.search.zero_variants import zero_variants
 
 
 def divisors(n: int) -> list[int]:
@@ -109,7 +110,9 @@ def enumerate_strategies(layer: LayerSpec, ctx: StageContext, tps: list[int], pr
                     if sp and layer.act_seq_bytes == 0:
                         pruned[Rule.SP_NO_EFFECT] += 1
                         continue
-                    out.extend(Strategy(tp=tp, zero=zero, ckpt=ckpt, sp=sp, ep=ep) for ep in ep_degrees(layer, tp, dp, pruned))
+                    base = Strategy(tp=tp, zero=zero, ckpt=ckpt, sp=sp)
+                    out.extend(zero_variants(base, ctx.params, pruned))  # ep > 1 with plain ZeRO (expert_rules)
+                    out.extend(replace(base, ep=ep) for ep in ep_degrees(layer, tp, dp, pruned) if ep > 1)
     return out
 
 

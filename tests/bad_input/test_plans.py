@@ -61,6 +61,17 @@ def _other_zero(doc):  # whatever stage the search picked for layers.1, another 
     layer["zero"] = 0 if layer["zero"] else 3
 
 
+def _option_flipped(doc):  # a sharding option the search did not pick: the stored figures no longer hold
+    for layer in doc["pipelines"][0]["stages"][0]["layers"]:
+        if layer["zero"] == 3:
+            layer["reshard"] = not layer.get("reshard", True)
+            return
+        if layer["zero"] in (1, 2):
+            layer["zero_overlap"] = not layer.get("zero_overlap", False)
+            return
+    raise AssertionError("no ZeRO unit in the plan")
+
+
 PLAN_EDITS = {
     **{f"cost-{k}={v!r}"[:60]: setter(f"{CP}.{k}", v) for k, v in COST_EDITS},
     **{f"cost-{k}-deleted": deleter(f"{CP}.{k}") for k in FIELDS},
@@ -101,6 +112,10 @@ PLAN_EDITS = {
     "strategy-tp-lowered": setter(f"{LAYERS}.0.tp", 2),
     "strategy-tp-3": setter(f"{LAYERS}.0.tp", 3),
     "strategy-head-zero": setter(f"{LAYERS}.2.zero", 0),
+    "strategy-reshard-with-zero-1": _both(setter(f"{LAYERS}.1.zero", 1), setter(f"{LAYERS}.1.reshard", False)),
+    "strategy-overlap-with-zero-3": _both(setter(f"{LAYERS}.1.zero", 3), setter(f"{LAYERS}.1.zero_overlap", True)),
+    "strategy-overlap-a-word": setter(f"{LAYERS}.1.zero_overlap", "yes"),
+    "strategy-sharding-option-flipped": _option_flipped,
     "strategy-layer-dropped": lambda doc: doc["pipelines"][0]["stages"][0]["layers"].pop(1),
     "batch-micro-halved": _both(setter("pipelines.0.micro_batch_size", 8), setter("pipelines.0.num_microbatches", 2)),
     "batch-global-doubled": _both(setter("global_batch_size", 32), setter("pipelines.0.batch_share", 32),
@@ -143,3 +158,9 @@ def test_the_issues_examples_name_tampering(docs, tmp_path, capsys, monkeypatch)
     line = check_refused(lambda d, s: ["validate", edited(d, s.plan, _zero_two_byte_counts)], docs, tmp_path,
                          capsys, monkeypatch)
     assert "plan.search.cost_params: differ from this autopar's defaults" in line and "tampered" in line
+
+
+def test_an_option_at_the_wrong_zero_level_names_the_pair(docs, tmp_path, capsys, monkeypatch):
+    line = check_refused(lambda d, s: ["validate", edited(d, s.plan, PLAN_EDITS["strategy-reshard-with-zero-1"])],
+                         docs, tmp_path, capsys, monkeypatch)
+    assert "layers[1].reshard: reshard: False with zero 1" in line and "zero: 3" in line

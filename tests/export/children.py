@@ -74,13 +74,15 @@ for item in json.load(open(sys.argv[1])):
         blocks = None if layout is None else [
             sum(1 for t in layout.layout[p][0] if str(t).endswith("decoder")) for p in range(cfg.pipeline_model_parallel_size)]
         ddp = DistributedDataParallelConfig(**{k: a[k] for k in ("use_distributed_optimizer", "use_megatron_fsdp",
-                                                                  "data_parallel_sharding_strategy") if k in a})
+                                                                  "data_parallel_sharding_strategy", "overlap_grad_reduce",
+                                                                  "overlap_param_gather") if k in a})
         dp = item["world"] // (cfg.tensor_model_parallel_size * cfg.pipeline_model_parallel_size)
         calc = ConstantNumMicroBatchesCalculator(a["global_batch_size"], a["micro_batch_size"], dp, False, 0)
         out[item["name"]] = {
             "tp": cfg.tensor_model_parallel_size, "pp": cfg.pipeline_model_parallel_size, "sp": cfg.sequence_parallel,
             "recompute": cfg.recompute_granularity, "blocks_per_stage": blocks,
             "distributed_optimizer": ddp.use_distributed_optimizer, "sharding": ddp.data_parallel_sharding_strategy,
+            "overlap": [ddp.overlap_grad_reduce, ddp.overlap_param_gather],
             "microbatches": calc.get(), "bf16": cfg.bf16}
     except BaseException as e:
         out[item["name"]] = {"error": repr(e)[:2000]}
@@ -145,6 +147,7 @@ for item in json.load(open(sys.argv[1])):
         plugin = FullyShardedDataParallelPlugin()
         out[item["name"]] = {"num_processes": cc.num_processes, "distributed_type": str(cc.distributed_type),
                              "env_sharding": env["FSDP_SHARDING_STRATEGY"], "sharding": plugin.sharding_strategy.name,
+                             "env_reshard": env["FSDP_RESHARD_AFTER_FORWARD"],
                              "ac": plugin.activation_checkpointing, "mixed_precision": env["ACCELERATE_MIXED_PRECISION"]}
     except BaseException as e:
         out[item["name"]] = {"error": repr(e)[:2000]}

@@ -33,7 +33,7 @@ def search(path, argv) -> str:
 
 
 def uniform(base: str, path, pp: int, tp: int, zero: int, ckpt: str, sp: bool, m: int, uneven: bool = False,
-            schedule: str = "1f1b") -> str:
+            schedule: str = "1f1b", reshard: bool = True, overlap: bool = False) -> str:
     """A plan every target could express (``uneven``: one block moved from the last stage to the first),
     built on ``base``'s cluster and batch, with its predicted figures."""
     from autopar.estimate import estimate_plan
@@ -42,7 +42,8 @@ def uniform(base: str, path, pp: int, tp: int, zero: int, ckpt: str, sp: bool, m
     split = even_split(planned.model, pp)
     if uneven:
         split = (split[0] + (split[1][0],), split[1][1:], *split[2:])
-    plan = build_plan(planned.plan, planned.model, Shape(pp, tp, zero, ckpt, sp, m, split, schedule=schedule))
+    shape = Shape(pp, tp, zero, ckpt, sp, m, split, schedule=schedule, reshard=reshard, overlap=overlap)
+    plan = build_plan(planned.plan, planned.model, shape)
     plan.predicted = estimate_plan(plan, planned.model, planned.params).predicted()
     save_plan(plan, path)
     return str(path)
@@ -57,4 +58,7 @@ def plans(tmp_path_factory) -> dict[str, str]:
     out["exact-dp"] = uniform(out["small"], d / "dp.yaml", 1, 1, 3, "none", False, 2)
     out["gpipe-pp2"] = uniform(out["small"], d / "gpipe.yaml", 2, 1, 0, "none", False, 4, schedule="gpipe")
     out["uneven-pp2"] = uniform(out["small"], d / "uneven.yaml", 2, 2, 0, "full", False, 4, uneven=True)
+    out["no-reshard"] = uniform(out["small"], d / "nr.yaml", 1, 1, 3, "none", False, 2, reshard=False)
+    out["overlap-pp2"] = uniform(out["small"], d / "ov.yaml", 2, 2, 1, "full", True, 4, overlap=True)
+    out["zero2-dp"] = uniform(out["small"], d / "z2.yaml", 1, 1, 2, "none", False, 2)
     return out

@@ -24,7 +24,8 @@ import shlex
 from autopar.export import prepare, render
 from tests.export.children import ACCELERATE, DEEPSPEED, MEGATRON, TORCHTITAN, needs, run_child
 
-PLANS = ["readme", "hetero", "hetero-13b", "small", "exact-pp2", "uneven-pp2", "gpipe-pp2", "exact-dp"]
+PLANS = ["readme", "hetero", "hetero-13b", "small", "exact-pp2", "uneven-pp2", "gpipe-pp2", "exact-dp", "no-reshard",
+         "overlap-pp2", "zero2-dp"]
 
 
 def script_args(script: str) -> list[str]:
@@ -46,9 +47,9 @@ def test_torchtitan_config_manager_parses_every_export(plans, tmp_path):
     for name, ex in exports.items():
         r, s = got[name], ex.shape
         assert (r["pp"], r["tp"], r["dp_replicate"] * r["dp_shard"]) == (s.pp, s.tp, ex.dp * s.replicas), name
-        assert r["fsdp"] == (s.zero in (2, 3)), name
-        if s.zero in (2, 3):
-            assert r["reshard"] == ("always" if s.zero == 3 else "never"), name
+        assert r["fsdp"] == (s.zero == 3), name
+        if s.zero == 3:
+            assert r["reshard"] == ("always" if s.reshard else "never"), name
         assert r["sp"] == s.sp or s.tp == 1, name
         assert r["ac"] == s.ckpt and r["dtype"] == "bfloat16", name
         assert (r["global"], r["seq"]) == (ex.plan.global_batch_size, ex.model.seq_len), name
@@ -76,6 +77,7 @@ def test_megatron_core_dataclasses_take_every_export(plans, tmp_path):
         if s.pp > 1:
             assert r["blocks_per_stage"] == [sum(ex.model.layers[i].kind == "block" for i in st) for st in s.split], name
         assert r["distributed_optimizer"] == (s.zero == 1), name
+        assert r["overlap"] == [s.overlap, s.overlap], name
         assert r["sharding"] == {0: "no_shard", 1: "no_shard", 2: "optim_grads", 3: "optim_grads_params"}[s.zero], name
         assert r["microbatches"] == s.num_microbatches and r["bf16"], name
 
@@ -125,7 +127,8 @@ def test_accelerate_launch_and_fsdp_plugin_take_every_export(plans, tmp_path):
     for name, ex in exports.items():
         r, s = got[name], ex.shape
         assert r["num_processes"] == ex.world and r["distributed_type"] in ("FSDP", "DistributedType.FSDP"), name
-        want = {3: "FULL_SHARD", 2: "SHARD_GRAD_OP", 0: "NO_SHARD"}[s.zero]
-        assert r["env_sharding"] == want and r["sharding"] == want, name
+        want = {(3, True): "FULL_SHARD", (3, False): "SHARD_GRAD_OP", (0, True): "NO_SHARD"}[s.zero, s.reshard]
+        # the plugin takes FSDP1's strategy from FSDP_SHARDING_STRATEGY; the newer key travels beside it
+        assert r["env_sharding"] == want and r["sharding"] == want and r["env_reshard"].upper() == want, name
         assert r["ac"] == (s.ckpt == "full") and r["mixed_precision"] == "bf16", name
         assert s.pp == 1 and s.tp == 1, name

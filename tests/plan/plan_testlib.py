@@ -110,8 +110,11 @@ def valid_plans(draw) -> Plan:
             for name in units[u:u + cnt]:
                 if run_strategy is None or draw(st.integers(0, 3)) == 0:  # runs of equal strategies
                     tp = draw(st.sampled_from([t for t in (1, 2, 4) if len(devs) % t == 0]))
-                    run_strategy = Strategy(tp=tp, zero=draw(st.integers(0, 3)), ckpt=draw(st.sampled_from(CKPT_MODES)),
-                                            sp=tp > 1 and draw(st.booleans()))
+                    zero = draw(st.integers(0, 3))
+                    run_strategy = Strategy(tp=tp, zero=zero, ckpt=draw(st.sampled_from(CKPT_MODES)),
+                                            sp=tp > 1 and draw(st.booleans()),
+                                            reshard=zero != 3 or draw(st.booleans()),
+                                            zero_overlap=zero in (1, 2) and draw(st.booleans()))
                 layers.append(StageLayer(name, run_strategy))
                 dps.append(len(devs) // run_strategy.tp)
             stages.append(Stage(list(devs), layers))

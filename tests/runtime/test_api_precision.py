@@ -21,6 +21,8 @@ PLANS = {
     "dp2": ("mlp", [(4, 2, [([0, 1], same(MLP_UNITS))])]),
     "zero1": ("gpt", [(4, 2, [([0, 1], same(GPT_UNITS, zero=1))])]),
     "zero3_fsdp_policy": ("gpt", [(4, 2, [([0, 1], same(GPT_UNITS, zero=3))])]),
+    "zero_options": ("gpt", [(4, 2, [([0, 1], [(E, {"zero": 1, "zero_overlap": True}), (L0, {"zero": 3, "reshard": False}),
+                                               (L1, {"zero": 2, "zero_overlap": True}), (H, {"zero": 3, "reshard": False})])])]),
     "tp2_sp_loss_parallel": ("llama", [(4, 2, [([0, 1], same(GPT_UNITS, tp=2, sp=True))])]),
     "pp2_1f1b_ckpt": ("gpt", [(2, 4, [([0], same([E, L0], ckpt="full")), ([1], same([L1, H], ckpt="op"))])]),
     "pp_tp_fsdp_4ranks": ("llama", [(2, 4, [([0, 1], same([E, L0], tp=2, sp=True)),
