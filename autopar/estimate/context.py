@@ -112,6 +112,15 @@ class StageContext:
         """The worst data-parallel group beside TP groups of degree ``tp`` (strided devices)."""
         return self._links_cached("dp", tp)
 
+    def cp_links(self, tp: int, cp: int) -> GroupLinks:
+        """The worst context-parallel group: devices ``tp`` apart inside each run of ``tp * cp``
+        consecutive devices (one data-parallel replica; autopar/plan/cp_rules.py)."""
+        def compute() -> GroupLinks:
+            devs, w = list(self.devices), tp * cp
+            return self._links([devs[b + j:b + w:tp] for b in range(0, len(devs), w) for j in range(tp)])
+
+        return self.cluster.memoised(("cp", tp, cp, self.group), compute)
+
     def _links_cached(self, kind: str, tp: int) -> GroupLinks:
         def compute() -> GroupLinks:
             devs = list(self.devices)

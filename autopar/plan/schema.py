@@ -41,6 +41,7 @@ class Strategy:
     zero: int = 0  # 0 DDP, 1 sharded optimizer, 2 + sharded grads, 3 + sharded params (FSDP)
     ckpt: str = "none"  # none | selective | full | op
     sp: bool = False  # sequence parallel (needs tp > 1)
+    cp: int = 1  # context parallel degree: the sequence split over cp ranks (autopar/plan/cp_rules.py)
 
     def __post_init__(self) -> None:
         if not isinstance(self.tp, int) or self.tp < 1:
@@ -52,6 +53,8 @@ class Strategy:
             raise AutoparError("strategy.ckpt", f"unknown mode {self.ckpt!r}", f"use one of {', '.join(CKPT_MODES)}")
         if self.sp and self.tp == 1:
             raise AutoparError("strategy.sp", "sequence parallel needs tp > 1", "set sp: false or tp >= 2")
+        if not isinstance(self.cp, int) or isinstance(self.cp, bool) or self.cp < 1:
+            raise AutoparError("strategy.cp", f"must be an integer >= 1, got {self.cp!r}", "use 1 (off), 2, 4, 8, ...")
 
     def short(self) -> str:
         """Compact label, e.g. ``tp2 z3 full sp``."""
@@ -60,6 +63,8 @@ class Strategy:
             s += f" {self.ckpt[:3]}"
         if self.sp:
             s += " sp"
+        if self.cp > 1:
+            s += f" cp{self.cp}"
         return s
 
 
@@ -75,7 +80,7 @@ class Stage:
     layers: list[StageLayer]
 
     def dp(self, layer: StageLayer) -> int:
-        return len(self.devices) // layer.strategy.tp
+        return len(self.devices) // (layer.strategy.tp * layer.strategy.cp)
 
     def tp_groups(self, tp: int) -> list[list[int]]:
         return [self.devices[i:i + tp] for i in range(0, len(self.devices), tp)]

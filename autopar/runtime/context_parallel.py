@@ -1,0 +1,176 @@
+"""Context parallel (CP): every sample's sequence split over the cp ranks of a CP group (all-gather CP).
+
+This is Llama 3's context parallelism ("The Llama 3 Herd of Models", section 3.3.2): the sequence is
+cut into 2c equal chunks and CP rank r holds chunks r and 2c-1-r (every rank then has the same share
+of causal attention work). Each rank computes its own tokens through every layer; attention all-gathers
+K and V over the CP group (backward: a reduce-scatter of dK and dV, the gather's adjoint) and attends
+its local queries to the whole sequence under the causal mask at the tokens' true positions. Rotary and
+learned position embeddings use the true positions too. Parameters are replicated over CP ranks and
+their gradients summed over dp x cp (the unit's DP group: autopar/runtime/layout.py); the loss is the
+global valid-token mean (autopar/runtime/loss.py: each rank sums its tokens' losses over the global
+count), so the result equals single-process training.
+
+Why not ``torch.distributed.tensor.experimental.context_parallel``: in torch 2.13 it works by
+patching ``F.scaled_dot_product_attention`` for DTensor inputs sharded on a device mesh and dispatches
+to the ring/all-gather implementations of the flash and memory-efficient SDPA kernels only
+(``_scaled_dot_product_flash_attention`` / ``_efficient_attention``, see
+``torch/distributed/tensor/experimental/_attention.py``); on CPU those kernels are not what SDPA runs
+(the math path with an explicit mask is), so it cannot be run, let alone proven equal to one process,
+on gloo/CPU. It also needs the buffers it shards handed over up front and rewrites the model's SDPA
+calls globally, where autopar places CP per unit under its own TP layout. The path here is plain
+collectives (``all_gather_single`` / ``reduce_scatter_single``) on a process group, the same
+code on NCCL/CUDA, with SDPA given an explicit boolean mask (any kernel that takes masks runs it).
+
+How a model opts in (``supports_cp``): its units view has ``context_parallel = True``; modules that
+compute positions expose a ``cp_positions`` attribute (None = positions 0..S-1), which ``apply_cp``
+sets to this rank's ``positions``; autopar's ``AttentionCore`` modules are replaced by
+``CPAttentionCore``; a Hugging Face Llama-family block (``HFRotaryBlock``) gets ``cp_attention`` and
+runs its attention through the ``autopar_cp`` attention function registered with transformers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from autopar.errors import AutoparError
+from autopar.plan.schema import Plan
+from autopar.units import AttentionCore
+
+
+@dataclass(frozen=True)
+class CPGroup:
+    """This rank's CP group: the process group, the CP degree, this rank's CP index, and the CP index
+    of each group member in process-group order (sorted global ranks)."""
+
+    group: dist.ProcessGroup | None
+    cp: int
+    index: int
+    member_index: tuple[int, ...]
+
+    def positions(self, local_len: int, device: torch.device) -> torch.Tensor:
+        """The true positions of this rank's ``local_len`` tokens (chunks index and 2c-1-index)."""
+        return chunk_positions(local_len * self.cp, self.cp, self.index, device)
+
+
+def chunk_positions(seq_len: int, cp: int, index: int, device: torch.device | None = None) -> torch.Tensor:
+    """Positions of CP rank ``index`` of ``cp``: chunks ``index`` and ``2cp-1-index`` of 2cp equal chunks."""
+    if seq_len % (2 * cp):
+        raise AutoparError("inputs", f"sequence length {seq_len} does not split into 2 x cp = {2 * cp} equal chunks",
+                           f"use a sequence length that is a multiple of {2 * cp}")
+    ch = seq_len // (2 * cp)
+    a, b = index * ch, (2 * cp - 1 - index) * ch
+    return torch.cat([torch.arange(a, a + ch, device=device), torch.arange(b, b + ch, device=device)])
+
+
+def split_sequence(x: torch.Tensor, cp: int, index: int, dim: int = 1) -> torch.Tensor:
+    """This CP rank's tokens of ``x`` along ``dim`` (chunks index and 2cp-1-index, in that order)."""
+    if cp == 1:
+        return x
+    return x.index_select(dim, chunk_positions(x.shape[dim], cp, index, x.device))
+
+
+class _GatherSequence(torch.autograd.Function):
+    """All-gather the local sequence chunks of a CP group into the whole sequence (dim -2, true order);
+    backward reduce-scatters the gradient (each rank gets the sum over ranks of its chunks' gradients)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, cpg: CPGroup) -> torch.Tensor:  # noqa: ANN001
+        ctx.cpg = cpg
+        c = cpg.cp
+        parts = torch.empty((c, *x.shape), dtype=x.dtype, device=x.device)
+        dist.all_gather_single(parts.view(c * x.shape[0], *x.shape[1:]), x.contiguous(), group=cpg.group)
+        ch = x.shape[-2] // 2
+        by_index = [parts[cpg.member_index.index(j)] for j in range(c)]
+        pieces = [by_index[j][..., :ch, :] for j in range(c)] + [by_index[j][..., ch:, :] for j in reversed(range(c))]
+        return torch.cat(pieces, dim=-2)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # noqa: ANN001, ANN205
+        cpg = ctx.cpg
+        c = cpg.cp
+        ch = grad.shape[-2] // (2 * c)
+        chunks = grad.split(ch, dim=-2)
+        # member g's slot: the gradient of the two chunks its CP index holds
+        slots = [torch.cat([chunks[j], chunks[2 * c - 1 - j]], dim=-2) for j in cpg.member_index]
+        flat = torch.cat(slots, dim=0).contiguous()
+        out = torch.empty_like(slots[0])
+        dist.reduce_scatter_single(out, flat, group=cpg.group)  # a sum
+        return out, None
+
+
+def gather_sequence(x: torch.Tensor, cpg: CPGroup) -> torch.Tensor:
+    """The whole sequence of ``x [..., local_len, d]`` over the CP group, in true token order."""
+    return _GatherSequence.apply(x, cpg)
+
+
+def causal_mask_at(q_pos: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """Boolean ``[len(q_pos), seq_len]`` mask: query at position p sees keys 0..p."""
+    return torch.arange(seq_len, device=q_pos.device)[None, :] <= q_pos[:, None]
+
+
+class CPAttentionCore(AttentionCore):
+    """Causal attention of this rank's queries against the CP group's whole K and V (selective
+    checkpointing still finds it: it is an ``AttentionCore``)."""
+
+    def __init__(self, cpg: CPGroup) -> None:
+        super().__init__()
+        self.cpg = cpg
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        k_all, v_all = gather_sequence(k, self.cpg), gather_sequence(v, self.cpg)
+        mask = causal_mask_at(self.cpg.positions(q.shape[-2], q.device), k_all.shape[-2])
+        return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)
+
+
+def supports_cp(model: nn.Module) -> bool:
+    """Whether ``model`` (its units view) states the context-parallel hook."""
+    return bool(getattr(model, "context_parallel", False))
+
+
+def plan_cp(plan: Plan) -> list[tuple[int, int, int]]:
+    """(pipeline, stage, layer) of the first unit with cp > 1 in each pipeline that has one."""
+    out = []
+    for pi, pipe in enumerate(plan.pipelines):
+        at = next(((si, li) for si, st in enumerate(pipe.stages) for li, ly in enumerate(st.layers)
+                   if ly.strategy.cp > 1), None)
+        if at is not None:
+            out.append((pi, *at))
+    return out
+
+
+def check_cp_model(plan: Plan, model: nn.Module) -> None:
+    """Refuse a plan with cp > 1 on a model without the context-parallel hook (one line)."""
+    used = plan_cp(plan)
+    if used and not supports_cp(model):
+        pi, si, li = used[0]
+        raise AutoparError(f"pipelines[{pi}].stages[{si}].layers[{li}].cp",
+                           f"context parallel needs a model with the context-parallel hook; "
+                           f"{type(model).__name__} has none (autopar.models Llama / GPT and Hugging Face "
+                           "Llama-family models have it)", "set cp: 1, or run one of those models")
+
+
+def check_cp_loss(plan: Plan, token_loss: bool) -> None:
+    """Refuse cp > 1 with a loss the runtime cannot split over sequence chunks (not the token mean)."""
+    used = plan_cp(plan)
+    if used and not token_loss:
+        pi, si, li = used[0]
+        raise AutoparError("loss_fn", f"context parallel (pipelines[{pi}].stages[{si}].layers[{li}].cp) splits "
+                           "each sample's tokens over ranks; only the token cross entropy is split exactly",
+                           "use the default loss (or nn.CrossEntropyLoss), or set cp: 1")
+
+
+def apply_cp(unit: nn.Module, cpg: CPGroup) -> None:
+    """Make ``unit`` run on this rank's tokens: positions from ``cpg``, attention over the CP group."""
+    for m in list(unit.modules()):
+        if hasattr(m, "cp_positions"):
+            m.cp_positions = cpg.positions
+        if hasattr(m, "cp_attention"):
+            m.cp_attention = cpg
+        for child_name, child in list(m.named_children()):
+            if type(child) is AttentionCore:
+                setattr(m, child_name, CPAttentionCore(cpg))

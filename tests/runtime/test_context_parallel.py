@@ -1,0 +1,143 @@
+"""Context parallel (autopar/runtime/context_parallel.py) against single-process training.
+
+Every case trains 4 AdamW steps under a plan with cp > 1 on forked gloo ranks and on one process,
+with ignored targets (-100) in the batch, and asserts equal losses on every rank and equal parameters
+(1e-5, as the other runtime tests). The sequence (8 tokens) is split into 2 x cp chunks, so each rank
+holds two non-adjacent chunks and its queries attend to keys gathered from the other ranks.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from autopar.errors import AutoparError
+from autopar.plan.compact import make_plan
+from autopar.plan.rules import plan_rules
+from autopar.runtime.context_parallel import check_cp_model, chunk_positions, split_sequence
+from autopar.runtime.local_ranks import run_distributed
+from tests.runtime.api_reference import adamw
+from tests.runtime.cases import GPT_UNITS, MODELS, same, token_data
+
+pytestmark = pytest.mark.dist
+
+E, L0, L1, H = GPT_UNITS
+STEPS, TOL = 4, 1e-5
+
+
+def _data() -> tuple[torch.Tensor, torch.Tensor]:
+    x, y = token_data(batch=8, seq=8)
+    y[0, :3] = -100  # ignored targets: the loss is the mean over valid tokens, which CP ranks split unevenly
+    y[5, 5:] = -100
+    return x, y
+
+
+def _plan(pipelines):
+    plan = make_plan(pipelines)
+    plan.model.seq_len = 8
+    return plan
+
+
+def _train(rank, world, model, plan, x, y, loss_fn=None):
+    from autopar.runtime import wrap
+
+    torch.manual_seed(0)
+    try:
+        pm = wrap(MODELS[model][0](), plan, optimizer=adamw, loss_fn=loss_fn)
+    except AutoparError as e:
+        return str(e)
+    losses = [pm.step(x, y) for _ in range(STEPS)]
+    return losses, pm.full_state_dict()
+
+
+def _reference(model, x, y):
+    from autopar.runtime.stage import cross_entropy
+
+    torch.manual_seed(0)
+    m = MODELS[model][0]()
+    opt = adamw(list(m.parameters()))
+    losses = []
+    for _ in range(STEPS):
+        loss = cross_entropy(m(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, {k: v.detach().clone() for k, v in m.named_parameters()}
+
+
+def _block(n: int, **s):
+    return [(u, dict(s)) for u in GPT_UNITS[:n]], [(u, dict(s)) for u in GPT_UNITS[n:]]
+
+
+PLANS = {  # name -> (model, pipelines)
+    "cp2_gpt": ("gpt", [(4, 2, [([0, 1], same(GPT_UNITS, cp=2))])]),
+    "cp2_llama": ("llama", [(4, 2, [([0, 1], same(GPT_UNITS, cp=2))])]),
+    "cp2_dp2_llama": ("llama", [(4, 2, [([0, 1, 2, 3], same(GPT_UNITS, cp=2))])]),
+    "cp4_llama": ("llama", [(2, 4, [([0, 1, 2, 3], same(GPT_UNITS, cp=4))])]),
+    "cp2_tp2_gpt": ("gpt", [(4, 2, [([0, 1, 2, 3], same(GPT_UNITS, cp=2, tp=2))])]),
+    "cp2_tp2_llama_mixed_tp": ("llama", [(4, 2, [([0, 1, 2, 3], [(E, {"cp": 2}), (L0, {"cp": 2, "tp": 2}),
+                                                                   (L1, {"cp": 2, "tp": 2}), (H, {"cp": 2})])])]),
+    "cp2_pp2_llama": ("llama", [(2, 4, [([0, 1], _block(2, cp=2)[0]), ([2, 3], _block(2, cp=2)[1])])]),
+    "cp2_zero3_selective_gpt": ("gpt", [(4, 2, [([0, 1], same(GPT_UNITS, cp=2, zero=3, ckpt="selective"))])]),
+    "cp2_zero1_full_llama": ("llama", [(4, 2, [([0, 1, 2, 3], same(GPT_UNITS, cp=2, zero=1, ckpt="full"))])]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PLANS))
+def test_context_parallel_matches_one_process(name):
+    model, pipelines = PLANS[name]
+    plan = _plan(pipelines)
+    x, y = _data()
+    got = run_distributed(_train, plan.world_size, model, plan, x, y)
+    ref_losses, ref_state = _reference(model, x, y)
+    for rank, out in enumerate(got):
+        assert not isinstance(out, str), f"rank {rank}: {out}"
+        losses, state = out
+        assert losses == got[0][0], f"rank {rank} reports {losses}, rank 0 {got[0][0]}"
+        torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), atol=TOL, rtol=TOL)
+        assert set(state) == set(ref_state)
+        for k, ref in ref_state.items():
+            torch.testing.assert_close(state[k], ref, atol=TOL, rtol=TOL, msg=lambda m, k=k: f"{k}: {m}")
+
+
+def test_user_loss_refused_on_every_rank():
+    """A row-mean user loss cannot be split over sequence chunks: every rank raises the same line."""
+    plan = _plan(PLANS["cp2_gpt"][1])
+    x, y = _data()
+    got = run_distributed(_train, 2, "gpt", plan, x, y, lambda out, t: out.float().mean())
+    assert got[0] == got[1] and got[0].startswith("loss_fn: context parallel")
+
+
+def test_model_without_hook_refused():
+    plan = _plan([(4, 2, [([0, 1], same([str(i) for i in range(5)], cp=2))])])
+    with pytest.raises(AutoparError, match=r"pipelines\[0\]\.stages\[0\]\.layers\[0\]\.cp: context parallel needs"):
+        check_cp_model(plan, nn.Sequential(*[nn.Linear(2, 2) for _ in range(5)]))
+    check_cp_model(plan, MODELS["llama"][0]())  # has the hook: no error
+
+
+def test_plan_rules_name_the_field():
+    mixed = _plan([(4, 2, [([0, 1], [(E, {"cp": 2}), (L0, {"cp": 1}), (L1, {"cp": 2}), (H, {"cp": 2})])])])
+    fields = [f for f, _, _ in plan_rules(mixed)]
+    assert fields == ["pipelines[0].stages[0].layers[1].cp"], fields
+    sp = _plan([(4, 2, [([0, 1], same(GPT_UNITS, cp=1, tp=2, sp=True)[:1] + same(GPT_UNITS[1:], cp=1))])])
+    assert plan_rules(sp) == []
+    with_sp = _plan([(4, 1, [([0, 1, 2, 3], same(GPT_UNITS, cp=2, tp=2, sp=True))])])
+    assert any("sequence parallel" in p for _, p, _ in plan_rules(with_sp))
+    odd = _plan(PLANS["cp2_gpt"][1])
+    odd.model.seq_len = 6
+    assert any("2 x cp = 4 equal chunks" in p for _, p, _ in plan_rules(odd))
+    wide = _plan([(4, 2, [([0, 1, 2], same(GPT_UNITS, cp=2))])])
+    assert any("does not divide the stage's 3 devices" in p for _, p, _ in plan_rules(wide))
+
+
+def test_load_balanced_chunks():
+    """Rank r holds chunks r and 2c-1-r; the ranks' positions cover the sequence once."""
+    assert chunk_positions(8, 2, 0).tolist() == [0, 1, 6, 7]
+    assert chunk_positions(8, 2, 1).tolist() == [2, 3, 4, 5]
+    x = torch.arange(16).view(1, 16)
+    parts = [split_sequence(x, 4, r) for r in range(4)]
+    assert sorted(torch.cat(parts, dim=1).flatten().tolist()) == list(range(16))
+    with pytest.raises(AutoparError, match="does not split into 2 x cp = 8"):
+        chunk_positions(12, 4, 0)
