@@ -34,6 +34,7 @@ class Shape:
     split: tuple[tuple[int, ...], ...]
     replicas: int = 1
     schedule: str = "1f1b"
+    cp: int = 1  # context parallel degree (tp x cp x dp per stage, Megatron's order)
 
     def stage_devices(self, world: int) -> int:
         """Devices per stage on a world of ``world`` devices."""
@@ -41,7 +42,7 @@ class Shape:
 
     def dp(self, world: int) -> int:
         """Data-parallel degree of a stage (within one replica)."""
-        return self.stage_devices(world) // self.tp
+        return self.stage_devices(world) // (self.tp * self.cp)
 
 
 def recomputed(ly: LayerSpec, model: ModelSpec) -> bool:
@@ -59,7 +60,7 @@ def unit_strategy(ly: LayerSpec, model: ModelSpec, shape: Shape, n: int) -> Stra
     ckpt = shape.ckpt if recomputed(ly, model) else "none"
     if ckpt == "op" and ly.op is None:
         ckpt = "none"
-    return Strategy(tp, shape.zero if n // tp > 1 else 0, ckpt, shape.sp and tp > 1)
+    return Strategy(tp, shape.zero if n // tp > 1 else 0, ckpt, shape.sp and tp > 1, cp=shape.cp)
 
 
 def build_plan(original: Plan, model: ModelSpec, shape: Shape) -> Plan:
@@ -129,6 +130,7 @@ def describe(plan: Plan) -> dict[str, str]:
         "zero": per_unit(lambda s: s.zero),
         "ckpt": per_unit(lambda s: s.ckpt),
         "sp": per_unit(lambda s: "on" if s.sp else "off"),
+        "cp": per_unit(lambda s: s.cp),
         "micro-batches": " / ".join(f"{p.num_microbatches} of {p.micro_batch_size}" for p in pipes),
         "schedule": plan.schedule,
     }

@@ -56,6 +56,14 @@ class CPGroup:
         """The true positions of this rank's ``local_len`` tokens (chunks index and 2c-1-index)."""
         return chunk_positions(local_len * self.cp, self.cp, self.index, device)
 
+    def hf_positions_and_mask(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """For a Hugging Face block on this rank's tokens ``x [B, local, d]``: position ids ``[1, local]``
+        and the additive ``[1, 1, local, S]`` causal mask of its queries against the whole sequence."""
+        pos = self.positions(x.shape[1], x.device)
+        allowed = causal_mask_at(pos, x.shape[1] * self.cp)
+        mask = torch.zeros(allowed.shape, dtype=x.dtype, device=x.device).masked_fill(~allowed, torch.finfo(x.dtype).min)
+        return pos[None], mask[None, None]
+
 
 def chunk_positions(seq_len: int, cp: int, index: int, device: torch.device | None = None) -> torch.Tensor:
     """Positions of CP rank ``index`` of ``cp``: chunks ``index`` and ``2cp-1-index`` of 2cp equal chunks."""
@@ -164,6 +172,26 @@ def check_cp_loss(plan: Plan, token_loss: bool) -> None:
                            "use the default loss (or nn.CrossEntropyLoss), or set cp: 1")
 
 
+def hf_cp_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    attention_mask: torch.Tensor | None, **kwargs) -> tuple[torch.Tensor, None]:
+    """transformers attention function ``autopar_cp``: K and V gathered over the module's CP group
+    (``module.autopar_cp``, set by ``HFRotaryBlock``), then transformers' own SDPA attention."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    cpg = module.autopar_cp
+    return sdpa_attention_forward(module, query, gather_sequence(key, cpg), gather_sequence(value, cpg),
+                                  attention_mask, **kwargs)
+
+
+def _use_hf_cp_attention(block: nn.Module) -> None:
+    """Register ``autopar_cp`` with transformers and point the block's attention at it (the config is
+    the model's: every block of this rank shares the pipeline's one cp)."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register("autopar_cp", hf_cp_attention)
+    block.layer.self_attn.config._attn_implementation = "autopar_cp"
+
+
 def apply_cp(unit: nn.Module, cpg: CPGroup) -> None:
     """Make ``unit`` run on this rank's tokens: positions from ``cpg``, attention over the CP group."""
     for m in list(unit.modules()):
@@ -171,6 +199,7 @@ def apply_cp(unit: nn.Module, cpg: CPGroup) -> None:
             m.cp_positions = cpg.positions
         if hasattr(m, "cp_attention"):
             m.cp_attention = cpg
+            _use_hf_cp_attention(m)
         for child_name, child in list(m.named_children()):
             if type(child) is AttentionCore:
                 setattr(m, child_name, CPAttentionCore(cpg))

@@ -23,6 +23,10 @@ class SearchOptions:
     # Virtual stage counts a 1f1b search tries on its best settings (interleaved re-cuts, search/interleave.py);
     # () tries none.
     virtual_stages: tuple[int, ...] = (2, 4)
+    # Context parallel degrees the search tries (search/context_parallel.py); None: the default for
+    # the sequence length (1 below 16384 tokens). ``cp``: the one degree a single planner run uses.
+    cp_degrees: tuple[int, ...] | None = None
+    cp: int = 1
 
     def __post_init__(self) -> None:
         if self.memory_budget_gib is not None and self.memory_budget_gib <= 0:

@@ -50,6 +50,9 @@ class Rule(str, Enum):
     SP_NO_EFFECT = ("sp-no-effect",
                     "sequence parallel changes nothing for a unit with no sequence-shardable activations")
     DOMINATED = ("dominated", "slower and at least as large as another strategy with the same layout")
+    CP_NOT_DIVIDING_STAGE = ("cp-not-dividing-stage", "TP degree x context-parallel degree must divide the "
+                             "stage's device count")
+    SP_WITH_CP = ("sp-with-cp", "the runtime does not combine sequence parallel with context parallel")
     # -- layer ranges a stage could run (homogeneous search; counted per range end dropped) --
     RANGE_OVER_MEMORY = ("range-over-memory",
                          "stage layer ranges that cannot fit: their least memory exceeds the device budget "

@@ -39,12 +39,24 @@ def _plan(pipelines):
     return plan
 
 
+def _hf_llama() -> nn.Module:
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16,
+                                   attn_implementation="sdpa")
+    return transformers.LlamaForCausalLM(cfg)
+
+
+def _build(model: str) -> nn.Module:
+    return _hf_llama() if model == "hf-llama" else MODELS[model][0]()
+
+
 def _train(rank, world, model, plan, x, y, loss_fn=None):
     from autopar.runtime import wrap
 
     torch.manual_seed(0)
     try:
-        pm = wrap(MODELS[model][0](), plan, optimizer=adamw, loss_fn=loss_fn)
+        pm = wrap(_build(model), plan, optimizer=adamw, loss_fn=loss_fn)
     except AutoparError as e:
         return str(e)
     losses = [pm.step(x, y) for _ in range(STEPS)]
@@ -52,10 +64,11 @@ def _train(rank, world, model, plan, x, y, loss_fn=None):
 
 
 def _reference(model, x, y):
+    from autopar.models.hf import units_view
     from autopar.runtime.stage import cross_entropy
 
     torch.manual_seed(0)
-    m = MODELS[model][0]()
+    m = units_view(_build(model))  # HF: its units view, the same weights and logits (tests/runtime/test_hf.py)
     opt = adamw(list(m.parameters()))
     losses = []
     for _ in range(STEPS):
@@ -81,6 +94,8 @@ PLANS = {  # name -> (model, pipelines)
                                                                    (L1, {"cp": 2, "tp": 2}), (H, {"cp": 2})])])]),
     "cp2_pp2_llama": ("llama", [(2, 4, [([0, 1], _block(2, cp=2)[0]), ([2, 3], _block(2, cp=2)[1])])]),
     "cp2_zero3_selective_gpt": ("gpt", [(4, 2, [([0, 1], same(GPT_UNITS, cp=2, zero=3, ckpt="selective"))])]),
+    "cp2_hf_llama": ("hf-llama", [(4, 2, [([0, 1], same(GPT_UNITS, cp=2))])]),
+    "cp2_tp2_hf_llama": ("hf-llama", [(4, 2, [([0, 1, 2, 3], same(GPT_UNITS, cp=2, tp=2))])]),
     "cp2_zero1_full_llama": ("llama", [(4, 2, [([0, 1, 2, 3], same(GPT_UNITS, cp=2, zero=1, ckpt="full"))])]),
 }
 
@@ -88,6 +103,8 @@ PLANS = {  # name -> (model, pipelines)
 @pytest.mark.parametrize("name", sorted(PLANS))
 def test_context_parallel_matches_one_process(name):
     model, pipelines = PLANS[name]
+    if model == "hf-llama":
+        pytest.importorskip("transformers")
     plan = _plan(pipelines)
     x, y = _data()
     got = run_distributed(_train, plan.world_size, model, plan, x, y)
