@@ -90,7 +90,7 @@ def plan_rules(plan: Plan, model: ModelFacts | None = None, world: WorldFacts | 
     """Every problem of ``plan``, in a fixed order (empty: the plan is valid)."""
     return list(chain(top_rules(plan, model), schedule_rules(plan), placement_rules(plan, model),
                       device_rules(plan, world),
-                      layer_rules(plan, model, world), cp_rules(plan),
+                      cp_rules(plan), layer_rules(plan, model, world),
                       memory_rules(plan, memory_peak_gib) if memory_peak_gib else ()))
 
 

@@ -101,6 +101,8 @@ PLAN_EDITS = {
     "strategy-tp-lowered": setter(f"{LAYERS}.0.tp", 2),
     "strategy-tp-3": setter(f"{LAYERS}.0.tp", 3),
     "strategy-head-zero": setter(f"{LAYERS}.2.zero", 0),
+    "strategy-cp-0": setter(f"{LAYERS}.1.cp", 0),
+    "strategy-cp-mixed": setter(f"{LAYERS}.1.cp", 2),  # one cp per pipeline: the pair of units named
     "strategy-layer-dropped": lambda doc: doc["pipelines"][0]["stages"][0]["layers"].pop(1),
     "batch-micro-halved": _both(setter("pipelines.0.micro_batch_size", 8), setter("pipelines.0.num_microbatches", 2)),
     "batch-global-doubled": _both(setter("global_batch_size", 32), setter("pipelines.0.batch_share", 32),
