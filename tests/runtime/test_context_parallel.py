@@ -158,3 +158,52 @@ def test_load_balanced_chunks():
     assert sorted(torch.cat(parts, dim=1).flatten().tolist()) == list(range(16))
     with pytest.raises(AutoparError, match="does not split into 2 x cp = 8"):
         chunk_positions(12, 4, 0)
+
+
+
+def _train_clipped(rank, world, plan, x, y, evaluate):
+    from autopar.runtime import wrap
+
+    torch.manual_seed(0)
+    pm = wrap(MODELS["llama"][0](), plan, optimizer=adamw, max_grad_norm=0.5)
+    losses = [pm.step(x, y) for _ in range(STEPS)]
+    return losses, pm.last_grad_norm, pm.eval_step(x, y) if evaluate else None, pm.full_state_dict()
+
+
+def _interleaved_plan():
+    chunks = [([0, 1], [(E, {"cp": 2})]), ([2, 3], [(L0, {"cp": 2})]), ([0, 1], [(L1, {"cp": 2})]),
+              ([2, 3], [(H, {"cp": 2})])]
+    plan = make_plan([(2, 4, chunks)], schedule="interleaved", virtual_stages=2)
+    plan.model.seq_len = 8
+    return plan
+
+
+@pytest.mark.parametrize("name", ["interleaved", "cp2_pp2"])
+def test_cp_with_clipping_and_eval_step(name):
+    """cp 2 on an interleaved pipeline (2 stages x 2 chunks) and on a 1f1b one: gradient clipping counts
+    every shard once; eval_step's forward-only loss (1f1b; interleaved has none): equal to one process."""
+    from autopar.runtime.stage import cross_entropy
+
+    plan = _interleaved_plan() if name == "interleaved" else _plan(PLANS["cp2_pp2_llama"][1])
+    x, y = _data()
+    got = run_distributed(_train_clipped, 4, plan, x, y, name != "interleaved")
+    torch.manual_seed(0)
+    m = MODELS["llama"][0]()
+    opt = adamw(list(m.parameters()))
+    losses = []
+    for _ in range(STEPS):
+        loss = cross_entropy(m(x), y)
+        opt.zero_grad()
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(m.parameters(), 0.5).item()
+        opt.step()
+        losses.append(loss.item())
+    with torch.no_grad():
+        final = cross_entropy(m(x), y).item()
+    for got_losses, grad_norm, eval_loss, state in got:
+        assert got_losses == got[0][0]
+        torch.testing.assert_close(torch.tensor(got_losses), torch.tensor(losses), atol=TOL, rtol=TOL)
+        assert abs(grad_norm - norm) <= TOL * max(1.0, norm)
+        assert eval_loss is None or abs(eval_loss - final) <= TOL * max(1.0, final)
+        for k, v in m.named_parameters():
+            torch.testing.assert_close(state[k], v.detach(), atol=TOL, rtol=TOL, msg=lambda m, k=k: f"{k}: {m}")
