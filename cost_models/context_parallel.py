@@ -7,9 +7,10 @@ per rank that is ``b_local = mbs t / n`` samples' worth of tokens, exactly what 
 already computes with its ``dp = n / t``. So the existing terms need no change:
 
 * linear-layer FLOPs, activation memory and traffic, TP collectives: per token, divided by c;
-* attention FLOPs: each rank's queries against the full keys under the causal mask; with the load-
-  balanced split (2c chunks, rank r holds chunks r and 2c-1-r) every rank has 1/c of the causal work,
-  counted so (assumes a kernel that skips fully masked blocks, as flash attention does);
+* attention FLOPs: each rank's S/c queries against the whole S keys are 1/c of the full S x S product
+  the model spec counts for cp 1 (no causal skipping is assumed there either), which is what the
+  runtime's masked SDPA computes; with the load-balanced split (2c chunks, rank r holds chunks r and
+  2c-1-r) a kernel that skips fully masked blocks also gets an equal 1/c of the causal work per rank;
 * gradient sync and ZeRO sharding over dp x c = n / t ranks (parameters are replicated over CP), the
   group ``dp_links(t)`` already names.
 

@@ -96,6 +96,8 @@ PLANS = {  # name -> (model, pipelines)
     "cp2_zero3_selective_gpt": ("gpt", [(4, 2, [([0, 1], same(GPT_UNITS, cp=2, zero=3, ckpt="selective"))])]),
     "cp2_hf_llama": ("hf-llama", [(4, 2, [([0, 1], same(GPT_UNITS, cp=2))])]),
     "cp2_tp2_hf_llama": ("hf-llama", [(4, 2, [([0, 1, 2, 3], same(GPT_UNITS, cp=2, tp=2))])]),
+    "cp2_tp2_zero3_llama": ("llama", [(4, 2, [([0, 1, 2, 3], same(GPT_UNITS, cp=2, tp=2, zero=3))])]),
+    "cp2_dp2_zero2_op_gpt": ("gpt", [(4, 2, [([0, 1, 2, 3], same(GPT_UNITS, cp=2, zero=2, ckpt="op"))])]),
     "cp2_zero1_full_llama": ("llama", [(4, 2, [([0, 1, 2, 3], same(GPT_UNITS, cp=2, zero=1, ckpt="full"))])]),
 }
 
