@@ -162,14 +162,21 @@ def check_cp_model(plan: Plan, model: nn.Module) -> None:
                            "Llama-family models have it)", "set cp: 1, or run one of those models")
 
 
-def check_cp_loss(plan: Plan, token_loss: bool) -> None:
-    """Refuse cp > 1 with a loss the runtime cannot split over sequence chunks (not the token mean)."""
+def check_cp_settings(plan: Plan, token_loss: bool, compiled: bool) -> None:
+    """Refuse cp > 1 with what the runtime cannot split over sequence chunks or has not proven with it:
+    a loss other than the token mean, and torch.compile (one line naming the pair)."""
     used = plan_cp(plan)
-    if used and not token_loss:
-        pi, si, li = used[0]
-        raise AutoparError("loss_fn", f"context parallel (pipelines[{pi}].stages[{si}].layers[{li}].cp) splits "
-                           "each sample's tokens over ranks; only the token cross entropy is split exactly",
-                           "use the default loss (or nn.CrossEntropyLoss), or set cp: 1")
+    if not used:
+        return
+    pi, si, li = used[0]
+    at = f"pipelines[{pi}].stages[{si}].layers[{li}].cp"
+    if not token_loss:
+        raise AutoparError("loss_fn", f"context parallel ({at}) splits each sample's tokens over ranks; only the "
+                           "token cross entropy is split exactly", "use the default loss (or nn.CrossEntropyLoss), "
+                           "or set cp: 1")
+    if compiled:
+        raise AutoparError("compile", f"context parallel ({at}) with torch.compile is not supported (its K/V "
+                           "all-gather is not traced here)", "use compile=False, or set cp: 1")
 
 
 def hf_cp_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

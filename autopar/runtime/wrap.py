@@ -18,7 +18,7 @@ from autopar.runtime.agreement import agreed_start
 from autopar.runtime.boundaries import BoundaryCheck
 from autopar.runtime.checkpointing import apply_checkpointing
 from autopar.runtime.chunks import build_runner, rank_chunks
-from autopar.runtime.context_parallel import CPGroup, apply_cp, check_cp_loss
+from autopar.runtime.context_parallel import CPGroup, apply_cp, check_cp_settings
 from autopar.runtime.env import ensure_process_group, runtime_device
 from autopar.runtime.grad_sync import UnitGradSync
 from autopar.runtime.groups import Groups, unit_rank_sets
@@ -71,7 +71,8 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
                 its rows' share of the global batch: exact when every row weighs the same, not for a
                 mean over a data-dependent count (autopar.runtime.loss). With the default and a TP
                 head, the loss runs under ``loss_parallel`` on vocabulary-sharded logits
-                (``loss_parallel=False`` gathers them).
+                (``loss_parallel=False`` gathers them). A plan with context parallel (cp > 1)
+                takes the token cross entropy only (autopar.runtime.context_parallel).
     device:     default: this rank's CUDA device under nccl, else the CPU.
     timeout_s:  collective timeout (default 10 minutes) when ``wrap`` initialises the process group
                 from torchrun variables; a group you initialised keeps its own timeout.
@@ -113,7 +114,7 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
                 "max_grad_norm": max_grad_norm, "mixed_precision": repr(mixed_precision),
                 "compile": repr(compile_kwargs)}
     plan, named, infos, ties = agreed_start(model, plan, world, settings)
-    check_cp_loss(plan, isinstance(step_loss(loss_fn), TokenCrossEntropy))
+    check_cp_settings(plan, isinstance(step_loss(loss_fn), TokenCrossEntropy), compile_kwargs is not None)
     check_policy(mixed_precision, model, plan.precision)
     if compile_kwargs is not None:
         _check_compilable(plan)

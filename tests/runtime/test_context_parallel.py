@@ -15,7 +15,12 @@ from torch import nn
 from autopar.errors import AutoparError
 from autopar.plan.compact import make_plan
 from autopar.plan.rules import plan_rules
-from autopar.runtime.context_parallel import check_cp_model, chunk_positions, split_sequence
+from autopar.runtime.context_parallel import (
+    check_cp_model,
+    check_cp_settings,
+    chunk_positions,
+    split_sequence,
+)
 from autopar.runtime.local_ranks import run_distributed
 from tests.runtime.api_reference import adamw
 from tests.runtime.cases import GPT_UNITS, MODELS, same, token_data
@@ -127,6 +132,14 @@ def test_user_loss_refused_on_every_rank():
     x, y = _data()
     got = run_distributed(_train, 2, "gpt", plan, x, y, lambda out, t: out.float().mean())
     assert got[0] == got[1] and got[0].startswith("loss_fn: context parallel")
+
+
+def test_compile_refused_with_cp():
+    plan = _plan(PLANS["cp2_gpt"][1])
+    with pytest.raises(AutoparError, match=r"^compile: context parallel \(pipelines\[0\]\.stages\[0\]\.layers\[0\]"):
+        check_cp_settings(plan, token_loss=True, compiled=True)
+    check_cp_settings(plan, token_loss=True, compiled=False)
+    check_cp_settings(_plan([(4, 2, [([0, 1], same(GPT_UNITS))])]), token_loss=False, compiled=True)  # no cp
 
 
 def test_model_without_hook_refused():
