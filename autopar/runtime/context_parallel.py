@@ -10,22 +10,26 @@ their gradients summed over dp x cp (the unit's DP group: autopar/runtime/layout
 global valid-token mean (autopar/runtime/loss.py: each rank sums its tokens' losses over the global
 count), so the result equals single-process training.
 
-Why not ``torch.distributed.tensor.experimental.context_parallel``: in torch 2.13 it works by
-patching ``F.scaled_dot_product_attention`` for DTensor inputs sharded on a device mesh and dispatches
-to the ring/all-gather implementations of the flash and memory-efficient SDPA kernels only
-(``_scaled_dot_product_flash_attention`` / ``_efficient_attention``, see
-``torch/distributed/tensor/experimental/_attention.py``); on CPU those kernels are not what SDPA runs
-(the math path with an explicit mask is), so it cannot be run, let alone proven equal to one process,
-on gloo/CPU. It also needs the buffers it shards handed over up front and rewrites the model's SDPA
-calls globally, where autopar places CP per unit under its own TP layout. The path here is plain
-collectives (``all_gather_single`` / ``reduce_scatter_single``) on a process group, the same
-code on NCCL/CUDA, with SDPA given an explicit boolean mask (any kernel that takes masks runs it).
+Why not ``torch.distributed.tensor.experimental.context_parallel``: in torch 2.13 it patches
+``F.scaled_dot_product_attention`` (DTensor inputs on a device mesh) and has ring / all-gather handlers
+only for the fused SDPA ops, ``_scaled_dot_product_flash_attention``, ``_efficient_attention`` and
+``_cudnn_attention``, none of which takes an attention mask (``attn_bias`` raises NotImplementedError),
+plus flex attention (``torch/distributed/tensor/experimental/_context_parallel/_attention.py``). On
+CPU SDPA runs the math path, which has no handler, so it cannot run, let alone be proven equal to
+one process, on gloo/CPU. It also shards the buffers it is handed up front and rewrites every SDPA call
+globally, where autopar places CP per unit under its own TP layout, and Hugging Face attention passes a
+mask. The path here is plain collectives (``all_gather_single`` / ``reduce_scatter_single``) on a
+process group, the same code on NCCL/CUDA, with SDPA given an explicit mask (any kernel that takes
+masks runs it).
 
 How a model opts in (``supports_cp``): its units view has ``context_parallel = True``; modules that
 compute positions expose a ``cp_positions`` attribute (None = positions 0..S-1), which ``apply_cp``
 sets to this rank's ``positions``; autopar's ``AttentionCore`` modules are replaced by
-``CPAttentionCore``; a Hugging Face Llama-family block (``HFRotaryBlock``) gets ``cp_attention`` and
-runs its attention through the ``autopar_cp`` attention function registered with transformers.
+``CPAttentionCore``; a Hugging Face Llama block (``HFRotaryBlock``, model_type llama) gets
+``cp_attention`` and runs its attention through the ``autopar_cp`` attention function registered with
+transformers. HF attention gathers K and V at KV-head width (what the cost model counts); autopar's
+reference Llama repeats K and V to every query head before its attention core, so its gather moves
+n_heads / n_kv_heads times those bytes (correct, not the efficient layout).
 """
 
 from __future__ import annotations
