@@ -42,7 +42,8 @@ def cp_degrees(seq_len: int, num_devices: int) -> tuple[int, ...]:
 def search_over_cp(planner: Planner, model: ModelSpec, cluster: Cluster, global_batch_size: int,
                    opts: SearchOptions, with_baselines: bool) -> SearchResult:
     """``planner`` once per CP degree; the fastest plan, with cp 1's baselines and every degree's outcome
-    in ``plan.search["cp"]`` (step time, or why none). Raises cp 1's error when no degree gives a plan."""
+    in ``plan.search["cp"]`` (step time, or why none). ``seconds`` is all the searches' time; candidate
+    and pruning counts are the winning degree's. Raises the first degree's error when none gives a plan."""
     degrees = opts.cp_degrees or cp_degrees(model.seq_len, cluster.num_devices)
     bad = [c for c in degrees if not isinstance(c, int) or c < 1 or model.seq_len % (2 * c) and c > 1]
     if bad:
