@@ -14,10 +14,15 @@ rank holds 8192 tokens of one sequence. Sequence parallel is off: autopar's runt
 it with context parallel and the validator refuses the pair. The paper does not publish v or what was
 recomputed: ``main`` tries each v and the least recompute that fits and prints them all.
 
-    python benchmarks/frontier_cp.py      # prints the variants and the fastest fitting one
+Then the search on the same problem (llama3-405b, seq 131072, 16384 H100, 128 sequences): it tries
+cp 1, 2, 4, 8 and 16 (autopar/search/context_parallel.py) and prints what each gives and its plan.
+
+    python benchmarks/frontier_cp.py      # prints the variants, the fastest fitting one, the search
 """
 
 from __future__ import annotations
+
+import time
 
 from autopar.cluster.parse import load_cluster
 from autopar.estimate import estimate_plan
@@ -25,6 +30,7 @@ from autopar.modelspec.zoo import from_zoo
 from autopar.plan.precision import precision_params
 from autopar.plan.schema import ModelRef, Pipeline, Plan, Stage, StageLayer, Strategy
 from autopar.plan.validate import validate_plan
+from autopar.search import SearchOptions, search
 
 SEQ, TP, CP, PP = 131072, 8, 16, 16
 SEQS_PER_DP = 16  # sequences per DP replica per step (Table 4's batch size / DP)
@@ -83,6 +89,23 @@ def main() -> None:
         best = min(fit, key=lambda r: r["step_time_s"])
         print(f"fastest fitting: v={best['virtual_stages']} ckpt={best['ckpt']}: {best['step_time_s']:.2f} s/step, "
               f"{best['tflops_per_gpu']:.0f} TFLOPs/GPU predicted (measured {MEASURED_TFLOPS:.0f})")
+    s = search_128k()
+    print(f"search ({s['seconds']:.1f} s): {s['step_time_s']:.2f} s/step, {s['tflops_per_gpu']:.0f} TFLOPs/GPU, "
+          f"{s['memory_gib']:.1f} GiB, pp{s['pp']} v{s['virtual_stages']} m{s['micro_batches']} {s['strategies']}; "
+          f"per cp: {s['cp_step_times']}")
+
+
+def search_128k() -> dict:
+    """The search on Meta's 128K problem: its plan's shape, figures, seconds and each cp degree's step time."""
+    t0 = time.perf_counter()
+    res = search(from_zoo("llama3-405b", SEQ), load_cluster("2048x8xH100"), 8 * SEQS_PER_DP, SearchOptions(),
+                 with_baselines=False)
+    pipe = res.plan.pipelines[0]
+    return {"seconds": time.perf_counter() - t0, "step_time_s": res.estimate.step_time_s,
+            "tflops_per_gpu": res.estimate.tflops, "memory_gib": res.estimate.max_memory_gib, "pp": pipe.num_stages,
+            "virtual_stages": pipe.virtual_stages, "micro_batches": pipe.num_microbatches,
+            "strategies": sorted({ly.strategy.short() for st in pipe.stages for ly in st.layers}),
+            "cp_step_times": res.plan.search["cp"]}
 
 
 if __name__ == "__main__":
