@@ -60,6 +60,7 @@ class LlamaAttention(nn.Module):
         super().__init__()
         self.head_dim, self.theta = cfg.head_dim, cfg.rope_theta
         self.group = cfg.n_heads // cfg.n_kv_heads  # query heads per KV head (unchanged by TP)
+        self.kv_repeat = self.group  # context parallel gathers K and V before this repeat
         self.q = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=False)
         self.k = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
         self.v = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)

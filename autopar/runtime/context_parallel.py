@@ -27,9 +27,9 @@ compute positions expose a ``cp_positions`` attribute (None = positions 0..S-1),
 sets to this rank's ``positions``; autopar's ``AttentionCore`` modules are replaced by
 ``CPAttentionCore``; a Hugging Face Llama block (``HFRotaryBlock``, model_type llama) gets
 ``cp_attention`` and runs its attention through the ``autopar_cp`` attention function registered with
-transformers. HF attention gathers K and V at KV-head width (what the cost model counts); autopar's
-reference Llama repeats K and V to every query head before its attention core, so its gather moves
-n_heads / n_kv_heads times those bytes (correct, not the efficient layout).
+transformers. Both gather K and V at KV-head width (what the cost model counts): HF before its own
+repeat, autopar's Llama (which repeats K and V to every query head before its attention core, stating
+``kv_repeat``) by gathering one copy per KV head and repeating after the gather.
 """
 
 from __future__ import annotations
@@ -129,12 +129,17 @@ class CPAttentionCore(AttentionCore):
     """Causal attention of this rank's queries against the CP group's whole K and V (selective
     checkpointing still finds it: it is an ``AttentionCore``)."""
 
-    def __init__(self, cpg: CPGroup) -> None:
+    def __init__(self, cpg: CPGroup, kv_repeat: int = 1) -> None:
         super().__init__()
-        self.cpg = cpg
+        self.cpg, self.kv_repeat = cpg, kv_repeat
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        r = self.kv_repeat  # K and V arrive repeated to every query head: gather one copy per KV head
+        if r > 1:
+            k, v = k[:, ::r], v[:, ::r]
         k_all, v_all = gather_sequence(k, self.cpg), gather_sequence(v, self.cpg)
+        if r > 1:
+            k_all, v_all = k_all.repeat_interleave(r, dim=1), v_all.repeat_interleave(r, dim=1)
         mask = causal_mask_at(self.cpg.positions(q.shape[-2], q.device), k_all.shape[-2])
         return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)
 
@@ -212,5 +217,5 @@ def apply_cp(unit: nn.Module, cpg: CPGroup) -> None:
             m.cp_attention = cpg
             _use_hf_cp_attention(m)
         for child_name, child in list(m.named_children()):
-            if type(child) is AttentionCore:
-                setattr(m, child_name, CPAttentionCore(cpg))
+            if type(child) is AttentionCore:  # ``kv_repeat``: query heads per KV head, where the parent repeats
+                setattr(m, child_name, CPAttentionCore(cpg, getattr(m, "kv_repeat", 1)))
