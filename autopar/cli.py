@@ -145,6 +145,9 @@ def _explain(res) -> None:
     print(f"planner: {res.planner}")
     if "partitioner" in res.plan.search:  # the heterogeneous planner's pipeline grouping (METIS or greedy)
         print(f"partitioner: {res.plan.search['partitioner']}")
+    if "cp" in res.plan.search:  # the context-parallel degrees searched (autopar/search/context_parallel.py)
+        tried = ", ".join(f"cp{c} {v if isinstance(v, str) else f'{v:.4g} s'}" for c, v in res.plan.search["cp"].items())
+        print(f"context parallel (one search per degree, step time or why none): {tried}")
     print("pruning rules (count: rule):")
     for rule, count in sorted(res.pruned.items(), key=lambda kv: -kv[1]):
         print(f"  {count:>9,}  {rule}: {describe(rule)}")

@@ -28,6 +28,7 @@ from cost_models import communication as comm
 from cost_models import moe as expert_parallel
 from cost_models.collectives import Collectives, GroupLinks
 from cost_models.compute import compute_time, memory_bound_time
+from cost_models.context_parallel import cp_array, cp_comm_times, cp_kept_bytes, cp_transient_bytes
 from cost_models.memory import model_state_bytes
 from cost_models.params import CostParams
 from cost_models.zero_options import (
@@ -112,6 +113,9 @@ class Stage(Protocol):
 
     def dp_links(self, tp: int) -> GroupLinks:
         """The worst data-parallel group beside TP groups of degree ``tp`` (strided devices)."""
+
+    def cp_links(self, tp: int, cp: int) -> GroupLinks:
+        """The worst context-parallel group (stride ``tp`` inside ``tp * cp`` consecutive devices)."""
 
 
 @dataclass
@@ -266,6 +270,8 @@ def layer_costs(layer: Layer, strategies: list[Strategy], stage: Stage) -> Layer
     """Time and memory of ``layer`` under each strategy (tp must divide the stage and the micro-batch split).
 
     Assumes every dp = n / tp divides ``stage.micro_batch_size`` (the search and validator ensure it).
+    With context parallel c (cost_models/context_parallel.py) ``dp`` is dp x c and ``b_local`` the
+    rank's tokens in samples (mbs t / n, fractional when c exceeds the samples).
     """
     p = stage.params
     coll = stage.collectives
@@ -286,6 +292,11 @@ def layer_costs(layer: Layer, strategies: list[Strategy], stage: Stage) -> Layer
     z_bwd = no_reshard_backward(z_bwd, b_comp, rs_grad / p.zero3_comm_eff, zero, reshard, p.overlap_zero3)
     fwd = (f_comp + z_fwd) + tp_fwd
     bwd = (b_comp + z_bwd) + tp_bwd
+    cp = cp_array(strategies)  # context parallel: dp above is dp x cp, b_local per rank's tokens
+    if (cp > 1).any():
+        cp_fwd, cp_bwd = cp_comm_times(layer, tp, cp, ckpt, b_local, stage.cp_links, coll)
+        fwd, bwd = fwd + cp_fwd, bwd + cp_bwd
+        saved = saved + cp_kept_bytes(layer, tp, cp, ckpt)
 
     # Step-level: gradient sync left after this layer's last backward, then the optimizer update.
     shard = shard_params(layer, tp)
@@ -336,6 +347,7 @@ def transient_bytes(layer: Layer, stage: Stage, strategy: Strategy) -> float:
     """
     b_local = stage.micro_batch_size * strategy.tp / stage.n
     act = layer.saved_bytes("none", strategy.tp, strategy.sp) * b_local * stage.params.act_mem_factor
+    act += cp_transient_bytes(layer, strategy.tp, getattr(strategy, "cp", 1), b_local) * stage.params.act_mem_factor
     if strategy.zero != 3 or strategy.tp >= stage.n:  # ZeRO-3 without data parallelism gathers nothing
         return act
     copies = transient_copies(strategy)  # reshard: false holds its own gathered copy in its model states

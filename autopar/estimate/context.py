@@ -23,6 +23,7 @@ class StageContext:
     micro_batch_size: int
     num_microbatches: int
     params: CostParams = field(default_factory=CostParams)
+    cp: int = 1  # the context-parallel degree the search gives this stage's units (estimates read strategies)
 
     @property
     def n(self) -> int:
@@ -45,7 +46,7 @@ class StageContext:
         c = self.cluster
         # Interned once per device group: hashing a pattern costs a pass over the stage's devices.
         pattern_id = c.memoised(("pattern_id", self.group), lambda: c.intern("pattern", self._pattern()[0]))
-        key: tuple = (id(c), pattern_id, self.micro_batch_size, self.num_microbatches, self.params)
+        key: tuple = (id(c), pattern_id, self.micro_batch_size, self.num_microbatches, self.params, self.cp)
         if not c.is_homogeneous:
             nodes = self.nodes
             props = tuple((c.nodes[n].gpu, c.nodes[n].intra_bw, c.nodes[n].intra_lat_us) for n in nodes)
@@ -111,6 +112,15 @@ class StageContext:
     def dp_links(self, tp: int) -> GroupLinks:
         """The worst data-parallel group beside TP groups of degree ``tp`` (strided devices)."""
         return self._links_cached("dp", tp)
+
+    def cp_links(self, tp: int, cp: int) -> GroupLinks:
+        """The worst context-parallel group: devices ``tp`` apart inside each run of ``tp * cp``
+        consecutive devices (one data-parallel replica; autopar/plan/cp_rules.py)."""
+        def compute() -> GroupLinks:
+            devs, w = list(self.devices), tp * cp
+            return self._links([devs[b + j:b + w:tp] for b in range(0, len(devs), w) for j in range(tp)])
+
+        return self.cluster.memoised(("cp", tp, cp, self.group), compute)
 
     def _links_cached(self, kind: str, tp: int) -> GroupLinks:
         def compute() -> GroupLinks:

@@ -25,6 +25,8 @@ class Caps:
     reshard: the ``reshard`` values it runs ZeRO-3 with
     (False: parameters kept gathered from forward to backward); overlap: the ``zero_overlap`` values it runs
     ZeRO-1/2 with (True: reduce-scatter in backward and all-gather before forward overlapped, both).
+    cp: whether it configures context parallelism
+    (DeepSpeed and accelerate do not: their closest plan has cp 1).
     """
 
     name: str
@@ -43,6 +45,7 @@ class Caps:
     ep_zero: tuple[int, ...] = ()  # ZeRO levels it runs expert parallelism with
     reshard: tuple[bool, ...] = (True,)  # ZeRO-3's reshard values
     overlap: tuple[bool, ...] = (False,)  # ZeRO-1/2's zero_overlap values
+    cp: bool = False  # context parallel (torchtitan context_parallel_degree, Megatron --context-parallel-size)
 
     def zero_levels(self, pp: int) -> tuple[int, ...]:
         return self.zero_pp if pp > 1 else self.zero
@@ -56,14 +59,14 @@ CAPS: dict[str, Caps] = {
     # --parallelism.expert_parallel_degree borrows its ranks from FSDP (ParallelismConfig: efsdp = dp_shard * cp *
     # tp / ep), so expert parallelism goes with FSDP (ZeRO-3, resharding or not).
     "torchtitan": Caps("torchtitan", (0, 3), (0, 3), ("none", "op", "full"), "free", "any", True, True, True,
-                       True, ("bf16", "fp32"), ".sh", ("1f1b", "gpipe"), (3,), reshard=(True, False)),
+                       True, ("bf16", "fp32"), ".sh", ("1f1b", "gpipe"), (3,), reshard=(True, False), cp=True),
     # Megatron-LM / megatron-core 0.16: uniform TP/PP, --pipeline-model-parallel-layout, DDP or the
     # distributed optimizer (ZeRO-1), Megatron-FSDP optim_grads (ZeRO-2) / optim_grads_params (ZeRO-3)
     # without pipelining, --overlap-grad-reduce with --overlap-param-gather (zero_overlap) on either;
     # --recompute-granularity selective (the attention core) | full.
     # --expert-model-parallel-size (EP a sub-group of DP) with DDP or the distributed optimizer.
     "megatron": Caps("megatron", (0, 1, 2, 3), (0, 1), ("none", "selective", "full"), "free", "any", True, True,
-                     True, False, ("bf16", "fp16", "fp32"), ".sh", ep_zero=(0, 1), overlap=(False, True)),
+                     True, False, ("bf16", "fp16", "fp32"), ".sh", ep_zero=(0, 1), overlap=(False, True), cp=True),
     # DeepSpeed 0.19: zero_optimization.stage 0-3 (0-1 with its pipeline engine), AutoTP without pipelining,
     # PipelineModule's partition by block type (an even split), activation checkpointing of every block.
     # Not zero_overlap (its overlap_comm overlaps the gradient reduction only, not the parameter all-gather)

@@ -42,12 +42,12 @@ def _first(prefs: tuple, allowed: tuple):
     return next(v for v in prefs if v in allowed)
 
 
-def _tp_options(caps: Caps, pp: int, n: int, model: ModelSpec) -> list[int]:
-    """TP degrees the target takes on stages of ``n`` devices that every block accepts."""
+def _tp_options(caps: Caps, pp: int, n: int, model: ModelSpec, cp: int = 1) -> list[int]:
+    """TP degrees the target takes on stages of ``n`` devices (``cp`` of them per TP rank) that every block accepts."""
     if not caps.tp or (pp > 1 and not caps.tp_with_pp):
-        return [1]
+        return [1] if n % cp == 0 else []
     blocks = [ly for ly in model.layers if recomputed(ly, model)]
-    return [t for t in range(1, n + 1) if n % t == 0 and all(ly.tp_ok(t) for ly in blocks)]
+    return [t for t in range(1, n + 1) if n % (t * cp) == 0 and all(ly.tp_ok(t) for ly in blocks)]
 
 
 def _ep_options(caps: Caps, model: ModelSpec, tp: int, zero: int, dp: int) -> list[int]:
@@ -83,16 +83,19 @@ def project(plan: Plan, model: ModelSpec, caps: Caps) -> Shape | None:
     if world % pp:
         return None
     n = world // (replicas * pp)
-    tps = _tp_options(caps, pp, n, model)
+    cp = (weighted_choice(plan, model, lambda s: s.cp) or 1) if caps.cp else 1  # one per pipeline in a plan
+    tps = _tp_options(caps, pp, n, model, cp)
+    if not tps:
+        return None
     want_tp = weighted_choice(plan, model, lambda s: s.tp, blocks_only=True) or 1
     tp = min(tps, key=lambda t: (abs(t - want_tp), -t))
     zero = _first(NEAREST_ZERO[weighted_choice(plan, model, lambda s: s.zero) or 0], caps.zero_levels(pp))
     ckpt = _first(NEAREST_CKPT[weighted_choice(plan, model, lambda s: s.ckpt, blocks_only=True) or "none"], caps.ckpt)
-    sp = _sp(caps, tp, bool(weighted_choice(plan, model, lambda s: s.sp, blocks_only=True)))
+    sp = _sp(caps, tp, bool(weighted_choice(plan, model, lambda s: s.sp, blocks_only=True))) and cp == 1
     split = _split_for(caps, plan, model, pp)
     if split is None:
         return None
-    ms = _microbatch_options(plan.global_batch_size, replicas, n // tp)
+    ms = _microbatch_options(plan.global_batch_size, replicas, n // (tp * cp))
     if not ms:
         return None
     want_m = plan.pipelines[0].num_microbatches
@@ -100,7 +103,8 @@ def project(plan: Plan, model: ModelSpec, caps: Caps) -> Shape | None:
     want_ep = max((ly.strategy.ep for st in plan.stages for ly in st.layers), default=1)  # 1 on every dense unit
     ep = min(_ep_options(caps, model, tp, zero, n // tp), key=lambda e: (abs(e - want_ep), -e))
     reshard, overlap = sharding_options(plan, model, caps, zero)
-    return Shape(pp, tp, zero, ckpt, sp, m, split, replicas, _schedule(caps, plan, pp), ep, reshard, overlap)
+    return Shape(pp, tp, zero, ckpt, sp, m, split, replicas, _schedule(caps, plan, pp), ep, reshard, overlap,
+                 cp)
 
 
 def _schedule(caps: Caps, plan: Plan, pp: int) -> str:
@@ -185,8 +189,9 @@ def label(shape: Shape | None) -> str:
         return "-"
     r = f" x{shape.replicas} replicas" if shape.replicas > 1 else ""
     e = f" ep{shape.ep}" if shape.ep > 1 else ""
+    c = f" cp{shape.cp}" if shape.cp > 1 else ""
     opts = (" nr" if not shape.reshard else "") + (" ov" if shape.overlap else "")
-    return (f"pp{shape.pp} tp{shape.tp} z{shape.zero}{opts} {shape.ckpt}{' sp' if shape.sp else ''}{e} "
+    return (f"pp{shape.pp} tp{shape.tp}{c} z{shape.zero}{opts} {shape.ckpt}{' sp' if shape.sp else ''}{e} "
             f"m{shape.num_microbatches}{r}")
 
 

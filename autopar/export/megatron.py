@@ -60,6 +60,8 @@ def args(ex: Export) -> list[str]:
                            "attention heads) for pretrain_gpt.py", "export it to deepspeed or accelerate")
     blocks = sum(1 for ly in m.layers if ly.kind == "block") or m.num_layers
     out = ["--tensor-model-parallel-size", str(s.tp), "--pipeline-model-parallel-size", str(s.pp)]
+    if s.cp > 1:
+        out += ["--context-parallel-size", str(s.cp)]
     if s.sp:
         out.append("--sequence-parallel")
     if s.zero == 1:

@@ -37,6 +37,7 @@ class Shape:
     ep: int = 1  # expert parallel degree of the MoE units (where it is legal for the unit)
     reshard: bool = True  # ZeRO-3 units: reshard after forward
     overlap: bool = False  # ZeRO-1/2 units: zero_overlap
+    cp: int = 1  # context parallel degree (tp x cp x dp per stage, Megatron's order)
 
     def stage_devices(self, world: int) -> int:
         """Devices per stage on a world of ``world`` devices."""
@@ -44,7 +45,7 @@ class Shape:
 
     def dp(self, world: int) -> int:
         """Data-parallel degree of a stage (within one replica)."""
-        return self.stage_devices(world) // self.tp
+        return self.stage_devices(world) // (self.tp * self.cp)
 
 
 def recomputed(ly: LayerSpec, model: ModelSpec) -> bool:
@@ -64,7 +65,8 @@ def unit_strategy(ly: LayerSpec, model: ModelSpec, shape: Shape, n: int) -> Stra
         ckpt = "none"
     zero = shape.zero if n // tp > 1 else 0
     return Strategy(tp, zero, ckpt, shape.sp and tp > 1, reshard=shape.reshard or zero != 3,
-                    zero_overlap=shape.overlap and zero in (1, 2), ep=unit_ep(ly, shape.ep, tp, n // tp))
+                    zero_overlap=shape.overlap and zero in (1, 2), ep=unit_ep(ly, shape.ep, tp, n // tp),
+                    cp=shape.cp)
 
 
 def unit_ep(ly: LayerSpec, ep: int, tp: int, dp: int) -> int:
@@ -141,6 +143,7 @@ def describe(plan: Plan) -> dict[str, str]:
         "ckpt": per_unit(lambda s: s.ckpt),
         "sp": per_unit(lambda s: "on" if s.sp else "off"),
         "ep": per_unit(lambda s: s.ep),
+        "cp": per_unit(lambda s: s.cp),
         "micro-batches": " / ".join(f"{p.num_microbatches} of {p.micro_batch_size}" for p in pipes),
         "schedule": plan.schedule,
     }

@@ -33,6 +33,8 @@ def args(ex: Export) -> list[str]:
            "--parallelism.data_parallel_shard_degree", str(shard),
            "--parallelism.tensor_parallel_degree", str(s.tp),
            "--parallelism.pipeline_parallel_degree", str(s.pp)]
+    if s.cp > 1:
+        out += ["--parallelism.context_parallel_degree", str(s.cp)]
     if shard > 1:
         out += ["--parallelism.fsdp_reshard_after_forward", "always" if s.reshard else "never"]
     if s.ep > 1:

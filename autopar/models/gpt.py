@@ -36,9 +36,12 @@ class GPTEmbed(nn.Module):
         super().__init__()
         self.tok = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.pos = nn.Embedding(cfg.seq_len, cfg.dim)
+        self.cp_positions = None  # context parallel: (local length, device) -> true positions
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        s = tokens.shape[1]
+        positions = torch.arange(s, device=tokens.device) if self.cp_positions is None else self.cp_positions(
+            s, tokens.device)
         return self.tok(tokens) + self.pos(positions)
 
 
@@ -98,6 +101,7 @@ class GPT(nn.Module):
 
     family = "gpt"
     tp_plans = GPT_TP_PLAN
+    context_parallel = True  # positions and attention core follow autopar.runtime.context_parallel
 
     @property
     def tp_divisors(self) -> dict[str, tuple[int, ...]]:

@@ -72,16 +72,26 @@ class HFGPT2Embed(nn.Module):
 
 
 class HFRotaryBlock(nn.Module):
-    """A Llama-like decoder layer plus the rotary table it needs (computed for the full sequence)."""
+    """A Llama-like decoder layer plus the rotary table it needs (computed for the full sequence).
+
+    ``cp_attention``: set by the runtime under context parallel (autopar.runtime.context_parallel):
+    the block then holds this rank's tokens, takes their true positions and mask, and its attention runs
+    through the ``autopar_cp`` attention function (K and V gathered over the CP group)."""
 
     def __init__(self, layer: nn.Module, rotary: nn.Module) -> None:
         super().__init__()
         self.layer, self.rotary = layer, rotary
+        self.cp_attention = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        pos = torch.arange(x.shape[1], device=x.device)[None]
+        cpg = self.cp_attention
+        if cpg is None:
+            pos, mask = torch.arange(x.shape[1], device=x.device)[None], causal_mask(x)
+        else:
+            pos, mask = cpg.hf_positions_and_mask(x)
+            self.layer.self_attn.autopar_cp = cpg  # read by the autopar_cp attention function
         cos, sin = self.rotary(x, pos)
-        out = self.layer(x, attention_mask=causal_mask(x), position_ids=pos, position_embeddings=(cos, sin))
+        out = self.layer(x, attention_mask=mask, position_ids=pos, position_embeddings=(cos, sin))
         return out[0] if isinstance(out, tuple) else out
 
 
@@ -136,6 +146,8 @@ class HFCausalLM(nn.Module):
         super().__init__()
         self.embed, self.layers, self.head = embed, nn.ModuleList(layers), head
         self.family, self.tp_plans, self.tp_divisors, self.selective_ckpt = family, tp_plans, tp_divisors, selective
+        # context parallel: HF Llama (full causal attention; Mistral / Qwen2 sliding windows are not modelled)
+        self.context_parallel = family == "hf-llama"
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.embed(tokens)

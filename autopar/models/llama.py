@@ -33,11 +33,13 @@ class LlamaConfig:
         return self.dim // self.n_heads
 
 
-def rope(x: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotate ``x [B, heads, S, head_dim]`` by position (rotate-half convention)."""
+def rope(x: torch.Tensor, theta: float, positions: torch.Tensor | None = None) -> torch.Tensor:
+    """Rotate ``x [B, heads, S, head_dim]`` by position (rotate-half convention); ``positions``: the
+    tokens' true positions (default 0..S-1; context parallel passes a rank's own)."""
     s, d = x.shape[-2], x.shape[-1]
     inv_freq = 1.0 / theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)
-    angles = torch.outer(torch.arange(s, device=x.device, dtype=torch.float32), inv_freq)
+    pos = torch.arange(s, device=x.device) if positions is None else positions
+    angles = torch.outer(pos.to(torch.float32), inv_freq)
     cos = torch.cat([angles.cos(), angles.cos()], dim=-1).to(x.dtype)
     sin = torch.cat([angles.sin(), angles.sin()], dim=-1).to(x.dtype)
     x1, x2 = x[..., : d // 2], x[..., d // 2:]
@@ -58,16 +60,19 @@ class LlamaAttention(nn.Module):
         super().__init__()
         self.head_dim, self.theta = cfg.head_dim, cfg.rope_theta
         self.group = cfg.n_heads // cfg.n_kv_heads  # query heads per KV head (unchanged by TP)
+        self.kv_repeat = self.group  # context parallel gathers K and V before this repeat
         self.q = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=False)
         self.k = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
         self.v = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
         self.core = AttentionCore()
         self.o = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
+        self.cp_positions = None  # context parallel: (local length, device) -> true positions
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
         q, k, v = (p(x).view(b, s, -1, self.head_dim).transpose(1, 2) for p in (self.q, self.k, self.v))
-        q, k = rope(q, self.theta), rope(k, self.theta)
+        pos = self.cp_positions(s, x.device) if self.cp_positions is not None else None
+        q, k = rope(q, self.theta, pos), rope(k, self.theta, pos)
         k = k.repeat_interleave(self.group, dim=1)
         v = v.repeat_interleave(self.group, dim=1)
         y = self.core(q, k, v).transpose(1, 2).reshape(b, s, -1)
@@ -113,6 +118,7 @@ class Llama(nn.Module):
 
     family = "llama"
     tp_plans = LLAMA_TP_PLAN
+    context_parallel = True  # positions and attention core follow autopar.runtime.context_parallel
 
     @property
     def tp_divisors(self) -> dict[str, tuple[int, ...]]:

@@ -91,6 +91,9 @@ class LayerSpec:
                      for this unit, so ``op`` is refused for it.
     moe:             the unit's routed experts (``MoESpec``); None: a dense unit. ``params`` counts every
                      expert (total), ``flops`` the ``top_k`` a token runs (active).
+    kv_bytes:        bytes per sample of the unit's K and V at KV-head width: what context parallel
+                     all-gathers (cost_models/context_parallel.py); 0: taken as 2 x boundary_bytes
+                     for a unit with an attention core.
     """
 
     name: str
@@ -109,10 +112,11 @@ class LayerSpec:
     tp_plan: str | None = None
     op: OpSaved | None = None
     moe: MoESpec | None = None
+    kv_bytes: float = 0.0
 
     def __post_init__(self) -> None:
         for f in ("params", "tp_params", "flops", "attn_core_flops", "act_tp_bytes", "act_seq_bytes",
-                  "act_attn_bytes", "boundary_bytes", "tp_comm_bytes", "tp_collectives"):
+                  "act_attn_bytes", "boundary_bytes", "tp_comm_bytes", "tp_collectives", "kv_bytes"):
             if getattr(self, f) < 0:
                 raise AutoparError(f"layer {self.name}.{f}", f"is negative ({getattr(self, f)})",
                                    "give a count or size of at least 0")

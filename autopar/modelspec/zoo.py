@@ -211,7 +211,7 @@ def _block(x: _Shape, i: int) -> LayerSpec:
         attn_core_flops=attn_core, act_tp_bytes=act_tp, act_seq_bytes=s * h * (4 * d + 2 * m),
         act_attn_bytes=act_attn, boundary_bytes=s * h * d,
         tp_divisors=(a, f) if e["tp_family"] == "gpt" else (a, x.kv, f), tp_comm_bytes=2 * s * h * d, tp_collectives=2,
-        tp_plan=f"{e['tp_family']}.block", op=_block_op(x, attn_core))
+        tp_plan=f"{e['tp_family']}.block", op=_block_op(x, attn_core), kv_bytes=2.0 * s * x.hkv * d)
 
 
 def _head_lm(x: _Shape) -> LayerSpec:

@@ -3,7 +3,7 @@ both ``autopar validate`` and the runtime's ``check_plan``.
 
 An MoE unit with ep e splits its experts over e consecutive DP ranks of its stage (DP rank r holds
 experts ``[(r % e) * E/e, (r % e + 1) * E/e)``), so e must divide the unit's dp and its expert count E.
-ep > 1 on a dense unit, tp > 1 together with ep > 1 (expert tensor parallelism is not built), and ep > 1
+ep > 1 on a dense unit, tp > 1 or cp > 1 together with ep > 1 (expert tensor / context parallelism is not built), and ep > 1
 with the ZeRO options ``reshard: false`` / ``zero_overlap`` (not priced for expert-sharded units) are
 refused, each naming the field and the fix.
 """
@@ -38,6 +38,10 @@ def expert_rules(plan, experts: Mapping[str, int] | None) -> Iterator[Problem]:
                 if tp > 1:
                     yield (at, f"tp {tp} with ep {ep} on unit {ly.name!r}: tensor parallel and expert parallel "
                            "on one unit are not supported together yet", "set tp: 1 or ep: 1 for this unit")
+                    continue
+                if ly.strategy.cp > 1:
+                    yield (at, f"cp {ly.strategy.cp} with ep {ep} on unit {ly.name!r}: expert parallel with context "
+                           "parallel is not built", "set ep: 1 for this unit, or cp: 1 for the pipeline")
                     continue
                 if not ly.strategy.reshard or ly.strategy.zero_overlap:  # cost_models.moe prices neither
                     option = "reshard: false" if not ly.strategy.reshard else "zero_overlap: true"

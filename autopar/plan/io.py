@@ -31,7 +31,7 @@ Format (``autopar_plan: 1``)::
 leading zeros); it is written for every run of two or more such units that share one strategy, and
 only when it reads back to exactly those names. ``sp`` is written only when true, ``ep`` (expert
 parallel degree of an MoE unit) only when above 1, ``reshard`` only when false and ``zero_overlap`` only when
-true (their defaults; see ``Strategy``). The ``cluster:``
+true (their defaults; see ``Strategy``), ``cp`` only when > 1. The ``cluster:``
 block is a cluster document (autopar/cluster/parse.py) read standalone: its GPUs are listed in it,
 and a node entry without ``name`` has the empty name, without ``intra_bw_gbps`` the GPU's default
 fabric, without ``zone`` the zone ``default``; ``repeat: k`` stands for k equal nodes in a row.
@@ -169,6 +169,8 @@ def _layers_out(layers: list[StageLayer]) -> list[dict]:
             entry["reshard"] = False
         if s.zero_overlap:
             entry["zero_overlap"] = True
+        if s.cp > 1:
+            entry["cp"] = int(s.cp)
         out.append(entry)
         i = j
     return out

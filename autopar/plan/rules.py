@@ -28,7 +28,9 @@ What is checked (each group only when its inputs are given):
   micro-batch size; with a world that builds meshes, ZeRO-3 with 1 < tp < devices needs the stage's TP
   and DP groups to form one 2-D device mesh;
 * experts (``expert_rules``): ep > 1 only on MoE units, dividing the unit's dp and its expert count,
-  and not together with tp > 1;
+  and not together with tp > 1 or cp > 1;
+* context parallel (``cp_rules.py``): one cp per pipeline, tp x cp dividing the stage, the sequence in
+  2 x cp chunks, no sp with cp;
 * memory (with predicted peaks): each device's peak is within its budget (``memory_budget_gib`` when
   set, else the device's own GPU memory).
 """
@@ -40,6 +42,7 @@ from dataclasses import dataclass, field
 from itertools import chain
 
 from autopar.modelspec.spec import ModelSpec
+from autopar.plan.cp_rules import cp_rules
 from autopar.plan.expert_rules import expert_rules
 from autopar.plan.schema import SCHEDULES, Plan
 
@@ -93,7 +96,7 @@ def plan_rules(plan: Plan, model: ModelFacts | None = None, world: WorldFacts | 
     """Every problem of ``plan``, in a fixed order (empty: the plan is valid)."""
     return list(chain(top_rules(plan, model), schedule_rules(plan), placement_rules(plan, model),
                       device_rules(plan, world),
-                      layer_rules(plan, model, world),
+                      cp_rules(plan), layer_rules(plan, model, world),
                       expert_rules(plan, model.experts if model is not None else None),
                       memory_rules(plan, memory_peak_gib) if memory_peak_gib else ()))
 
@@ -298,9 +301,11 @@ def layer_rules(plan: Plan, model: ModelFacts | None, world: WorldFacts | None) 
                                    "keep each TP group inside one node: a smaller tp, or reorder the stage's "
                                    "devices node by node")
                             break
-                dp = n // tp
+                cp = ly.strategy.cp  # tp x cp not dividing the stage: cp_rules
+                dp = n // tp // cp if (n // tp) % cp == 0 else n // tp
+                per = f"tp {tp} x cp {cp}" if cp > 1 and (n // tp) % cp == 0 else f"tp {tp}"
                 if _is_count(p.micro_batch_size) and p.micro_batch_size % dp:
-                    yield (f"{at}.tp", f"dp = {n} devices / tp {tp} = {dp} does not divide micro_batch_size "
+                    yield (f"{at}.tp", f"dp = {n} devices / {per} = {dp} does not divide micro_batch_size "
                            f"{p.micro_batch_size} of pipeline {pi}",
                            f"make micro_batch_size a multiple of {dp}, or raise tp")
                 if (world is not None and world.mesh_2d is not None and ly.strategy.zero == 3 and 1 < tp < n

@@ -51,6 +51,7 @@ class Strategy:
     # the gradient reduce-scatter runs during the step's last backward, the parameter all-gather
     # during the next forward (cost_models/zero_options.py prices what stays exposed).
     zero_overlap: bool = False
+    cp: int = 1  # context parallel degree: the sequence split over cp ranks (autopar/plan/cp_rules.py)
 
     def __post_init__(self) -> None:
         if not isinstance(self.tp, int) or self.tp < 1:
@@ -72,6 +73,8 @@ class Strategy:
             raise AutoparError("strategy.zero_overlap", f"zero_overlap: {self.zero_overlap!r} with zero {self.zero}: "
                                "only ZeRO-1/2 (the distributed optimizer) overlap their step-level reduce-scatter "
                                "and all-gather", "set zero_overlap: true only with zero: 1 or 2 (or omit it)")
+        if not isinstance(self.cp, int) or isinstance(self.cp, bool) or self.cp < 1:
+            raise AutoparError("strategy.cp", f"must be an integer >= 1, got {self.cp!r}", "use 1 (off), 2, 4, 8, ...")
 
     def short(self) -> str:
         """Compact label, e.g. ``tp2 z3 full sp``; ``nr`` after z3: no reshard after forward; ``ov`` after
@@ -87,6 +90,8 @@ class Strategy:
             s += " sp"
         if self.ep != 1:
             s += f" ep{self.ep}"
+        if self.cp > 1:
+            s += f" cp{self.cp}"
         return s
 
 
@@ -102,7 +107,7 @@ class Stage:
     layers: list[StageLayer]
 
     def dp(self, layer: StageLayer) -> int:
-        return len(self.devices) // layer.strategy.tp
+        return len(self.devices) // (layer.strategy.tp * layer.strategy.cp)
 
     def tp_groups(self, tp: int) -> list[list[int]]:
         return [self.devices[i:i + tp] for i in range(0, len(self.devices), tp)]

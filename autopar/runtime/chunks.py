@@ -35,7 +35,7 @@ def chunk_spec(plan: Plan, pi: int, si: int) -> StageSpec:
 
     def layout(j: int, at: int) -> Layout:
         st = pipe.stages[j]
-        return Layout(tuple(st.devices), st.layers[at].strategy.tp)
+        return Layout(tuple(st.devices), st.layers[at].strategy.tp, st.layers[at].strategy.cp)
 
     return StageSpec(
         pipeline=pi, stage=si, num_stages=n, micro_batch_size=pipe.micro_batch_size,

@@ -45,13 +45,15 @@ def sync_groups(places: list[Placement]) -> tuple[str, dict[str, dict[tuple, Ran
 
 
 def unit_rank_sets(places: list[Placement]) -> list[Ranks]:
-    """Every rank set (size >= 2) the runtime needs for one unit: TP, FSDP/ZeRO DP and sync groups."""
+    """Every rank set (size >= 2) the runtime needs for one unit: TP, CP, FSDP/ZeRO DP and sync groups."""
     sets: list[Ranks] = []
     for p in places:
         lay = p.layout
         for d in p.devices:
             if lay.tp > 1:
                 sets.append(lay.tp_group(d))
+            if lay.cp > 1:  # context parallel: K/V gathered over the replica's CP group
+                sets.append(lay.cp_group(d))
             if p.zero > 0:  # ZeRO-1/2 shard groups; FSDP mesh columns (the whole stage when tp = 1)
                 sets.append(lay.dp_group(d))
     _, classes = sync_groups(places)

@@ -15,6 +15,7 @@ from autopar.errors import AutoparError
 from autopar.plan.schema import Plan
 from autopar.runtime.checkpoint_io import load_checkpoint, save_checkpoint
 from autopar.runtime.clip import clip_coefficient, global_grad_norm, optimizer_grads, scale_grads
+from autopar.runtime.context_parallel import plan_cp
 from autopar.runtime.grad_sync import UnitGradSync
 from autopar.runtime.guards import check_same_batch, finite_step
 from autopar.runtime.layout import Placement
@@ -126,6 +127,9 @@ class ParallelModel:
         gbs = self.plan.global_batch_size
         if inputs.dim() == 0 or inputs.shape[0] == 0:
             raise AutoparError("predict inputs", "the batch is empty", "pass at least one row (batch dimension first)")
+        if plan_cp(self.plan):  # each rank holds part of every sequence: gathering outputs is not built
+            raise AutoparError("predict", "is not available under a context-parallel plan (cp > 1)",
+                               "use eval_step for the loss, or predict under a plan with cp 1")
         pieces = []
         for lo in range(0, inputs.shape[0], gbs):
             chunk = inputs[lo:lo + gbs]

@@ -28,6 +28,7 @@ from torch.distributed.tensor.parallel import loss_parallel
 
 from autopar.plan.schema import Strategy
 from autopar.runtime.boundaries import BoundaryCheck
+from autopar.runtime.context_parallel import split_sequence
 from autopar.runtime.layout import Layout
 from autopar.runtime.loss import cross_entropy as cross_entropy  # re-exported: wrap's default loss
 from autopar.runtime.loss import step_loss
@@ -112,7 +113,8 @@ class StageRunner:
         """Run micro-batch ``k`` through the stage; return what to send to the next stage."""
         spec = self.spec
         if self.recv_fwd is None:
-            x = inputs[self._rows(self.units[0].layout, k)]
+            first = self.units[0].layout
+            x = split_sequence(inputs[self._rows(first, k)], first.cp, first.cp_index(self.rank))
         else:
             x = received
             if x.is_floating_point():
@@ -132,9 +134,11 @@ class StageRunner:
         if targets is None:  # forward-only prediction: keep the output rows, no loss
             self.outputs[k] = x
             return None
-        rows = self._rows(self.units[-1].layout, k)
+        last = self.units[-1].layout
+        rows = self._rows(last, k)
+        target = split_sequence(targets[rows], last.cp, last.cp_index(self.rank))  # cp: this rank's tokens
         with self._loss_ctx():
-            loss = self.loss(x, targets[rows], rows.stop - rows.start, spec.global_batch)
+            loss = self.loss(x, target, rows.stop - rows.start, spec.global_batch)
         self.outputs[k] = loss
         if self.reports_loss:
             value = loss.detach()

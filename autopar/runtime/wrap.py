@@ -18,10 +18,12 @@ from autopar.runtime.agreement import agreed_start
 from autopar.runtime.boundaries import BoundaryCheck
 from autopar.runtime.checkpointing import apply_checkpointing
 from autopar.runtime.chunks import build_runner, rank_chunks
+from autopar.runtime.context_parallel import CPGroup, apply_cp, check_cp_settings
 from autopar.runtime.env import ensure_process_group, runtime_device
 from autopar.runtime.grad_sync import UnitGradSync
 from autopar.runtime.groups import Groups, unit_rank_sets
-from autopar.runtime.layout import Placement, placements
+from autopar.runtime.layout import Layout, Placement, placements
+from autopar.runtime.loss import TokenCrossEntropy, step_loss
 from autopar.runtime.materialize import materialize_unit
 from autopar.runtime.p2p import Mailbox
 from autopar.runtime.parallel_model import ParallelModel, _UnitState
@@ -69,7 +71,8 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
                 its rows' share of the global batch: exact when every row weighs the same, not for a
                 mean over a data-dependent count (autopar.runtime.loss). With the default and a TP
                 head, the loss runs under ``loss_parallel`` on vocabulary-sharded logits
-                (``loss_parallel=False`` gathers them).
+                (``loss_parallel=False`` gathers them). A plan with context parallel (cp > 1)
+                takes the token cross entropy only (autopar.runtime.context_parallel).
     device:     default: this rank's CUDA device under nccl, else the CPU.
     timeout_s:  collective timeout (default 10 minutes) when ``wrap`` initialises the process group
                 from torchrun variables; a group you initialised keeps its own timeout.
@@ -111,6 +114,7 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
                 "max_grad_norm": max_grad_norm, "mixed_precision": repr(mixed_precision),
                 "compile": repr(compile_kwargs)}
     plan, named, infos, ties = agreed_start(model, plan, world, settings)
+    check_cp_settings(plan, isinstance(step_loss(loss_fn), TokenCrossEntropy), compile_kwargs is not None)
     check_policy(mixed_precision, model, plan.precision)
     if compile_kwargs is not None:
         _check_compilable(plan)
@@ -181,6 +185,12 @@ class _UnitOptions:
     microbatches: int = 1  # this rank's pipeline's micro-batches: backward passes per step call
 
 
+def _cp_group(lay: Layout, rank: int, groups: Groups) -> CPGroup:
+    """This rank's CP group of a unit laid out as ``lay``."""
+    members = lay.cp_group(rank)
+    return CPGroup(groups.get(members), lay.cp, lay.cp_index(rank), tuple(lay.cp_index(m) for m in members))
+
+
 def _build_unit(ly: StageLayer, module: nn.Module, info: UnitTPInfo, places: list[Placement], pipeline: int,
                 rank: int, groups: Groups, seed: int, device: torch.device, logits_sharded: bool,
                 options: _UnitOptions) -> _UnitState:
@@ -189,6 +199,8 @@ def _build_unit(ly: StageLayer, module: nn.Module, info: UnitTPInfo, places: lis
     mine = next(p for p in places if p.pipeline == pipeline)
     lay, strat = mine.layout, ly.strategy
     module = materialize_unit(module, ly.name, seed, device)
+    if lay.cp > 1:  # context parallel: this rank's positions, attention over its CP group
+        apply_cp(module, _cp_group(lay, rank, groups))
     tp_mesh = fsdp_mesh = None
     if mine.fsdp and lay.tp > 1:  # FSDP x TP: one 2-D mesh, TP inner (torchtitan's layout)
         mesh2 = groups.mesh_fsdp_tp(lay)

@@ -93,7 +93,7 @@ class HomogeneousSearch:
 
     def context(self, p: int, m: int, i: int = 0) -> StageContext:
         mbs = self.global_batch_size // m
-        return StageContext(self.cluster, tuple(self.stage_devices(p, i)), mbs, m, self.opts.params)
+        return StageContext(self.cluster, tuple(self.stage_devices(p, i)), mbs, m, self.opts.params, self.opts.cp)
 
     # -- one configuration --------------------------------------------------------------------
     def candidates_for(self, p: int, m: int):

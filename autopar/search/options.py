@@ -25,6 +25,10 @@ class SearchOptions:
     virtual_stages: tuple[int, ...] = (2, 4)
     # A 1f1b search also tries the zero-bubble schedule (zb-h1) on its best settings (search/zero_bubble.py).
     zero_bubble: bool = True
+    # Context parallel degrees the search tries (search/context_parallel.py); None: the default for
+    # the sequence length (1 below 16384 tokens). ``cp``: the one degree a single planner run uses.
+    cp_degrees: tuple[int, ...] | None = None
+    cp: int = 1
 
     def __post_init__(self) -> None:
         if self.memory_budget_gib is not None and self.memory_budget_gib <= 0:

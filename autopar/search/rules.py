@@ -59,6 +59,9 @@ class Rule(str, Enum):
                               "zero_overlap); when nothing hides its collectives (overlap_grad_reduce and "
                               "overlap_param_gather 0) it is never faster (kept: without)")
     DOMINATED = ("dominated", "slower and at least as large as another strategy with the same layout")
+    CP_NOT_DIVIDING_STAGE = ("cp-not-dividing-stage", "TP degree x context-parallel degree must divide the "
+                             "stage's device count")
+    SP_WITH_CP = ("sp-with-cp", "the runtime does not combine sequence parallel with context parallel")
     # -- layer ranges a stage could run (homogeneous search; counted per range end dropped) --
     RANGE_OVER_MEMORY = ("range-over-memory",
                          "stage layer ranges that cannot fit: their least memory exceeds the device budget "

@@ -10,6 +10,7 @@ from __future__ import annotations
 from autopar.cluster.cluster import Cluster
 from autopar.errors import AutoparError
 from autopar.modelspec.spec import ModelSpec
+from autopar.search.context_parallel import search_over_cp
 from autopar.search.hetero.driver import search_heterogeneous
 from autopar.search.homogeneous import search_homogeneous
 from autopar.search.options import SearchOptions
@@ -32,5 +33,7 @@ def search(model: ModelSpec, cluster: Cluster, global_batch_size: int, opts: Sea
     if global_batch_size > MAX_GLOBAL_BATCH:
         raise AutoparError("global_batch_size", f"too large: {global_batch_size} (at most {MAX_GLOBAL_BATCH})",
                            "give the batch in samples (sequences), e.g. --global-batch-size 2048")
-    planner = search_homogeneous if cluster.is_homogeneous else search_heterogeneous
-    return planner(model, cluster, global_batch_size, opts, with_baselines)
+    if not cluster.is_homogeneous:
+        return search_heterogeneous(model, cluster, global_batch_size, opts, with_baselines)
+    # one homogeneous search per context-parallel degree (only cp 1 below 16384 tokens)
+    return search_over_cp(search_homogeneous, model, cluster, global_batch_size, opts, with_baselines)

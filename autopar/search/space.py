@@ -81,8 +81,10 @@ def ep_degrees(layer: LayerSpec, tp: int, dp: int, pruned: Counter) -> list[int]
 
 
 def enumerate_strategies(layer: LayerSpec, ctx: StageContext, tps: list[int], pruned: Counter) -> list[Strategy]:
-    """All (tp, zero, ckpt, sp, ep) left after the structural rules, in a fixed order."""
+    """All (tp, zero, ckpt, sp, ep and the ZeRO options) left after the structural rules, in a fixed order; every
+    one with the stage's context-parallel degree ``ctx.cp`` (one per pipeline: search/context_parallel.py)."""
     has_attn = layer.attn_core_flops > 0 or layer.act_attn_bytes > 0
+    cp = ctx.cp
     out = []
     for tp in tps:
         if tp > 1 and not layer.supports_tp:
@@ -91,12 +93,15 @@ def enumerate_strategies(layer: LayerSpec, ctx: StageContext, tps: list[int], pr
         if not layer.tp_ok(tp):
             pruned[Rule.TP_NOT_DIVIDING_UNIT] += 1
             continue
-        dp = ctx.n // tp
+        if (ctx.n // tp) % cp:
+            pruned[Rule.CP_NOT_DIVIDING_STAGE] += 1
+            continue
+        dp = ctx.n // tp // cp
         if ctx.micro_batch_size % dp:
             pruned[Rule.DP_NOT_DIVIDING_MICROBATCH] += 1
             continue
         for zero in (0, 1, 2, 3):
-            if dp == 1 and zero > 0:
+            if dp * cp == 1 and zero > 0:  # ZeRO shards over dp x cp
                 pruned[Rule.ZERO_WITHOUT_DP] += 1
                 continue
             for ckpt in CKPT_MODES:
@@ -110,9 +115,13 @@ def enumerate_strategies(layer: LayerSpec, ctx: StageContext, tps: list[int], pr
                     if sp and layer.act_seq_bytes == 0:
                         pruned[Rule.SP_NO_EFFECT] += 1
                         continue
-                    base = Strategy(tp=tp, zero=zero, ckpt=ckpt, sp=sp)
+                    if sp and cp > 1:
+                        pruned[Rule.SP_WITH_CP] += 1
+                        continue
+                    base = Strategy(tp=tp, zero=zero, ckpt=ckpt, sp=sp, cp=cp)
                     out.extend(zero_variants(base, ctx.params, pruned))  # ep > 1 with plain ZeRO (expert_rules)
-                    out.extend(replace(base, ep=ep) for ep in ep_degrees(layer, tp, dp, pruned) if ep > 1)
+                    if cp == 1:  # expert parallel with context parallel is not built (expert_rules)
+                        out.extend(replace(base, ep=ep) for ep in ep_degrees(layer, tp, dp, pruned) if ep > 1)
     return out
 
 

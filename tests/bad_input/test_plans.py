@@ -116,6 +116,8 @@ PLAN_EDITS = {
     "strategy-overlap-with-zero-3": _both(setter(f"{LAYERS}.1.zero", 3), setter(f"{LAYERS}.1.zero_overlap", True)),
     "strategy-overlap-a-word": setter(f"{LAYERS}.1.zero_overlap", "yes"),
     "strategy-sharding-option-flipped": _option_flipped,
+    "strategy-cp-0": setter(f"{LAYERS}.1.cp", 0),
+    "strategy-cp-mixed": setter(f"{LAYERS}.1.cp", 2),  # one cp per pipeline: the pair of units named
     "strategy-layer-dropped": lambda doc: doc["pipelines"][0]["stages"][0]["layers"].pop(1),
     "batch-micro-halved": _both(setter("pipelines.0.micro_batch_size", 8), setter("pipelines.0.num_microbatches", 2)),
     "batch-global-doubled": _both(setter("global_batch_size", 32), setter("pipelines.0.batch_share", 32),

@@ -45,7 +45,8 @@ def counted() -> dict[str, Counter]:
     homo, hetero = Counter(), Counter()
     cases = [(small_cluster(3, 4), 12, opts()),  # p = 4: 3-device stages straddle 4-device nodes; p > 6 units
              (small_cluster(2, 2), 8, opts(pp_degrees=[1, 2, 3])),  # 3 does not divide 4 devices
-             (small_cluster(2, 2), 8, opts(memory_budget_gib=0.1))]  # tight: long layer ranges cannot fit
+             (small_cluster(2, 2), 8, opts(memory_budget_gib=0.1)),  # tight: long layer ranges cannot fit
+             (small_cluster(2, 2), 8, opts(cp_degrees=(2,)))]  # cp 2: tp 4 x cp 2 exceeds 4 devices; no sp with cp
     for cluster, B, o in cases:
         res = search(mdl, cluster, B, o, with_baselines=False)
         assert res.plan.search["pruned"] == res.pruned  # the plan file holds the same counts

@@ -1,0 +1,38 @@
+"""Context parallel in the search (autopar/search/context_parallel.py): which degrees are tried, one
+search per degree, the fastest plan kept with every degree's outcome recorded."""
+
+from __future__ import annotations
+
+from autopar.cluster.parse import load_cluster
+from autopar.modelspec.zoo import from_zoo
+from autopar.plan.validate import validate_plan
+from autopar.search import SearchOptions, search
+from autopar.search.context_parallel import cp_degrees
+
+
+def test_degrees_tried():
+    assert cp_degrees(4096, 16) == (1,)  # short sequences: the search is unchanged
+    assert cp_degrees(16384, 16) == (1, 2)  # at least 8192 tokens per rank
+    assert cp_degrees(65536, 4) == (1, 2, 4)  # no more than the devices
+    assert cp_degrees(131072, 16384) == (1, 2, 4, 8, 16)
+
+
+def test_long_sequence_search_picks_among_degrees_and_records_them():
+    model = from_zoo("llama3-8b", 65536)
+    res = search(model, load_cluster("2x8xH100"), 16, SearchOptions(), with_baselines=False)
+    tried = res.plan.search["cp"]
+    assert set(tried) == {"1", "2", "4", "8"}
+    chosen = {ly.strategy.cp for st in res.plan.stages for ly in st.layers}
+    assert len(chosen) == 1  # one cp per pipeline
+    (c,) = chosen
+    assert tried[str(c)] == round(res.estimate.step_time_s, 6)
+    assert all(isinstance(v, str) or v >= tried[str(c)] for v in tried.values())
+    assert c > 1  # 64K tokens: splitting the sequence wins on this cluster under the cost model
+    validate_plan(res.plan, model, res.estimate.memory_gib)
+    assert all(f"cp{c}" in ly.strategy.short() for st in res.plan.stages for ly in st.layers)
+
+
+def test_short_sequence_search_records_no_cp():
+    res = search(from_zoo("gpt-tiny", 32), load_cluster("4xcpu"), 8, SearchOptions(), with_baselines=False)
+    assert "cp" not in res.plan.search
+    assert {ly.strategy.cp for st in res.plan.stages for ly in st.layers} == {1}
