@@ -89,7 +89,11 @@ def project(plan: Plan, model: ModelSpec, caps: Caps) -> Shape | None:
         return None
     want_tp = weighted_choice(plan, model, lambda s: s.tp, blocks_only=True) or 1
     tp = min(tps, key=lambda t: (abs(t - want_tp), -t))
-    zero = _first(NEAREST_ZERO[weighted_choice(plan, model, lambda s: s.zero) or 0], caps.zero_levels(pp))
+    want_ep = max((ly.strategy.ep for st in plan.stages for ly in st.layers), default=1)  # 1 on every dense unit
+    order = NEAREST_ZERO[weighted_choice(plan, model, lambda s: s.zero) or 0]
+    with_ep = [z for z in order if z in caps.ep_zero and z in caps.zero_levels(pp)]
+    # an expert-parallel plan keeps its experts split where the target can: the nearest ZeRO level it runs EP with
+    zero = with_ep[0] if want_ep > 1 and with_ep else _first(order, caps.zero_levels(pp))
     ckpt = _first(NEAREST_CKPT[weighted_choice(plan, model, lambda s: s.ckpt, blocks_only=True) or "none"], caps.ckpt)
     sp = _sp(caps, tp, bool(weighted_choice(plan, model, lambda s: s.sp, blocks_only=True))) and cp == 1
     split = _split_for(caps, plan, model, pp)
@@ -100,9 +104,9 @@ def project(plan: Plan, model: ModelSpec, caps: Caps) -> Shape | None:
         return None
     want_m = plan.pipelines[0].num_microbatches
     m = min(ms, key=lambda k: (abs(k - want_m), k))
-    want_ep = max((ly.strategy.ep for st in plan.stages for ly in st.layers), default=1)  # 1 on every dense unit
     ep = min(_ep_options(caps, model, tp, zero, n // tp), key=lambda e: (abs(e - want_ep), -e))
-    reshard, overlap = sharding_options(plan, model, caps, zero)
+    # expert parallel runs with plain ZeRO (plan.expert_rules): no reshard / overlap option beside it
+    reshard, overlap = sharding_options(plan, model, caps, zero) if ep == 1 else (True, False)
     return Shape(pp, tp, zero, ckpt, sp, m, split, replicas, _schedule(caps, plan, pp), ep, reshard, overlap,
                  cp)
 
@@ -147,7 +151,7 @@ def _space(plan: Plan, model: ModelSpec, caps: Caps) -> Iterator[Shape]:
                 for zero in caps.zero_levels(pp):
                     for ckpt in caps.ckpt:
                         for ep in _ep_options(caps, model, tp, zero, n // tp):
-                            for reshard, overlap in option_pairs(caps, zero):
+                            for reshard, overlap in option_pairs(caps, zero) if ep == 1 else [(True, False)]:
                                 yield Shape(pp, tp, zero, ckpt, _sp(caps, tp, True), m, split,
                                             schedule=_schedule(caps, plan, pp), ep=ep, reshard=reshard,
                                             overlap=overlap)

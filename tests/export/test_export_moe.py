@@ -61,7 +61,7 @@ def test_torchtitan_runs_ep_with_fsdp_and_lists_the_zero_change(tmp_path, capsys
     pairs = dict(zip(args, args[1:]))
     assert pairs["--parallelism.expert_parallel_degree"] == "8"
     assert pairs["--parallelism.data_parallel_shard_degree"] == "32"
-    assert "zero: 1 x34 -> 2 x34" in out and "ep:" not in err.split("changes", 1)[1].split("predicted")[0]
+    assert "zero: 1 x34 -> 3 x34" in out and "ep:" not in err.split("changes", 1)[1].split("predicted")[0]
 
 
 def test_tools_without_expert_parallelism_refuse_exact_naming_ep(tmp_path, capsys):
