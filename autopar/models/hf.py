@@ -21,8 +21,10 @@ share the one tensor, as in the HF model; ``wrap`` keeps a synchronised copy per
 
 Blocks get an explicit causal mask (correct for every attention implementation). Selective
 checkpointing recomputes the whole attention module: HF's attention core is a function, not a module.
-Build the HF model with real weights (same seed on every rank, or ``from_pretrained``); meta-device
-materialisation needs ``reset_parameters`` everywhere, which HF modules do not all have.
+Build the HF model with real weights (same seed on every rank, or ``from_pretrained``), or on the
+meta device (``with torch.device("meta"): AutoModelForCausalLM.from_config(cfg)``): ``wrap`` then
+materialises each rank's units with the HF model's own ``_init_weights`` (autopar.runtime.materialize;
+untied models only).
 """
 
 from __future__ import annotations
@@ -136,6 +138,7 @@ class HFCausalLM(nn.Module):
         super().__init__()
         self.embed, self.layers, self.head = embed, nn.ModuleList(layers), head
         self.family, self.tp_plans, self.tp_divisors, self.selective_ckpt = family, tp_plans, tp_divisors, selective
+        self.init_module = None  # the HF model's _init_weights (meta-device materialisation, runtime.materialize)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.embed(tokens)
@@ -171,7 +174,17 @@ def units_view(model: nn.Module) -> nn.Module:
 
 
 def from_transformers(hf_model: nn.Module) -> HFCausalLM:
-    """Units view of a ``transformers`` causal LM (shares its modules). Raises AutoparError if unsupported."""
+    """Units view of a ``transformers`` causal LM (shares its modules). Raises AutoparError if unsupported.
+
+    The view's ``init_module`` is the HF model's ``_init_weights``: a view built on the meta device
+    is materialised with HF's own initialisation (autopar.runtime.materialize).
+    """
+    view = _view(hf_model)
+    view.init_module = getattr(hf_model, "_init_weights", None)
+    return view
+
+
+def _view(hf_model: nn.Module) -> HFCausalLM:
     cfg = hf_model.config
     kind = cfg.model_type
     if kind in LLAMA_LIKE:

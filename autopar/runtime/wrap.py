@@ -22,7 +22,8 @@ from autopar.runtime.env import ensure_process_group, runtime_device
 from autopar.runtime.grad_sync import UnitGradSync
 from autopar.runtime.groups import Groups, unit_rank_sets
 from autopar.runtime.layout import Placement, placements
-from autopar.runtime.materialize import materialize_unit
+from autopar.runtime.materialize import InitFn, model_init_fn
+from autopar.runtime.meta_build import materialized
 from autopar.runtime.p2p import Mailbox
 from autopar.runtime.parallel_model import ParallelModel, _UnitState
 from autopar.runtime.precision_policy import apply_cast, check_policy, fsdp_policy
@@ -46,7 +47,7 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
          device: torch.device | None = None, loss_parallel: bool = True, timeout_s: float = 600.0,
          on_nonfinite: str = "raise", max_grad_norm: float | None = None, log_every: int = 0,
          mixed_precision: MixedPrecisionPolicy | None = None, compile: bool | dict = False,  # noqa: A002
-         ) -> ParallelModel:
+         init_fn: InitFn | None = None) -> ParallelModel:
     """Place ``model`` on this rank as ``plan`` says; call on every rank with the same arguments.
 
     model:      an ``nn.Sequential`` (nested ones expanded: units ``0.0``, ``0.1``, ...), a model with
@@ -91,6 +92,11 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
                 arguments, e.g. ``{"backend": "aot_eager"}``. Refused for TP units with activation
                 checkpointing (dynamo cannot trace that combination).
 
+    init_fn:    for a meta-device model: ``init_fn(module)`` initialises each module owning tensors,
+                under the unit's seed (default: a transformers model's ``_init_weights``, else each
+                module's ``reset_parameters()``); ``init_weights(model, seed, init_fn)`` is the
+                single-device reference. A tensor it leaves unset is refused, naming it.
+
     Raises AutoparError, the same on every rank, if the plan does not fit the model or the world,
     or if the ranks' plans, model structures or these settings differ (checked in wrap's first
     collective: one line naming the first differing field and the ranks on each side).
@@ -109,7 +115,7 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
     compile_kwargs = _compile_kwargs(compile)
     settings = {"seed": seed, "loss_parallel": loss_parallel, "on_nonfinite": on_nonfinite,
                 "max_grad_norm": max_grad_norm, "mixed_precision": repr(mixed_precision),
-                "compile": repr(compile_kwargs)}
+                "compile": repr(compile_kwargs), "meta_device": any(t.is_meta for t in model.parameters())}
     plan, named, infos, ties = agreed_start(model, plan, world, settings)
     check_policy(mixed_precision, model, plan.precision)
     if compile_kwargs is not None:
@@ -128,9 +134,13 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
     logits_sharded = (loss_parallel and loss_fn is None and chunk_ids[-1] == len(pipe.stages) - 1
                       and last.strategy.tp > 1 and "logits" in infos[last.name].plan.values())
     boundary_check = BoundaryCheck(named, plan)  # meta copies of the units, taken before they are sharded
-    options = _UnitOptions(mixed_precision, names[-1], compile_kwargs)
-    states = [_build_unit(ly, modules[ly.name], infos[ly.name], places[ly.name], pi, rank, groups, seed, device,
+    options = _UnitOptions(mixed_precision, names[-1], compile_kwargs, init_fn or model_init_fn(model))
+    built = materialized([(ly.name, modules[ly.name]) for ly in mine], plan, world, settings["meta_device"], seed,
+                         device, options.init_fn)  # one unit at a time (autopar.runtime.meta_build)
+    states = [_build_unit(ly, next(built), infos[ly.name], places[ly.name], pi, rank, groups, device,
                           logits_sharded and ly is last, options) for ly in mine]
+    for _ in built:  # the rounds left when other ranks hold more units
+        pass
     mine_names = {ly.name for ly in mine}
     for n, m in named:
         if n not in mine_names:
@@ -178,16 +188,16 @@ class _UnitOptions:
     mixed_precision: MixedPrecisionPolicy | None
     last_unit: str  # the model's last unit (its output dtype is the policy's output_dtype)
     compile_kwargs: dict | None
+    init_fn: InitFn | None = None  # meta-device materialisation (runtime.materialize)
 
 
 def _build_unit(ly: StageLayer, module: nn.Module, info: UnitTPInfo, places: list[Placement], pipeline: int,
-                rank: int, groups: Groups, seed: int, device: torch.device, logits_sharded: bool,
+                rank: int, groups: Groups, device: torch.device, logits_sharded: bool,
                 options: _UnitOptions) -> _UnitState:
-    """Materialise one unit of this rank's stage and apply TP, the precision policy, checkpointing,
-    compilation and ZeRO (in that order); set up its sync."""
+    """Apply TP, the precision policy, checkpointing, compilation and ZeRO (in that order) to one
+    materialised unit of this rank's stage; set up its sync."""
     mine = next(p for p in places if p.pipeline == pipeline)
     lay, strat = mine.layout, ly.strategy
-    module = materialize_unit(module, ly.name, seed, device)
     tp_mesh = fsdp_mesh = None
     if mine.fsdp and lay.tp > 1:  # FSDP x TP: one 2-D mesh, TP inner (torchtitan's layout)
         mesh2 = groups.mesh_fsdp_tp(lay)
