@@ -52,7 +52,8 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
 
     model:      an ``nn.Sequential`` (nested ones expanded: units ``0.0``, ``0.1``, ...), a model with
                 ``embed`` / ``layers`` / ``head`` children (autopar.models), or a transformers causal
-                LM (run through ``from_transformers``). Tensors shared by two units (tied embeddings,
+                LM (run through ``from_transformers``), or any module whose forward chains its
+                children (autopar.units.chain_units). Tensors shared by two units (tied embeddings,
                 a module used twice) stay tied (autopar.runtime.ties); BatchNorm is refused unless
                 its unit sees the whole batch in one forward. Real weights (same seed on every rank) are used as given; a model
                 on the meta device is materialised per unit from ``seed`` (autopar.runtime.materialize:
