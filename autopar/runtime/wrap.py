@@ -29,6 +29,7 @@ from autopar.runtime.parallel_model import ParallelModel, _UnitState
 from autopar.runtime.precision_policy import apply_cast, check_policy, fsdp_policy
 from autopar.runtime.sharding import FlatShard, Zero2Reducer, apply_fsdp
 from autopar.runtime.stage import LocalUnit, cross_entropy
+from autopar.runtime.sync_batchnorm import apply_sync_batchnorm
 from autopar.runtime.tensor_parallel import apply_tp
 from autopar.runtime.ties import TiedGrads, tie_rank_sets
 from autopar.units import UnitTPInfo
@@ -54,8 +55,9 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
                 ``embed`` / ``layers`` / ``head`` children (autopar.models), or a transformers causal
                 LM (run through ``from_transformers``), or any module whose forward chains its
                 children (autopar.units.chain_units). Tensors shared by two units (tied embeddings,
-                a module used twice) stay tied (autopar.runtime.ties); BatchNorm is refused unless
-                its unit sees the whole batch in one forward. Real weights (same seed on every rank) are used as given; a model
+                a module used twice) stay tied (autopar.runtime.ties); BatchNorm takes its statistics
+                over its unit's data-parallel group (autopar.runtime.sync_batchnorm) and is refused
+                unless one micro-batch is the whole batch. Real weights (same seed on every rank) are used as given; a model
                 on the meta device is materialised per unit from ``seed`` (autopar.runtime.materialize:
                 ``init_weights(model, seed)`` is the single-device equivalent). ``wrap`` takes the
                 model over: units this rank does not hold are moved to the meta device.
@@ -208,6 +210,8 @@ def _build_unit(ly: StageLayer, module: nn.Module, info: UnitTPInfo, places: lis
             tp_mesh = groups.mesh_1d(lay.tp_group(rank))
         if mine.fsdp:
             fsdp_mesh = groups.mesh_1d(tuple(sorted(mine.devices)))
+    if lay.dp > 1:  # BatchNorm statistics over the DP group (checks.check_batchnorm: one micro-batch)
+        apply_sync_batchnorm(module, groups.get(lay.dp_group(rank)))
     if tp_mesh is not None:
         apply_tp(module, info.plan, tp_mesh, strat.sp, logits_sharded=logits_sharded)
     params = list(module.parameters())
