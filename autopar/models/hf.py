@@ -187,6 +187,12 @@ def from_transformers(hf_model: nn.Module) -> HFCausalLM:
 def _view(hf_model: nn.Module) -> HFCausalLM:
     cfg = hf_model.config
     kind = cfg.model_type
+    if getattr(cfg, "is_encoder_decoder", False):
+        raise AutoparError("model", f"transformers model type {kind!r} ({type(hf_model).__name__}) is an encoder-decoder "
+                           "(seq2seq) model, which autopar does not run: its decoder blocks read the encoder's output "
+                           "and the stack's shared position bias, not only the previous unit's output",
+                           "train a decoder-only causal LM or BertForMaskedLM, or write the model as a chain of "
+                           "units that pass (encoder states, decoder states) tuples")
     if kind in LLAMA_LIKE:
         base = hf_model.model
         embed = HFTokenEmbed(base.embed_tokens)
