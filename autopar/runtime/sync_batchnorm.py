@@ -23,6 +23,11 @@ from torch import nn
 from torch.distributed.nn.functional import all_reduce
 
 
+def has_batchnorm(unit: nn.Module) -> bool:
+    """True when ``unit`` holds a BatchNorm module."""
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in unit.modules())
+
+
 def apply_sync_batchnorm(unit: nn.Module, group: dist.ProcessGroup) -> int:
     """Make every BatchNorm module of ``unit`` take batch statistics over ``group``; returns how many."""
     count = 0

@@ -23,13 +23,13 @@ from autopar.runtime.grad_sync import UnitGradSync
 from autopar.runtime.groups import Groups, unit_rank_sets
 from autopar.runtime.layout import Placement, placements
 from autopar.runtime.materialize import InitFn, model_init_fn
-from autopar.runtime.meta_build import materialized
+from autopar.runtime.meta_build import materialized, tie_sources
 from autopar.runtime.p2p import Mailbox
 from autopar.runtime.parallel_model import ParallelModel, _UnitState
 from autopar.runtime.precision_policy import apply_cast, check_policy, fsdp_policy
 from autopar.runtime.sharding import FlatShard, Zero2Reducer, apply_fsdp
 from autopar.runtime.stage import LocalUnit, cross_entropy
-from autopar.runtime.sync_batchnorm import apply_sync_batchnorm
+from autopar.runtime.sync_batchnorm import apply_sync_batchnorm, has_batchnorm
 from autopar.runtime.tensor_parallel import apply_tp
 from autopar.runtime.ties import TiedGrads, tie_rank_sets
 from autopar.units import UnitTPInfo
@@ -138,8 +138,9 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
                       and last.strategy.tp > 1 and "logits" in infos[last.name].plan.values())
     boundary_check = BoundaryCheck(named, plan)  # meta copies of the units, taken before they are sharded
     options = _UnitOptions(mixed_precision, names[-1], compile_kwargs, init_fn or model_init_fn(model))
-    built = materialized([(ly.name, modules[ly.name]) for ly in mine], plan, world, settings["meta_device"], seed,
-                         device, options.init_fn)  # one unit at a time (autopar.runtime.meta_build)
+    meta = settings["meta_device"]
+    built = materialized([(ly.name, modules[ly.name]) for ly in mine], plan, world, meta, seed, device,
+                         options.init_fn, tie_sources(ties, named) if meta else None)  # autopar.runtime.meta_build
     states = [_build_unit(ly, next(built), infos[ly.name], places[ly.name], pi, rank, groups, device,
                           logits_sharded and ly is last, options) for ly in mine]
     for _ in built:  # the rounds left when other ranks hold more units
@@ -210,7 +211,7 @@ def _build_unit(ly: StageLayer, module: nn.Module, info: UnitTPInfo, places: lis
             tp_mesh = groups.mesh_1d(lay.tp_group(rank))
         if mine.fsdp:
             fsdp_mesh = groups.mesh_1d(tuple(sorted(mine.devices)))
-    if lay.dp > 1:  # BatchNorm statistics over the DP group (checks.check_batchnorm: one micro-batch)
+    if lay.dp > 1 and has_batchnorm(module):  # statistics over the DP group (check_batchnorm: one micro-batch)
         apply_sync_batchnorm(module, groups.get(lay.dp_group(rank)))
     if tp_mesh is not None:
         apply_tp(module, info.plan, tp_mesh, strat.sp, logits_sharded=logits_sharded)

@@ -54,6 +54,35 @@ def test_hf_llama_built_on_meta(plan):
     assert_matches_reference(hf_llama, make_plan(PLANS[plan]), x, y, meta=True)
 
 
+def hf_gpt2():
+    transformers = pytest.importorskip("transformers")
+    from autopar.models.hf import from_transformers
+
+    cfg = transformers.GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=16, resid_pdrop=0.0,
+                                  embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+    return from_transformers(transformers.GPT2LMHeadModel(cfg))
+
+
+def hf_tied_llama():
+    transformers = pytest.importorskip("transformers")
+    from autopar.models.hf import from_transformers
+
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16,
+                                   tie_word_embeddings=True)
+    return from_transformers(transformers.LlamaForCausalLM(cfg))
+
+
+@pytest.mark.parametrize("build,plan", [
+    (hf_gpt2, PLANS["pp2"]),
+    (hf_tied_llama, [(2, 4, [([0, 1], same([E, L0], tp=2)), ([2, 3], same([L1, H], tp=2, sp=True))])]),
+], ids=["gpt2-pp2", "tied-llama-tp2-pp2"])
+def test_hf_tied_embeddings_built_on_meta(build, plan):
+    """Tied input / output embeddings built on meta: the head's copy gets the embedding's HF init."""
+    x, y = token_data()
+    assert_matches_reference(build, make_plan(plan), x, y, meta=True)
+
+
 def test_hf_init_is_hf_own_and_per_unit():
     """The meta path uses HF's initialisation (normals of initializer_range, ones for norms, the rotary
     table), and a unit materialised alone equals the same unit of the whole reference."""

@@ -1,4 +1,7 @@
-"""wrap of a raw T5 model: the same one-line refusal on every rank, before any collective waits."""
+"""transformers' T5 (encoder-decoder) under dp, ZeRO, pipelined and mixed plans on 2 and 4 processes
+equals single-process training: the (encoder states, decoder states) pair crosses stages as a tuple,
+the tied embedding / LM head and each stack's shared position-bias table stay tied. BART is refused
+on every rank in one line."""
 
 from __future__ import annotations
 
@@ -9,24 +12,74 @@ from autopar.errors import AutoparError
 from autopar.plan.compact import make_plan
 from autopar.runtime.local_ranks import run_distributed
 from tests.runtime.cases import GPT_UNITS, same
+from tests.runtime.reference import assert_matches_reference
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.dist
+U = ["embed", "layers.0", "layers.1", "layers.2", "layers.3", "head"]
 
 
-def _wrap_t5(rank, world):
-    from autopar.runtime import wrap
+def hf_t5():
+    from autopar.models import from_transformers
     from tests.models.test_hf_seq2seq import t5
+
+    return from_transformers(t5())
+
+
+PLANS = {
+    "dp2-zero3": [(4, 2, [([0, 1], same(U, zero=3))])],
+    "pp2-encoder-decoder": [(4, 2, [([0], same(U[:3])), ([1], same(U[3:], ckpt="full"))])],
+    "pp2-inside-the-encoder-gpipe": [(2, 4, [([0], same(U[:2])), ([1], same(U[2:], ckpt="selective"))])],
+    "pp4": [(2, 4, [([0], same(U[:2])), ([1], same(U[2:3])), ([2], same(U[3:4])), ([3], same(U[4:]))])],
+    "dp2-pp2-zero1-zero2": [(4, 2, [([0, 1], same(U[:3], zero=1)), ([2, 3], same(U[3:], zero=2))])],
+}
+
+
+@pytest.mark.parametrize("plan", list(PLANS))
+def test_t5_trains_like_single_process(plan):
+    from tests.models.test_hf_seq2seq import seq2seq_data
+
+    x, y = seq2seq_data()
+    schedule = "gpipe" if "gpipe" in plan else "1f1b"
+    assert_matches_reference(hf_t5, make_plan(PLANS[plan], schedule=schedule), x, y)
+
+
+def _wrap_bart(rank, world):
+    from autopar.runtime import wrap
+    from tests.models.test_hf_seq2seq import bart
 
     plan = make_plan([(4, 2, [([0, 1], same(GPT_UNITS))])])
     try:
-        wrap(t5(), plan, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1))
+        wrap(bart(), plan, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1))
     except AutoparError as e:
         return str(e)
     return "wrapped"
 
 
-def test_t5_is_refused_on_every_rank():
-    out = run_distributed(_wrap_t5, 2)
+def test_bart_is_refused_on_every_rank():
+    out = run_distributed(_wrap_bart, 2)
     assert out[0] == out[1]
-    assert out[0].startswith("model: transformers model type 't5' (T5ForConditionalGeneration) is an encoder-decoder")
+    assert out[0].startswith("model: transformers model type 'bart' (BartForConditionalGeneration) is an "
+                             "encoder-decoder")
+
+
+def test_t5_built_on_meta_trains_like_init_weights():
+    """Built on the meta device: each rank runs HF's T5 init on its units (children before parents, so
+    T5's attention and feed-forward scaling wins), the tied copies take their first unit's value."""
+    from tests.models.test_hf_seq2seq import seq2seq_data
+
+    x, y = seq2seq_data()
+    assert_matches_reference(hf_t5, make_plan(PLANS["dp2-pp2-zero1-zero2"]), x, y, meta=True)
+
+
+def test_t5_meta_init_is_t5s_own():
+    from autopar.runtime.materialize import init_weights
+
+    with torch.device("meta"):
+        view = hf_t5()
+    init_weights(view, seed=1)
+    attn = view.layers[0].block.layer[0].SelfAttention
+    assert abs(attn.q.weight.std().item() - (16 * 4) ** -0.5) < 0.03  # T5Attention's, not the generic std 1.0
+    assert abs(attn.k.weight.std().item() - 16 ** -0.5) < 0.05
+    assert view.layers[1].bias.relative_attention_bias.weight is attn.relative_attention_bias.weight  # still tied
+    assert view.head.lm_head.weight is view.embed.shared.weight
