@@ -16,7 +16,8 @@ What is hashed (sha256 of canonical JSON), and why:
   run identically (one re-estimated under another profile, say), so they are not refused;
 - the model's structure: its units in order, each unit's class and its parameters' names, shapes
   and dtypes (not their values: a meta model is materialised from the seed on every rank);
-- the ``wrap`` arguments that change what runs: seed, loss_parallel, on_nonfinite.
+- the ``wrap`` arguments that change what runs: seed, loss_parallel, on_nonfinite, ... and whether
+  the model is on the meta device (its units are then materialised in rounds every rank joins).
 """
 
 from __future__ import annotations

@@ -57,8 +57,9 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
                 children (autopar.units.chain_units). Tensors shared by two units (tied embeddings,
                 a module used twice) stay tied (autopar.runtime.ties); BatchNorm takes its statistics
                 over its unit's data-parallel group (autopar.runtime.sync_batchnorm) and is refused
-                unless one micro-batch is the whole batch. Real weights (same seed on every rank) are used as given; a model
-                on the meta device is materialised per unit from ``seed`` (autopar.runtime.materialize:
+                unless one micro-batch is the whole batch. Real weights (same seed on every rank) are
+                used as given; a model on the meta device is materialised per unit from ``seed``, one
+                unit at a time, only the units this rank holds (autopar.runtime.materialize:
                 ``init_weights(model, seed)`` is the single-device equivalent). ``wrap`` takes the
                 model over: units this rank does not hold are moved to the meta device.
     plan:       a Plan, or a path to a plan YAML file.
@@ -95,10 +96,11 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
                 arguments, e.g. ``{"backend": "aot_eager"}``. Refused for TP units with activation
                 checkpointing (dynamo cannot trace that combination).
 
-    init_fn:    for a meta-device model: ``init_fn(module)`` initialises each module owning tensors,
-                under the unit's seed (default: a transformers model's ``_init_weights``, else each
-                module's ``reset_parameters()``); ``init_weights(model, seed, init_fn)`` is the
-                single-device reference. A tensor it leaves unset is refused, naming it.
+    init_fn:    for a meta-device model: ``init_fn(module)`` is called on every module of a unit,
+                children before parents, under the unit's seed (default: a transformers model's
+                ``_init_weights``, else ``reset_parameters()`` of each module owning tensors);
+                ``init_weights(model, seed, init_fn)`` is the single-device reference. A tensor it
+                leaves unset is refused on every rank, naming it.
 
     Raises AutoparError, the same on every rank, if the plan does not fit the model or the world,
     or if the ranks' plans, model structures or these settings differ (checked in wrap's first
