@@ -6,9 +6,9 @@ unit's DP group together holds every row, so statistics taken over the group are
 ones: the per-channel mean is the all-reduced sum over the all-reduced count, the variance the
 all-reduced sum of squared deviations from that mean (two passes, as a single-device batch norm
 computes it), and the running statistics are updated from them exactly as ``nn.BatchNorm*`` does
-(unbiased variance, ``momentum`` or the cumulative average when it is None). The all-reduces are
-``torch.distributed.nn.functional.all_reduce``, whose backward all-reduces the gradient, so the
-input gradient is the single-process one. Every DP rank runs the same forward and backward, so the
+(unbiased variance, ``momentum`` or the cumulative average when it is None). The sums are
+all-reduced by ``_AllReduceSum``, whose backward all-reduces the gradient (the derivative of a sum
+over ranks), so the input gradient is the single-process one. Every DP rank runs the same forward and backward, so the
 collectives line up. ``torch.nn.SyncBatchNorm`` is not used: its kernels are CUDA-only.
 """
 
@@ -20,7 +20,28 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.nn.functional import all_reduce
+
+
+class _AllReduceSum(torch.autograd.Function):
+    """Sum over ``group``; backward: the gradient summed over ``group`` (every rank's loss depends on the sum)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        ctx.group = group
+        out = x.clone()
+        dist.all_reduce(out, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        out = grad.clone()
+        dist.all_reduce(out, group=ctx.group)
+        return out, None
+
+
+def all_reduce(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """Differentiable sum of ``x`` over ``group``."""
+    return _AllReduceSum.apply(x, group)
 
 
 def has_batchnorm(unit: nn.Module) -> bool:
@@ -52,9 +73,9 @@ def _forward(m: nn.modules.batchnorm._BatchNorm, group: dist.ProcessGroup, x: to
     shape = [1, -1] + [1] * (x.dim() - 2)
     count = torch.tensor([x.numel() // x.shape[1]], dtype=x.dtype, device=x.device)
     dist.all_reduce(count, group=group)
-    mean = all_reduce(x.sum(dims), group=group) / count
+    mean = all_reduce(x.sum(dims), group) / count
     centred = x - mean.view(shape)
-    var = all_reduce((centred * centred).sum(dims), group=group) / count
+    var = all_reduce((centred * centred).sum(dims), group) / count
     out = centred * torch.rsqrt(var + m.eps).view(shape)
     if m.weight is not None:
         out = out * m.weight.view(shape)
@@ -62,7 +83,7 @@ def _forward(m: nn.modules.batchnorm._BatchNorm, group: dist.ProcessGroup, x: to
         out = out + m.bias.view(shape)
     if m.training and m.running_mean is not None:
         with torch.no_grad():
-            n = count.item()
+            unbiased = var.detach() * (count / (count - 1).clamp(min=1))
             m.running_mean.mul_(1 - factor).add_(mean.detach(), alpha=factor)
-            m.running_var.mul_(1 - factor).add_(var.detach() * (n / max(n - 1, 1)), alpha=factor)
+            m.running_var.mul_(1 - factor).add_(unbiased, alpha=factor)
     return out

@@ -151,3 +151,31 @@ def test_torchvisions_own_forward_is_refused_naming_flatten():
     with pytest.raises(AutoparError, match=r"^model: TorchvisionForward.forward runs call_function 'flatten' after "
                        r"unit avgpool, outside every unit; make forward\(\) pass one tensor"):
         units(TorchvisionForward())
+
+
+def _compiled(rank, world, plan, x, y):
+    from autopar.runtime import wrap
+
+    torch.manual_seed(0)
+    pm = wrap(ResNet(), plan, loss_fn=ce, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+              compile={"backend": "aot_eager"})
+    return [pm.step(x, y) for _ in range(2)]
+
+
+def test_synced_batchnorm_under_torch_compile():
+    """Each unit compiled (aot_eager): the DP-group statistics trace without a graph break and give the
+    single-process losses."""
+    x, y = images()
+    out = run_distributed(_compiled, 2, make_plan(PLANS["dp2"]), x, y, timeout_s=300)
+    torch.manual_seed(0)
+    ref = ResNet()
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    expected = []
+    for _ in range(2):
+        loss = ce(ref(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        expected.append(loss.item())
+    assert out[0] == out[1]
+    torch.testing.assert_close(torch.tensor(out[0]), torch.tensor(expected), atol=1e-5, rtol=1e-5)
