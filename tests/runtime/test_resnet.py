@@ -179,3 +179,40 @@ def test_synced_batchnorm_under_torch_compile():
         expected.append(loss.item())
     assert out[0] == out[1]
     torch.testing.assert_close(torch.tensor(out[0]), torch.tensor(expected), atol=1e-5, rtol=1e-5)
+
+
+def _resume_phase(rank, world, plan, path, load, x, y):
+    from autopar.runtime import wrap
+
+    torch.manual_seed(0)
+    pm = wrap(ResNet(), plan, loss_fn=ce, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9))
+    if load:
+        pm.load(path)
+    losses = [pm.step(x, y) for _ in range(2)]
+    if not load:
+        pm.save(path)
+        return losses, None
+    pm.eval()
+    return losses, pm(x)
+
+
+def test_resume_under_another_plan_keeps_the_running_statistics(tmp_path):
+    """2 steps on dp2 (synced statistics), save, load on a pipeline (pp2-dp2, 4 ranks), 2 more steps:
+    the losses and the eval output (running statistics) equal 4 uninterrupted steps on one process."""
+    x, y = images()
+    path = tmp_path / "ckpt"
+    first = run_distributed(_resume_phase, 2, make_plan(PLANS["dp2"]), path, False, x, y, timeout_s=60)
+    second = run_distributed(_resume_phase, 4, make_plan(PLANS["pp2-dp2"]), path, True, x, y, timeout_s=60)
+    torch.manual_seed(0)
+    ref = ResNet()
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    expected = []
+    for _ in range(4):
+        loss = ce(ref(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        expected.append(loss.item())
+    torch.testing.assert_close(torch.tensor(first[0][0] + second[0][0]), torch.tensor(expected), atol=1e-5, rtol=1e-5)
+    for _, out in second:
+        torch.testing.assert_close(out, ref.eval()(x), atol=1e-5, rtol=1e-5)
