@@ -83,3 +83,16 @@ def test_t5_meta_init_is_t5s_own():
     assert abs(attn.k.weight.std().item() - 16 ** -0.5) < 0.05
     assert view.layers[1].bias.relative_attention_bias.weight is attn.relative_attention_bias.weight  # still tied
     assert view.head.lm_head.weight is view.embed.shared.weight
+
+
+def test_a_searched_plan_for_t5_wraps_and_trains_exactly():
+    from autopar.cluster.parse import load_cluster
+    from autopar.modelspec.trace import spec_from_module
+    from autopar.search import SearchOptions, search
+    from tests.models.test_hf_seq2seq import seq2seq_data
+
+    x, y = seq2seq_data()
+    spec = spec_from_module(hf_t5(), x[:1], name="t5")
+    res = search(spec, load_cluster("2xcpu"), 8, SearchOptions(), with_baselines=False)
+    assert [ly.name for st in res.plan.pipelines[0].stages for ly in st.layers] == U
+    assert_matches_reference(hf_t5, res.plan, x, y)
