@@ -11,4 +11,11 @@ def wrap(model, plan, **kwargs):
     return _wrap(model, plan, **kwargs)
 
 
-__all__ = ["AutoparError", "__version__", "wrap"]
+def init_reference(model, seed=0, init_fn=None):
+    """The single-device weights ``wrap`` gives a meta-built ``model`` (see autopar.runtime.materialize.init_weights)."""
+    from autopar.runtime import init_weights
+
+    return init_weights(model, seed, init_fn)
+
+
+__all__ = ["AutoparError", "__version__", "init_reference", "wrap"]

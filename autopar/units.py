@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.fx
 import torch.nn.functional as F
 from torch import nn
 
@@ -70,8 +71,81 @@ def units(model: nn.Module) -> list[tuple[str, nn.Module]]:
     if has_unit_layout(model):
         return ([("embed", model.embed)] + [(f"layers.{i}", b) for i, b in enumerate(model.layers)]
                 + [("head", model.head)])
-    raise AutoparError("model", f"{type(model).__name__} has no layer units the runtime understands",
-                       "give an nn.Sequential or a model with embed, layers (nn.ModuleList) and head children")
+    return chain_units(model)
+
+
+_CHAIN_FIX = ("make forward() pass one tensor from unit to unit (x = unit(x) for each child, containers "
+              "expanded) with no other operation in between, moving any other work into a child module, "
+              "or give an nn.Sequential")
+
+
+class _UnitTracer(torch.fx.Tracer):
+    """torch.fx tracer that keeps the candidate units opaque (their own forwards are not traced)."""
+
+    def __init__(self, leaves: set[int]) -> None:
+        super().__init__()
+        self.leaves = leaves
+
+    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+        return id(m) in self.leaves or super().is_leaf_module(m, qualname)
+
+
+def chain_units(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The units of any other module, in execution order, when its forward is a chain of them.
+
+    The candidates are ``discover``'s (children, ``nn.Sequential`` / ``nn.ModuleList`` /
+    ``nn.ModuleDict`` expanded: the names the search's tracer gives). ``torch.fx`` traces the
+    model's own ``forward`` with the candidates kept opaque, and the graph must be exactly
+    ``input -> unit -> unit -> ... -> output``: each candidate called once, on the previous unit's
+    output alone. Loops over a ``ModuleList`` unroll into such a chain. Anything else (an operation
+    between units, a second input, a unit called twice or never, the model's own parameters,
+    control flow that depends on the data) is refused in one line naming it, since running the units
+    one after another would then not compute the model's forward. A model without children is one
+    unit, ``model``.
+    """
+    cls = type(model).__name__
+    candidates = discover(model, repeats=False)
+    if candidates == [("model", model)]:
+        return candidates
+    own = [n for n, t in list(model._parameters.items()) + list(model._buffers.items()) if t is not None]
+    if own:
+        raise AutoparError("model", f"{cls} holds tensor {own[0]!r} itself, outside every unit", _CHAIN_FIX)
+    by_name = dict(candidates)
+    try:
+        graph = _UnitTracer({id(m) for _, m in candidates}).trace(model)
+    except Exception as e:  # noqa: BLE001  (any tracing failure becomes the one-line refusal)
+        first = (str(e).splitlines() or [""])[0][:160]
+        raise AutoparError("model", f"{cls}.forward cannot be followed as a chain of units by torch.fx "
+                           f"({type(e).__name__}: {first})", _CHAIN_FIX) from None
+    order: list[tuple[str, nn.Module]] = []
+    value = None
+    for node in graph.nodes:
+        after = f"after unit {order[-1][0]}" if order else "before the first unit"
+        if node.op == "placeholder":
+            if value is not None:
+                raise AutoparError("model", f"{cls}.forward takes a second input {node.name!r}", _CHAIN_FIX)
+            value = node
+        elif node.op == "call_module" and node.target in by_name:
+            if any(n == node.target for n, _ in order):
+                raise AutoparError("model", f"{cls}.forward calls unit {node.target} twice", _CHAIN_FIX)
+            if node.args != (value,) or node.kwargs:
+                raise AutoparError("model", f"{cls}.forward gives unit {node.target} other arguments than the "
+                                   "previous unit's output alone", _CHAIN_FIX)
+            order.append((node.target, by_name[node.target]))
+            value = node
+        elif node.op == "output":
+            if node.args != (value,):
+                raise AutoparError("model", f"{cls}.forward returns something other than its last unit's "
+                                   "output", _CHAIN_FIX)
+        else:
+            what = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", node.op)
+            raise AutoparError("model", f"{cls}.forward runs {node.op} {what!r} {after}, outside every unit",
+                               _CHAIN_FIX)
+    unused = [n for n, _ in candidates if n not in {u for u, _ in order}]
+    if unused:
+        raise AutoparError("model", f"{cls}.forward never calls unit {unused[0]} (its parameters would not "
+                           "train)", "remove it from the model, or call it in forward()")
+    return order
 
 
 def unit_kind(name: str) -> str:

@@ -1,4 +1,4 @@
-"""Hugging Face ``transformers`` LMs (Llama family, Mixtral, GPT-2, BERT masked LM) as embed / layers / head units.
+"""Hugging Face ``transformers`` LMs (Llama family, Mixtral, GPT-2, BERT MLM, T5) as embed / layers / head units.
 
 ``from_transformers(hf_model)`` returns a module whose children are the plan's units and which
 shares the HF model's submodules (no copies of weights). Only needed when ``transformers`` is
@@ -14,6 +14,8 @@ installed; nothing here imports it.
 * BERT masked LM (``BertForMaskedLM``): embeddings, encoder layers attending to every position (no
   padding mask), the MLM head; tp = 1. Labels of -100 (unmasked positions) are ignored by wrap's loss,
   as in HF's MLM loss.
+* T5 (``T5ForConditionalGeneration``): encoder and decoder blocks passing (encoder, decoder) state
+  pairs, inputs ``[B, 2, S]`` (autopar.models.hf_seq2seq); other encoder-decoder families are refused.
 
 Tied input / output embeddings (GPT-2, ``tie_word_embeddings``) stay tied: the embed and head units
 share the one tensor, as in the HF model; ``wrap`` keeps a synchronised copy per unit
@@ -21,8 +23,10 @@ share the one tensor, as in the HF model; ``wrap`` keeps a synchronised copy per
 
 Blocks get an explicit causal mask (correct for every attention implementation). Selective
 checkpointing recomputes the whole attention module: HF's attention core is a function, not a module.
-Build the HF model with real weights (same seed on every rank, or ``from_pretrained``); meta-device
-materialisation needs ``reset_parameters`` everywhere, which HF modules do not all have.
+Build the HF model with real weights (same seed on every rank, or ``from_pretrained``), or on the
+meta device (``with torch.device("meta"): AutoModelForCausalLM.from_config(cfg)``): ``wrap`` then
+materialises each rank's units with the HF model's own ``_init_weights`` (autopar.runtime.materialize;
+a tied head gets the embedding's value).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import torch
 from torch import nn
 
 from autopar.errors import AutoparError
+from autopar.models.hf_units import HFCausalLM, causal_mask
 
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "mixtral")
 _HF_STYLES = {"colwise": "colwise", "rowwise": "rowwise"}  # HF style name -> autopar style name
@@ -43,13 +48,6 @@ _LLAMA_SP = {
     "layer.post_attention_layernorm": "sp_norm",
     "layer.mlp": "sp_region",
 }
-
-
-def causal_mask(x: torch.Tensor) -> torch.Tensor:
-    """Additive ``[1, 1, S, S]`` mask: 0 on and below the diagonal, the dtype's minimum above it."""
-    s = x.shape[1]
-    mask = torch.full((s, s), torch.finfo(x.dtype).min, device=x.device, dtype=x.dtype).triu(1)
-    return mask[None, None]
 
 
 class HFTokenEmbed(nn.Module):
@@ -137,25 +135,6 @@ class HFHead(nn.Module):
         return self.proj(self.norm(x))
 
 
-class HFCausalLM(nn.Module):
-    """tokens ``[B, S]`` -> logits ``[B, S, vocab]`` through ``embed``, ``layers``, ``head``."""
-
-    def __init__(self, embed: nn.Module, layers: list[nn.Module], head: nn.Module, family: str,
-                 tp_plans: dict[str, dict[str, str] | None], tp_divisors: dict[str, tuple[int, ...]],
-                 selective: dict[str, tuple[str, ...]]) -> None:
-        super().__init__()
-        self.embed, self.layers, self.head = embed, nn.ModuleList(layers), head
-        self.family, self.tp_plans, self.tp_divisors, self.selective_ckpt = family, tp_plans, tp_divisors, selective
-        # context parallel: HF Llama (full causal attention; Mistral / Qwen2 sliding windows are not modelled)
-        self.context_parallel = family == "hf-llama"
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        x = self.embed(tokens)
-        for block in self.layers:
-            x = block(x)
-        return self.head(x)
-
-
 def _llama_block_plan(cfg) -> dict[str, str] | None:
     raw = getattr(cfg, "base_model_tp_plan", None) or {}
     plan = {}
@@ -183,9 +162,29 @@ def units_view(model: nn.Module) -> nn.Module:
 
 
 def from_transformers(hf_model: nn.Module) -> HFCausalLM:
-    """Units view of a ``transformers`` causal LM (shares its modules). Raises AutoparError if unsupported."""
+    """Units view of a ``transformers`` causal LM (shares its modules). Raises AutoparError if unsupported.
+
+    The view's ``init_module`` is the HF model's ``_init_weights``: a view built on the meta device
+    is materialised with HF's own initialisation (autopar.runtime.materialize).
+    """
+    view = _view(hf_model)
+    view.init_module = getattr(hf_model, "_init_weights", None)
+    return view
+
+
+def _view(hf_model: nn.Module) -> HFCausalLM:
     cfg = hf_model.config
     kind = cfg.model_type
+    if kind == "t5" and type(hf_model).__name__ == "T5ForConditionalGeneration":
+        from autopar.models.hf_seq2seq import t5_view
+
+        return t5_view(hf_model)
+    if getattr(cfg, "is_encoder_decoder", False):
+        raise AutoparError("model", f"transformers model type {kind!r} ({type(hf_model).__name__}) is an encoder-decoder "
+                           "(seq2seq) model other than T5ForConditionalGeneration, which autopar does not run: its decoder "
+                           "blocks read the encoder's output, not only the previous unit's output",
+                           "use T5ForConditionalGeneration, a decoder-only causal LM or BertForMaskedLM, or write the "
+                           "model as a chain of units that pass (encoder states, decoder states) tuples")
     if kind in LLAMA_LIKE:
         base = hf_model.model
         embed = HFTokenEmbed(base.embed_tokens)

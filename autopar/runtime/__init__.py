@@ -2,7 +2,8 @@
 
 Modules: layout (pure placement arithmetic), checks (plan vs model vs world), agreement (wrap's
 first collective: every rank holds the same plan and model), guards (per-step batch and NaN checks),
-groups (process groups, meshes), materialize (deterministic weights), tensor_parallel (DTensor
+groups (process groups, meshes), materialize (deterministic weights), meta_build (one unit at a time,
+every rank told of a failure), sync_batchnorm (BatchNorm over a DP group), tensor_parallel (DTensor
 TP/SP), checkpointing, sharding (ZeRO-1/2/3), p2p (pipeline and in-stage row exchanges), schedule
 (1F1B / GPipe), stage (one stage's micro-batch loop), loss (the global-batch loss split exactly),
 ties (tensors shared by units), boundaries (tuples / dicts between ranks), grad_sync, parallel_model

@@ -16,7 +16,8 @@ What is hashed (sha256 of canonical JSON), and why:
   run identically (one re-estimated under another profile, say), so they are not refused;
 - the model's structure: its units in order, each unit's class and its parameters' names, shapes
   and dtypes (not their values: a meta model is materialised from the seed on every rank);
-- the ``wrap`` arguments that change what runs: seed, loss_parallel, on_nonfinite.
+- the ``wrap`` arguments that change what runs: seed, loss_parallel, on_nonfinite, ... and whether
+  the model is on the meta device (its units are then materialised in rounds every rank joins).
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ from autopar.plan.rules import id_ranges
 from autopar.plan.schema import Plan
 from autopar.runtime.checks import check_batchnorm, check_plan, check_precision
 from autopar.runtime.context_parallel import check_cp_model
-from autopar.runtime.materialize import is_meta
 from autopar.runtime.ties import Tie, check_ties, untie
 from autopar.units import UnitTPInfo, unit_tp_info, units
 
@@ -156,9 +156,8 @@ def agreed_start(model: nn.Module, plan: Plan | str | os.PathLike, world_size: i
         infos = {n: unit_tp_info(model, n, m) for n, m in named}
         doc = {"plan": plan_doc(plan), "model": model_doc(named), "wrap": settings}
         check_plan(plan, [n for n, _ in named], infos, world_size)
-        meta = any(is_meta(m) for _, m in named)
         named, ties = untie(named)
-        check_ties(ties, plan, meta)
+        check_ties(ties, plan)
         check_batchnorm(plan, named)
         check_precision(plan, named)
         check_cp_model(plan, model)

@@ -42,8 +42,9 @@ def check_batchnorm(plan: Plan, named_units: list[tuple[str, nn.Module]]) -> Non
 
     A BatchNorm normalises by its input batch's statistics and updates its running statistics once
     per forward: exact only when one forward sees the whole global batch, i.e. one pipeline, one
-    micro-batch, data-parallel degree 1 for its unit, and no recomputation (full / op checkpointing
-    runs the forward twice). SyncBatchNorm across ranks would still differ with micro-batches.
+    micro-batch, and no recomputation (full / op checkpointing runs the forward twice). A unit with
+    data-parallel degree > 1 takes its statistics over its DP group (runtime.sync_batchnorm), which
+    then holds the whole batch; with several micro-batches no grouping of ranks would.
     """
     for name, unit in named_units:
         bn = next((f for f, m in unit.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)), None)
@@ -56,10 +57,8 @@ def check_batchnorm(plan: Plan, named_units: list[tuple[str, nn.Module]]) -> Non
                 if li is None:
                     continue
                 ly = st.layers[li]
-                dp = len(st.devices) // ly.strategy.tp
                 why = (f"{len(plan.pipelines)} pipelines share the batch" if len(plan.pipelines) > 1
                        else f"{pipe.num_microbatches} micro-batches" if pipe.num_microbatches > 1
-                       else f"data-parallel degree {dp}" if dp > 1
                        else f"ckpt {ly.strategy.ckpt} runs its forward twice" if ly.strategy.ckpt in ("full", "op")
                        else None)
                 if why:
@@ -67,8 +66,8 @@ def check_batchnorm(plan: Plan, named_units: list[tuple[str, nn.Module]]) -> Non
                         f"pipelines[{pi}].stages[{si}].layers[{li}]",
                         f"unit {name} has BatchNorm {where}, whose statistics would be taken over part of the "
                         f"batch ({why}), unlike single-process training",
-                        "use GroupNorm or LayerNorm, or a plan with one pipeline, one micro-batch, data-parallel "
-                        "degree 1 and no full/op ckpt for that unit")
+                        "use GroupNorm or LayerNorm, or a plan with one pipeline, one micro-batch and no full/op "
+                        "ckpt for that unit")
 
 
 # The runtime trains in the model's own parameter dtype and casts nothing (no autocast, no Float8

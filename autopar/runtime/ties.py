@@ -8,10 +8,11 @@ the gradient of the single shared tensor, the optimizer (element-wise) updates a
 they stay identical, as the one tensor of the single-process model.
 
 Every copy may be sharded its own way (TP, ZeRO-1/2/3, other stages): each holder rebuilds the
-copy's full gradient, so the sum is the same everywhere. Refused before any collective
-(``check_ties``): TP together with ZeRO-1/2 on a tied unit (its flat shard holds TP-local slices),
-ties in a meta-device model (its units are initialised separately) and a BatchNorm module shared
-by two units (its running statistics would update once per copy instead of twice on one tensor).
+copy's full gradient, so the sum is the same everywhere. In a meta-device model each copy is
+materialised with the value the tensor's first unit gives it (runtime.meta_build, as
+``init_weights``). Refused before any collective (``check_ties``): TP together with ZeRO-1/2 on a
+tied unit (its flat shard holds TP-local slices) and a BatchNorm module shared by two units (its
+running statistics would update once per copy instead of twice on one tensor).
 Other shared buffers are copied, right for constants (rotary tables, masks), not for a buffer a
 forward pass mutates. A global gradient norm must count a tie once (skip the copies after ``Tie.copies[0]``).
 """
@@ -93,14 +94,11 @@ def untie(named: list[tuple[str, nn.Module]]) -> tuple[list[tuple[str, nn.Module
     return out, [Tie(tuple(cs)) for cs in ties.values()]
 
 
-def check_ties(ties: list[Tie], plan: Plan, meta: bool) -> None:
+def check_ties(ties: list[Tie], plan: Plan) -> None:
     """Refuse ties the runtime cannot keep exact (one line naming the tied tensors and the fix)."""
     for tie in ties:
         a, b = tie.copies[0], tie.copies[1]
         what = f"{a.unit}.{a.fqn} and {b.unit}.{b.fqn} are the same tensor (tied weights)"
-        if meta:
-            raise AutoparError("model", f"{what} in a meta-device model (each unit is initialised on its own)",
-                               "build the model with real weights (same seed on every rank)")
         for pi, pipe in enumerate(plan.pipelines):
             for si, st in enumerate(pipe.stages):
                 for li, ly in enumerate(st.layers):

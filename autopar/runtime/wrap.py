@@ -24,12 +24,14 @@ from autopar.runtime.grad_sync import UnitGradSync
 from autopar.runtime.groups import Groups, unit_rank_sets
 from autopar.runtime.layout import Layout, Placement, placements
 from autopar.runtime.loss import TokenCrossEntropy, step_loss
-from autopar.runtime.materialize import materialize_unit
+from autopar.runtime.materialize import InitFn, model_init_fn
+from autopar.runtime.meta_build import materialized, tie_sources
 from autopar.runtime.p2p import Mailbox
 from autopar.runtime.parallel_model import ParallelModel, _UnitState
 from autopar.runtime.precision_policy import apply_cast, check_policy, fsdp_policy
 from autopar.runtime.sharding import FlatShard, apply_fsdp, backward_reducer
 from autopar.runtime.stage import LocalUnit, cross_entropy
+from autopar.runtime.sync_batchnorm import apply_sync_batchnorm, has_batchnorm
 from autopar.runtime.tensor_parallel import apply_tp
 from autopar.runtime.ties import TiedGrads, tie_rank_sets
 from autopar.units import UnitTPInfo
@@ -48,15 +50,18 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
          device: torch.device | None = None, loss_parallel: bool = True, timeout_s: float = 600.0,
          on_nonfinite: str = "raise", max_grad_norm: float | None = None, log_every: int = 0,
          mixed_precision: MixedPrecisionPolicy | None = None, compile: bool | dict = False,  # noqa: A002
-         ) -> ParallelModel:
+         init_fn: InitFn | None = None) -> ParallelModel:
     """Place ``model`` on this rank as ``plan`` says; call on every rank with the same arguments.
 
     model:      an ``nn.Sequential`` (nested ones expanded: units ``0.0``, ``0.1``, ...), a model with
                 ``embed`` / ``layers`` / ``head`` children (autopar.models), or a transformers causal
-                LM (run through ``from_transformers``). Tensors shared by two units (tied embeddings,
-                a module used twice) stay tied (autopar.runtime.ties); BatchNorm is refused unless
-                its unit sees the whole batch in one forward. Real weights (same seed on every rank) are used as given; a model
-                on the meta device is materialised per unit from ``seed`` (autopar.runtime.materialize:
+                LM (run through ``from_transformers``), or any module whose forward chains its
+                children (autopar.units.chain_units). Tensors shared by two units (tied embeddings,
+                a module used twice) stay tied (autopar.runtime.ties); BatchNorm takes its statistics
+                over its unit's data-parallel group (autopar.runtime.sync_batchnorm) and is refused
+                unless one micro-batch is the whole batch. Real weights (same seed on every rank) are
+                used as given; a model on the meta device is materialised per unit from ``seed``, one
+                unit at a time, only the units this rank holds (autopar.runtime.materialize:
                 ``init_weights(model, seed)`` is the single-device equivalent). ``wrap`` takes the
                 model over: units this rank does not hold are moved to the meta device.
     plan:       a Plan, or a path to a plan YAML file.
@@ -94,6 +99,12 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
                 arguments, e.g. ``{"backend": "aot_eager"}``. Refused for TP units with activation
                 checkpointing (dynamo cannot trace that combination).
 
+    init_fn:    for a meta-device model: ``init_fn(module)`` is called on every module of a unit,
+                children before parents, under the unit's seed (default: a transformers model's
+                ``_init_weights``, else ``reset_parameters()`` of each module owning tensors);
+                ``init_weights(model, seed, init_fn)`` is the single-device reference. A tensor it
+                leaves unset is refused on every rank, naming it.
+
     Raises AutoparError, the same on every rank, if the plan does not fit the model or the world,
     or if the ranks' plans, model structures or these settings differ (checked in wrap's first
     collective: one line naming the first differing field and the ranks on each side).
@@ -112,7 +123,7 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
     compile_kwargs = _compile_kwargs(compile)
     settings = {"seed": seed, "loss_parallel": loss_parallel, "on_nonfinite": on_nonfinite,
                 "max_grad_norm": max_grad_norm, "mixed_precision": repr(mixed_precision),
-                "compile": repr(compile_kwargs)}
+                "compile": repr(compile_kwargs), "meta_device": any(t.is_meta for t in model.parameters())}
     plan, named, infos, ties = agreed_start(model, plan, world, settings)
     check_cp_settings(plan, isinstance(step_loss(loss_fn), TokenCrossEntropy), compile_kwargs is not None)
     check_policy(mixed_precision, model, plan.precision)
@@ -132,9 +143,15 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
     logits_sharded = (loss_parallel and loss_fn is None and chunk_ids[-1] == len(pipe.stages) - 1
                       and last.strategy.tp > 1 and "logits" in infos[last.name].plan.values())
     boundary_check = BoundaryCheck(named, plan)  # meta copies of the units, taken before they are sharded
-    options = _UnitOptions(mixed_precision, names[-1], compile_kwargs, pipe.num_microbatches)
-    states = [_build_unit(ly, modules[ly.name], infos[ly.name], places[ly.name], pi, rank, groups, seed, device,
+    options = _UnitOptions(mixed_precision, names[-1], compile_kwargs, pipe.num_microbatches,
+                           init_fn or model_init_fn(model))
+    meta = settings["meta_device"]
+    built = materialized([(ly.name, modules[ly.name]) for ly in mine], plan, world, meta, seed, device,
+                         options.init_fn, tie_sources(ties, named) if meta else None)  # autopar.runtime.meta_build
+    states = [_build_unit(ly, next(built), infos[ly.name], places[ly.name], pi, rank, groups, device,
                           logits_sharded and ly is last, options) for ly in mine]
+    for _ in built:  # the rounds left when other ranks hold more units
+        pass
     mine_names = {ly.name for ly in mine}
     for n, m in named:
         if n not in mine_names:
@@ -183,6 +200,7 @@ class _UnitOptions:
     last_unit: str  # the model's last unit (its output dtype is the policy's output_dtype)
     compile_kwargs: dict | None
     microbatches: int = 1  # this rank's pipeline's micro-batches: backward passes per step call
+    init_fn: InitFn | None = None  # meta-device materialisation (runtime.materialize)
 
 
 def _cp_group(lay: Layout, rank: int, groups: Groups) -> CPGroup:
@@ -192,13 +210,12 @@ def _cp_group(lay: Layout, rank: int, groups: Groups) -> CPGroup:
 
 
 def _build_unit(ly: StageLayer, module: nn.Module, info: UnitTPInfo, places: list[Placement], pipeline: int,
-                rank: int, groups: Groups, seed: int, device: torch.device, logits_sharded: bool,
+                rank: int, groups: Groups, device: torch.device, logits_sharded: bool,
                 options: _UnitOptions) -> _UnitState:
-    """Materialise one unit of this rank's stage and apply TP, the precision policy, checkpointing,
-    compilation and ZeRO (in that order); set up its sync."""
+    """Apply TP, the precision policy, checkpointing, compilation and ZeRO (in that order) to one
+    materialised unit of this rank's stage; set up its sync."""
     mine = next(p for p in places if p.pipeline == pipeline)
     lay, strat = mine.layout, ly.strategy
-    module = materialize_unit(module, ly.name, seed, device)
     if lay.cp > 1:  # context parallel: this rank's positions, attention over its CP group
         apply_cp(module, _cp_group(lay, rank, groups))
     tp_mesh = fsdp_mesh = None
@@ -210,6 +227,8 @@ def _build_unit(ly: StageLayer, module: nn.Module, info: UnitTPInfo, places: lis
             tp_mesh = groups.mesh_1d(lay.tp_group(rank))
         if mine.fsdp:
             fsdp_mesh = groups.mesh_1d(tuple(sorted(mine.devices)))
+    if lay.dp > 1 and has_batchnorm(module):  # statistics over the DP group (check_batchnorm: one micro-batch)
+        apply_sync_batchnorm(module, groups.get(lay.dp_group(rank)))
     if tp_mesh is not None:
         apply_tp(module, info.plan, tp_mesh, strat.sp, logits_sharded=logits_sharded)
     params = list(module.parameters())

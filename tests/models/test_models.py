@@ -70,9 +70,21 @@ def test_tp_divisors_and_selective_targets():
     assert [n for n, _ in units(seq)] == ["0", "1"]
 
 
-def test_units_refuses_unknown_structures():
-    with pytest.raises(AutoparError, match="embed, layers"):
-        units(nn.Linear(2, 2))
+def test_units_of_other_structures():
+    """A module without children is one unit; one whose forward is not a chain of units is refused."""
+    lin = nn.Linear(2, 2)
+    assert units(lin) == [("model", lin)]
+
+    class Twice(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(2, 2)
+
+        def forward(self, x):
+            return self.a(self.a(x))
+
+    with pytest.raises(AutoparError, match="calls unit a twice"):
+        units(Twice())
 
 
 @pytest.mark.parametrize("family", ["gpt", "llama"])

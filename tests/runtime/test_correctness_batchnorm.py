@@ -1,5 +1,6 @@
 """BatchNorm runs only where it is exact: its unit sees the whole global batch in one forward (one
-pipeline, one micro-batch, data-parallel degree 1, no recomputation). There it trains like the
+pipeline, one micro-batch, no recomputation; data-parallel units share statistics over their DP group,
+tests/runtime/test_resnet.py). There it trains like the
 single-process model, running statistics included; anywhere else wrap refuses, on every rank,
 naming the module and the fix."""
 
@@ -88,16 +89,15 @@ def _wrap_error(rank, world, plan):
 
 
 @pytest.mark.parametrize("plan,where,why", [
-    ([(8, 1, [([0, 1], same(UNITS))])], "pipelines[0].stages[0].layers[1]", "data-parallel degree 2"),
     ([(4, 2, [([0], same(UNITS[:2])), ([1], same(UNITS[2:]))])], "pipelines[0].stages[0].layers[1]",
      "2 micro-batches"),
     ([(4, 1, [([0], same(UNITS))]), (4, 1, [([1], same(UNITS))])], "pipelines[0].stages[0].layers[1]",
      "2 pipelines share the batch"),
     ([(8, 1, [([0], same(UNITS[:2], ckpt="full")), ([1], same(UNITS[2:]))])], "pipelines[0].stages[0].layers[1]",
      "ckpt full runs its forward twice"),
-], ids=["dp2", "micro-batches", "two-pipelines", "full-ckpt"])
+], ids=["micro-batches", "two-pipelines", "full-ckpt"])
 def test_inexact_batchnorm_is_refused_on_every_rank(plan, where, why):
     out = run_distributed(_wrap_error, 2, make_plan(plan), timeout_s=30)
     assert out == [f"{where}: unit 1 has BatchNorm 1.bn, whose statistics would be taken over part of the batch "
                    f"({why}), unlike single-process training; use GroupNorm or LayerNorm, or a plan with one "
-                   "pipeline, one micro-batch, data-parallel degree 1 and no full/op ckpt for that unit"] * 2, out
+                   "pipeline, one micro-batch and no full/op ckpt for that unit"] * 2, out

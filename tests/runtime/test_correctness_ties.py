@@ -134,11 +134,29 @@ def test_tp_with_zero_1_on_a_tied_unit_is_refused_on_every_rank():
                    "embed has tp 2 and zero 1; give units embed, head zero 0 or 3, or tp 1"] * 4, out
 
 
-def test_tied_meta_model_is_refused():
-    plan = make_plan([(4, 2, [([0, 1], same(TIED_UNITS))])])
-    out = run_distributed(_refused, 2, tied, plan, True, timeout_s=30)
-    assert out == ["model: 0.weight and 3.weight are the same tensor (tied weights) in a meta-device model (each "
-                   "unit is initialised on its own); build the model with real weights (same seed on every rank)"] * 2
+@pytest.mark.parametrize("build,plan", [
+    (tied, [(4, 2, [([0], same(TIED_UNITS[:2])), ([1], same(TIED_UNITS[2:]))])]),
+    (tied_gpt, [(4, 2, [([0, 1], [(E, {"tp": 2})] + same([L0, L1, H], zero=3))])]),
+    (tied_gpt, [(2, 4, [([0, 1], same([E, L0], zero=1)), ([2, 3], [(L1, {}), (H, {"tp": 2, "sp": True})])])]),
+    (repeated, [(4, 2, [([0], same(REPEAT_UNITS[:2])), ([1], same(REPEAT_UNITS[2:], zero=0))])]),
+], ids=["pp2", "tp-embed-fsdp-head", "pp2-zero1-then-tp", "module-used-twice"])
+def test_tied_meta_model_materialises_each_copy_with_the_first_units_value(build, plan):
+    """Built on the meta device: each rank holding a copy materialises the tensor's first unit's value
+    (that unit built alone when another stage holds it), equal to init_weights on one process."""
+    x, y = _data(build)
+    assert_matches_reference(build, make_plan(plan), x, y, meta=True, loss_fn=mse if build is repeated else None)
+
+
+def test_init_weights_keeps_ties_tied_with_the_first_units_value():
+    from autopar.runtime.materialize import init_weights, materialize_unit
+
+    with torch.device("meta"):
+        model = tied()
+    init_weights(model, seed=5)
+    assert model[3].weight is model[0].weight
+    with torch.device("meta"):
+        alone = materialize_unit(tied()[0], "0", 5, torch.device("cpu"))
+    assert torch.equal(alone.weight, model[0].weight)
 
 
 def test_a_batchnorm_used_twice_is_refused():

@@ -1,0 +1,34 @@
+"""The units container every transformers adapter returns (autopar.models.hf, hf_seq2seq), and the
+causal mask their blocks are given."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def causal_mask(x: torch.Tensor) -> torch.Tensor:
+    """Additive ``[1, 1, S, S]`` mask: 0 on and below the diagonal, the dtype's minimum above it."""
+    s = x.shape[1]
+    mask = torch.full((s, s), torch.finfo(x.dtype).min, device=x.device, dtype=x.dtype).triu(1)
+    return mask[None, None]
+
+
+class HFCausalLM(nn.Module):
+    """tokens ``[B, S]`` -> logits ``[B, S, vocab]`` through ``embed``, ``layers``, ``head``."""
+
+    def __init__(self, embed: nn.Module, layers: list[nn.Module], head: nn.Module, family: str,
+                 tp_plans: dict[str, dict[str, str] | None], tp_divisors: dict[str, tuple[int, ...]],
+                 selective: dict[str, tuple[str, ...]]) -> None:
+        super().__init__()
+        self.embed, self.layers, self.head = embed, nn.ModuleList(layers), head
+        self.family, self.tp_plans, self.tp_divisors, self.selective_ckpt = family, tp_plans, tp_divisors, selective
+        self.init_module = None  # the HF model's _init_weights (meta-device materialisation, runtime.materialize)
+        # context parallel: HF Llama (full causal attention; Mistral / Qwen2 sliding windows are not modelled)
+        self.context_parallel = family == "hf-llama"
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        for block in self.layers:
+            x = block(x)
+        return self.head(x)
