@@ -33,7 +33,7 @@ from autopar.errors import AutoparError
 from autopar.models.hf import units_view
 from autopar.plan.rules import id_ranges
 from autopar.plan.schema import Plan
-from autopar.runtime.checks import check_batchnorm, check_plan, check_precision
+from autopar.runtime.checks import check_batchnorm, check_plan, check_precision, unit_experts
 from autopar.runtime.materialize import is_meta
 from autopar.runtime.ties import Tie, check_ties, untie
 from autopar.units import UnitTPInfo, unit_tp_info, units
@@ -154,7 +154,7 @@ def agreed_start(model: nn.Module, plan: Plan | str | os.PathLike, world_size: i
         named = units(model)
         infos = {n: unit_tp_info(model, n, m) for n, m in named}
         doc = {"plan": plan_doc(plan), "model": model_doc(named), "wrap": settings}
-        check_plan(plan, [n for n, _ in named], infos, world_size)
+        check_plan(plan, [n for n, _ in named], infos, world_size, unit_experts(named))
         meta = any(is_meta(m) for _, m in named)
         named, ties = untie(named)
         check_ties(ties, plan, meta)

@@ -19,6 +19,13 @@ from autopar.runtime.boundaries import BoundaryCheck
 from autopar.runtime.checkpointing import apply_checkpointing
 from autopar.runtime.chunks import build_runner, rank_chunks
 from autopar.runtime.env import ensure_process_group, runtime_device
+from autopar.runtime.expert_parallel import (
+    ExpertGradSync,
+    apply_expert_parallel,
+    check_ep_settings,
+    ep_rank_sets,
+    expert_dp_group,
+)
 from autopar.runtime.grad_sync import UnitGradSync
 from autopar.runtime.groups import Groups, unit_rank_sets
 from autopar.runtime.layout import Placement, placements
@@ -114,12 +121,14 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
     check_policy(mixed_precision, model, plan.precision)
     if compile_kwargs is not None:
         _check_compilable(plan)
+    check_ep_settings(plan, mixed_precision, compile_kwargs, max_grad_norm)
     names = [n for n, _ in named]
     modules = dict(named)
 
     places = placements(plan)
     device = device or runtime_device()
-    groups = Groups([s for n in names for s in unit_rank_sets(places[n])] + tie_rank_sets(ties, places), device.type)
+    groups = Groups([s for n in names for s in unit_rank_sets(places[n]) + ep_rank_sets(places[n])]
+                    + tie_rank_sets(ties, places), device.type)
     pi, chunk_ids = rank_chunks(plan, rank)  # one stage, or an interleaved stage's chunks
     pipe = plan.pipelines[pi]
     mine = [ly for si in chunk_ids for ly in pipe.stages[si].layers]
@@ -199,6 +208,8 @@ def _build_unit(ly: StageLayer, module: nn.Module, info: UnitTPInfo, places: lis
             fsdp_mesh = groups.mesh_1d(tuple(sorted(mine.devices)))
     if tp_mesh is not None:
         apply_tp(module, info.plan, tp_mesh, strat.sp, logits_sharded=logits_sharded)
+    if strat.ep > 1:  # experts sharded over the EP group (tp 1, zero < 3: plan rules)
+        apply_expert_parallel(module, places, mine, rank, groups)
     params = list(module.parameters())
     policy, last = options.mixed_precision, ly.name == options.last_unit
     if policy is not None and (fsdp_mesh is None or not params):
@@ -209,10 +220,12 @@ def _build_unit(ly: StageLayer, module: nn.Module, info: UnitTPInfo, places: lis
     if fsdp_mesh is not None and params:
         apply_fsdp(module, fsdp_mesh, fsdp_policy(policy, params[0].dtype, last) if policy is not None else None)
         params = list(module.parameters())
-    sync = UnitGradSync(module, places, mine, rank, groups)
+    sync = (ExpertGradSync if strat.ep > 1 else UnitGradSync)(module, places, mine, rank, groups)
     shard, proxies, zero2 = None, [_local(p) for p in params], None
-    if mine.zero in (1, 2) and params:
-        shard = FlatShard(proxies, groups.get(lay.dp_group(rank)))
+    # ZeRO-1/2 of an expert-parallel unit: sliced over its expert-DP group (all its tensors are equal there).
+    shard_ranks = expert_dp_group(places, sync.shard) if strat.ep > 1 else lay.dp_group(rank)
+    if mine.zero in (1, 2) and params and len(shard_ranks) > 1:
+        shard = FlatShard(proxies, groups.get(shard_ranks))
         # ZeRO-2 reduce-scatters straight into the shard, micro-batch by micro-batch, when its sync
         # group is exactly its DP group. Otherwise (TP, or the unit also lives in other pipelines,
         # which run other micro-batch counts) the step-end sync all-reduces and the shard slices.

@@ -1,0 +1,239 @@
+"""Expert parallelism of an MoE unit: its experts split over ``ep`` consecutive DP ranks, tokens exchanged all-to-all.
+
+A unit with ``ep`` e (tp 1) on a stage with devices D: DP rank r (its position in D) belongs to EP group
+``D[(r // e) * e:(r // e + 1) * e]`` and holds experts ``[(r % e) * E/e, (r % e + 1) * E/e)`` of each packed
+experts module (``gate_up_proj [E, 2F, H]`` / ``down_proj [E, H, F]``, as transformers' Mixtral and
+Qwen2-MoE store them); the plan rules make each EP group's devices increasing, so r % e is also the
+rank's position in the EP process group and the Shard(0) coordinate of its expert DTensors.
+
+Forward of one experts module (``hidden [T, H], top_k_index [T, k], top_k_weights [T, k]``, the router
+replicated and run by each rank on its own tokens, exactly as in the HF model):
+
+1. the T * k token copies are sorted by expert (stable), so they go out grouped by owning rank;
+2. dispatch: one ``all_to_all_single`` of the copies' hidden states (and one of their expert ids);
+3. each rank runs its local experts on what it received (``down(act(gate) * up)``, HF's eager math);
+4. combine: the reverse ``all_to_all_single`` brings each copy's output home, where it is weighted by
+   its router probability and summed into its token in ascending expert order (HF's order).
+
+Dropless: no capacity, every copy is computed, so a run equals single-process training. Both exchanges
+are differentiable (``_AllToAll``: backward is the reverse exchange); every rank always runs every local
+expert (zero rows included), so the backward exchanges line up on all ranks of the EP group. gloo has
+``all_to_all_single`` with uneven splits in torch 2.13, and NCCL has it natively: one code path.
+
+Gradients (``ExpertGradSync``): expert weights are summed over the expert-data-parallel group (the
+holders with the same shard index r % e, in every pipeline); every other parameter over all holders,
+as ``UnitGradSync`` does for tp 1. ZeRO-1/2 shard the whole unit over the expert-DP group (non-expert
+parameters are identical on every holder, so each expert-DP group updating its own slices stays exact).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor, Shard
+
+from autopar.errors import AutoparError
+from autopar.plan.schema import Plan
+from autopar.runtime.groups import Groups, sync_groups
+from autopar.runtime.layout import Placement
+
+Ranks = tuple[int, ...]
+
+
+def packed_experts(module: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
+    """Every packed experts module inside ``module``: (parent, attribute name, experts module).
+
+    A packed experts module has an integer ``num_experts`` and 3-D ``gate_up_proj`` / ``down_proj``
+    parameters whose first dimension is that count (transformers' Mixtral / Qwen2-MoE experts).
+    """
+    out = []
+    for parent in module.modules():
+        for attr, child in parent.named_children():
+            n = getattr(child, "num_experts", None)
+            params = [getattr(child, k, None) for k in ("gate_up_proj", "down_proj")]
+            if isinstance(n, int) and all(isinstance(p, torch.Tensor) and p.dim() == 3 and p.shape[0] == n
+                                          for p in params):
+                out.append((parent, attr, child))
+    return out
+
+
+def num_experts(unit: nn.Module) -> int:
+    """The unit's expert count (0: dense); the smallest when it holds several experts modules."""
+    counts = [child.num_experts for _, _, child in packed_experts(unit)]
+    return min(counts) if counts else 0
+
+
+def _ep_position(place: Placement, rank: int) -> tuple[Ranks, int]:
+    """(EP group of ``rank``, its shard index) in one placement (tp 1: DP rank = position in the stage)."""
+    e, r = place.strategy.ep, place.devices.index(rank)
+    start = (r // e) * e
+    return tuple(place.devices[start:start + e]), r % e
+
+
+def expert_dp_group(places: list[Placement], shard: int) -> Ranks:
+    """Holders of expert shard ``shard`` in every placement of the unit (sorted)."""
+    return tuple(sorted(d for p in places for i, d in enumerate(p.devices) if i % p.strategy.ep == shard))
+
+
+def ep_rank_sets(places: list[Placement]) -> list[Ranks]:
+    """The extra process groups an expert-parallel unit needs: its EP groups and expert-DP groups."""
+    if places[0].strategy.ep == 1:
+        return []
+    sets: list[Ranks] = []
+    for p in places:
+        e = p.strategy.ep
+        sets.extend(tuple(p.devices[g:g + e]) for g in range(0, len(p.devices), e))
+    sets.extend(expert_dp_group(places, s) for s in range(places[0].strategy.ep))
+    return [s for s in sets if len(s) > 1]
+
+
+def check_ep_settings(plan: Plan, mixed_precision: object, compile_kwargs: dict | None,
+                      max_grad_norm: float | None) -> None:
+    """Refuse wrap settings not built with expert parallel (pure: every rank raises the same line)."""
+    eps = [ly.name for st in plan.stages for ly in st.layers if ly.strategy.ep > 1]
+    if not eps:
+        return
+    for what, value in (("mixed_precision", mixed_precision), ("compile", compile_kwargs),
+                        ("max_grad_norm", max_grad_norm)):
+        if value is not None:
+            raise AutoparError(what, f"is set and unit {eps[0]} has ep > 1: {what} with expert parallel is not built",
+                               f"leave {what} unset, or use ep 1")
+
+
+class _AllToAll(torch.autograd.Function):
+    """``all_to_all_single`` with uneven splits whose backward is the reverse exchange."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, out_splits: list[int], in_splits: list[int], group) -> torch.Tensor:
+        ctx.splits, ctx.group = (out_splits, in_splits), group
+        out = x.new_empty((sum(out_splits),) + tuple(x.shape[1:]))
+        dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        out_splits, in_splits = ctx.splits
+        back = grad.new_empty((sum(in_splits),) + tuple(grad.shape[1:]))
+        dist.all_to_all_single(back, grad.contiguous(), in_splits, out_splits, group=ctx.group)
+        return back, None, None, None
+
+
+def _exchange_plain(x: torch.Tensor, out_splits: list[int], in_splits: list[int], group) -> torch.Tensor:
+    out = x.new_empty((sum(out_splits),) + tuple(x.shape[1:]))
+    dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
+    return out
+
+
+class ExpertParallelExperts(nn.Module):
+    """This rank's share of a packed experts module, with all-to-all dispatch and combine (see module doc).
+
+    ``gate_up_proj`` / ``down_proj`` keep their names and logical shapes: DTensors sharded on the expert
+    dimension over the EP group's mesh (checkpoints and ``full_state_dict`` see the whole tensors).
+    """
+
+    def __init__(self, experts: nn.Module, shard: int, ep: int, group, mesh) -> None:
+        super().__init__()
+        self.num_experts, self.ep, self.group = experts.num_experts, ep, group
+        self.local = self.num_experts // ep
+        self.base = shard * self.local
+        self.act_fn = experts.act_fn
+        for name in ("gate_up_proj", "down_proj"):
+            full = getattr(experts, name)
+            part = full.detach()[self.base:self.base + self.local].clone()
+            dt = DTensor.from_local(part, mesh, [Shard(0)], run_check=False, shape=full.shape, stride=full.stride())
+            setattr(self, name, nn.Parameter(dt, requires_grad=full.requires_grad))
+
+    def forward(self, hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+        k = top_k_index.shape[1]
+        flat = top_k_index.reshape(-1)
+        order = torch.argsort(flat, stable=True)  # copies by expert, then token, then slot
+        experts_sorted = flat[order]
+        token = order // k
+        send = torch.bincount(experts_sorted // self.local, minlength=self.ep)
+        recv = _exchange_plain(send, [1] * self.ep, [1] * self.ep, self.group)
+        send_splits, recv_splits = send.tolist(), recv.tolist()
+        x = _AllToAll.apply(hidden[token], recv_splits, send_splits, self.group)
+        got = _exchange_plain(experts_sorted, recv_splits, send_splits, self.group) - self.base
+        y = self._run_local(x, got)
+        back = _AllToAll.apply(y, send_splits, recv_splits, self.group)
+        weights = top_k_weights.reshape(-1)[order]
+        contrib = back * weights[:, None]
+        return torch.zeros_like(hidden).index_add(0, token, contrib.to(hidden.dtype))
+
+    def _run_local(self, x: torch.Tensor, local_ids: torch.Tensor) -> torch.Tensor:
+        """``down(act(gate) * up)`` of each received row by its local expert (every expert runs, 0 rows too)."""
+        perm = torch.argsort(local_ids, stable=True)
+        counts = torch.bincount(local_ids, minlength=self.local).tolist()
+        gate_up, down = self.gate_up_proj.to_local(), self.down_proj.to_local()
+        outs = []
+        for j, rows in enumerate(torch.split(x[perm], counts)):
+            gate, up = nn.functional.linear(rows, gate_up[j]).chunk(2, dim=-1)
+            outs.append(nn.functional.linear(self.act_fn(gate) * up, down[j]))
+        return torch.cat(outs).index_select(0, torch.argsort(perm))
+
+
+def apply_expert_parallel(module: nn.Module, places: list[Placement], mine: Placement, rank: int,
+                          groups: Groups) -> None:
+    """Replace every packed experts module of ``module`` by this rank's ``ExpertParallelExperts`` share."""
+    ep_ranks, shard = _ep_position(mine, rank)
+    group, mesh = groups.get(ep_ranks), groups.mesh_1d(ep_ranks)
+    found = packed_experts(module)
+    for parent, attr, experts in found:
+        for flag, ok in (("is_transposed", False), ("has_bias", False), ("has_gate", True), ("is_concatenated", True)):
+            if getattr(experts, flag, ok) != ok:
+                raise AutoparError("strategy.ep", f"experts module {type(experts).__name__} has {flag}={not ok}, "
+                                   "a layout expert parallel does not run", "use ep 1 for this unit")
+        setattr(parent, attr, ExpertParallelExperts(experts, shard, mine.strategy.ep, group, mesh))
+
+
+def is_expert_param(module: nn.Module) -> list[bool]:
+    """Per parameter of ``module`` (in ``parameters()`` order): whether it is an expert shard."""
+    expert_ids = {id(p) for m in module.modules() if isinstance(m, ExpertParallelExperts) for p in m.parameters()}
+    return [id(p) in expert_ids for p in module.parameters()]
+
+
+class ExpertGradSync:
+    """``UnitGradSync`` for an expert-parallel unit: expert shards summed over the expert-DP group, the rest
+    over every holder of the unit."""
+
+    mode = "expert"
+
+    def __init__(self, module: nn.Module, places: list[Placement], mine: Placement, rank: int,
+                 groups: Groups) -> None:
+        self.params = list(module.parameters())
+        self.expert = is_expert_param(module)
+        _, classes = sync_groups(places)
+        self.rep_ranks = classes["replicated"][()]
+        self.rep_group = groups.get(self.rep_ranks)
+        self.shard = _ep_position(mine, rank)[1]
+        self.expert_ranks = expert_dp_group(places, self.shard)
+        self.expert_group = groups.get(self.expert_ranks)
+        self.tp = 1
+
+    def _tp_placement(self, grad: torch.Tensor) -> None:
+        """No TP with expert parallel (the clip code asks): every parameter is a TP-whole tensor."""
+        return None
+
+    def sync(self) -> list[torch.Tensor]:
+        """Synchronised local gradients of every parameter (plain tensors, parameter order)."""
+        grads = []
+        for p in self.params:
+            g = p.grad if p.grad is not None else torch.zeros_like(p)
+            grads.append(g.to_local() if isinstance(g, DTensor) else g)
+        out: list[torch.Tensor | None] = [None] * len(grads)
+        for is_expert, group in ((False, self.rep_group), (True, self.expert_group)):
+            idx = [i for i, e in enumerate(self.expert) if e == is_expert]
+            if not idx:
+                continue
+            if group is None:
+                for i in idx:
+                    out[i] = grads[i]
+                continue
+            flat = torch.cat([grads[i].reshape(-1) for i in idx])
+            dist.all_reduce(flat, group=group)
+            offset = 0
+            for i in idx:
+                out[i] = flat[offset:offset + grads[i].numel()].view_as(grads[i])
+                offset += grads[i].numel()
+        return out

@@ -1,0 +1,137 @@
+"""Expert parallel (plan ``ep``) on transformers' Mixtral / Qwen2-MoE: 4 AdamW steps under a plan equal 4 steps
+of the single-process model (losses and every parameter, the experts' whole tensors gathered), on 2 and
+4 fork-started gloo ranks; checkpoints of expert-sharded weights reload under another plan exactly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autopar.plan.compact import make_plan
+from autopar.runtime.local_ranks import run_distributed
+from tests.runtime.cases import GPT_UNITS, token_data
+
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.dist
+
+E, L0, L1, H = GPT_UNITS
+STEPS, LR, TOL = 4, 1e-2, 2e-5
+
+
+def mixtral(experts: int = 4):
+    cfg = transformers.MixtralConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16,
+                                     num_local_experts=experts, num_experts_per_tok=2, attn_implementation="eager")
+    torch.manual_seed(0)
+    return transformers.MixtralForCausalLM(cfg)
+
+
+def qwen2_moe():
+    cfg = transformers.Qwen2MoeConfig(vocab_size=64, hidden_size=32, intermediate_size=48, moe_intermediate_size=24,
+                                      shared_expert_intermediate_size=40, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, max_position_embeddings=16, num_experts=4,
+                                      num_experts_per_tok=2, attn_implementation="eager")
+    torch.manual_seed(0)
+    return transformers.Qwen2MoeForCausalLM(cfg)
+
+
+BUILDERS = {"mixtral": mixtral, "qwen2_moe": qwen2_moe}
+
+
+def _adamw(params):
+    return torch.optim.AdamW(params, lr=LR)
+
+
+def _batches():
+    """STEPS different global batches of 8 sequences."""
+    return [token_data(batch=8, seq=8) if i == 0 else tuple(t.roll(i, dims=0).roll(i, dims=1) for t in token_data())
+            for i in range(STEPS)]
+
+
+def _reference(model: str) -> tuple[list[float], dict[str, torch.Tensor]]:
+    from autopar.models.hf import from_transformers
+    from autopar.runtime.stage import cross_entropy
+
+    m = from_transformers(BUILDERS[model]())
+    opt = _adamw(m.parameters())
+    losses = []
+    for x, y in _batches():
+        loss = cross_entropy(m(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, {k: v.detach().clone() for k, v in m.named_parameters()}
+
+
+def _train(rank, world, plan, model):
+    from autopar.runtime.wrap import wrap
+
+    pm = wrap(BUILDERS[model](), plan, optimizer=_adamw)
+    losses = [pm.step(x, y) for x, y in _batches()]
+    state = pm.full_state_dict()
+    local = {f"{u}.{n}": tuple(p.to_local().shape) for u, m in pm.local_units.items()
+             for n, p in m.named_parameters() if "experts" in n}
+    return losses, (state if rank == 0 else None), local
+
+
+def _layers(**strategy):
+    return [(E, {}), (L0, dict(strategy)), (L1, dict(strategy)), (H, {})]
+
+
+PLANS = {
+    "ep2_dp2": [(8, 1, [([0, 1], _layers(ep=2))])],
+    "ep2_dp4": [(4, 2, [([0, 1, 2, 3], _layers(ep=2))])],  # expert-DP groups {0, 2} and {1, 3}
+    "ep4_dp4": [(4, 2, [([0, 1, 2, 3], _layers(ep=4))])],
+    "ep2_pp2": [(4, 2, [([0, 1], [(E, {}), (L0, {"ep": 2})]), ([2, 3], [(L1, {"ep": 2, "zero": 1}), (H, {})])])],
+    "ep2_dp4_zero1": [(8, 1, [([0, 1, 2, 3], _layers(ep=2, zero=1))])],
+    "ep2_dp4_zero2_ckpt": [(8, 1, [([0, 1, 2, 3], _layers(ep=2, zero=2, ckpt="full"))])],
+}
+CASES = [("ep2_dp2", "mixtral"), ("ep2_dp4", "mixtral"), ("ep4_dp4", "mixtral"), ("ep2_pp2", "mixtral"),
+         ("ep2_dp4_zero1", "mixtral"), ("ep2_dp4_zero2_ckpt", "mixtral"), ("ep2_dp2", "qwen2_moe")]
+
+
+@pytest.mark.parametrize("plan_name,model", CASES, ids=[f"{p}-{m}" for p, m in CASES])
+def test_expert_parallel_equals_single_process(plan_name, model):
+    plan = make_plan(PLANS[plan_name])
+    ep = max(ly.strategy.ep for st in plan.stages for ly in st.layers)
+    out = run_distributed(_train, plan.world_size, plan, model, timeout_s=120)
+    ref_losses, ref_state = _reference(model)
+    for rank, (losses, _, _) in enumerate(out):
+        assert losses == out[0][0], f"rank {rank} reports {losses}, rank 0 {out[0][0]}"
+    torch.testing.assert_close(torch.tensor(out[0][0]), torch.tensor(ref_losses), atol=TOL, rtol=TOL)
+    state = out[0][1]
+    assert set(state) == set(ref_state)
+    for name, ref in ref_state.items():
+        torch.testing.assert_close(state[name], ref, atol=TOL, rtol=TOL, msg=lambda m, n=name: f"{n}: {m}")
+    # Each rank keeps only its 4 / ep experts of every MoE unit it holds.
+    for _, _, local in out:
+        assert local and all(shape[0] == 4 // ep for shape in local.values()), local
+
+
+def _phase(rank, world, plan, path, load):
+    from autopar.runtime.wrap import wrap
+
+    pm = wrap(mixtral(), plan, optimizer=_adamw)
+    data = _batches()
+    if load:
+        pm.load(path)
+        losses = [pm.step(*data[i]) for i in (2, 3)]
+    else:
+        losses = [pm.step(*data[i]) for i in (0, 1)]
+        pm.save(path)
+    state = pm.full_state_dict()
+    return losses, (state if rank == 0 else None)
+
+
+@pytest.mark.parametrize("a,b", [("ep2_dp4_zero1", "ep4_dp4"), ("ep2_dp2", "dense_dp2")])
+def test_checkpoint_of_expert_shards_resumes_under_another_plan(a, b, tmp_path):
+    """2 steps under plan a, save, load under plan b, 2 more steps == 4 single-process steps."""
+    plans = {**PLANS, "dense_dp2": [(8, 1, [([0, 1], _layers(zero=1))])]}
+    pa, pb = make_plan(plans[a]), make_plan(plans[b])
+    first = run_distributed(_phase, pa.world_size, pa, tmp_path / "ckpt", False, timeout_s=120)
+    second = run_distributed(_phase, pb.world_size, pb, tmp_path / "ckpt", True, timeout_s=120)
+    ref_losses, ref_state = _reference("mixtral")
+    torch.testing.assert_close(torch.tensor(first[0][0] + second[0][0]), torch.tensor(ref_losses), atol=TOL, rtol=TOL)
+    for name, ref in ref_state.items():
+        torch.testing.assert_close(second[0][1][name], ref, atol=TOL, rtol=TOL, msg=lambda m, n=name: f"{n}: {m}")
