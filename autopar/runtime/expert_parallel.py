@@ -22,8 +22,10 @@ expert (zero rows included), so the backward exchanges line up on all ranks of t
 
 Gradients (``ExpertGradSync``): expert weights are summed over the expert-data-parallel group (the
 holders with the same shard index r % e, in every pipeline); every other parameter over all holders,
-as ``UnitGradSync`` does for tp 1. ZeRO-1/2 shard the whole unit over the expert-DP group (non-expert
-parameters are identical on every holder, so each expert-DP group updating its own slices stays exact).
+as ``UnitGradSync`` does for tp 1. ZeRO-1/2 slice the whole unit over the stage's holders of the same
+expert shard (``zero_group``; non-expert parameters are identical on every holder, so each such group
+updating its own slices stays exact; their optimizer state is thus split dp / ep ways, not dp ways).
+``max_grad_norm`` counts each element once (``ExpertGradSync.owned_square_sum``).
 """
 
 from __future__ import annotations
@@ -72,8 +74,13 @@ def _ep_position(place: Placement, rank: int) -> tuple[Ranks, int]:
 
 
 def expert_dp_group(places: list[Placement], shard: int) -> Ranks:
-    """Holders of expert shard ``shard`` in every placement of the unit (sorted)."""
+    """Holders of expert shard ``shard`` in every placement of the unit (sorted): where its gradients are summed."""
     return tuple(sorted(d for p in places for i, d in enumerate(p.devices) if i % p.strategy.ep == shard))
+
+
+def zero_group(place: Placement, rank: int) -> Ranks:
+    """ZeRO-1/2 shard group of an expert-parallel unit: the stage's holders of ``rank``'s expert shard (sorted)."""
+    return expert_dp_group([place], _ep_position(place, rank)[1])
 
 
 def ep_rank_sets(places: list[Placement]) -> list[Ranks]:
@@ -85,17 +92,16 @@ def ep_rank_sets(places: list[Placement]) -> list[Ranks]:
         e = p.strategy.ep
         sets.extend(tuple(p.devices[g:g + e]) for g in range(0, len(p.devices), e))
     sets.extend(expert_dp_group(places, s) for s in range(places[0].strategy.ep))
+    sets.extend(expert_dp_group([p], s) for p in places for s in range(p.strategy.ep))
     return [s for s in sets if len(s) > 1]
 
 
-def check_ep_settings(plan: Plan, mixed_precision: object, compile_kwargs: dict | None,
-                      max_grad_norm: float | None) -> None:
+def check_ep_settings(plan: Plan, mixed_precision: object, compile_kwargs: dict | None) -> None:
     """Refuse wrap settings not built with expert parallel (pure: every rank raises the same line)."""
     eps = [ly.name for st in plan.stages for ly in st.layers if ly.strategy.ep > 1]
     if not eps:
         return
-    for what, value in (("mixed_precision", mixed_precision), ("compile", compile_kwargs),
-                        ("max_grad_norm", max_grad_norm)):
+    for what, value in (("mixed_precision", mixed_precision), ("compile", compile_kwargs)):
         if value is not None:
             raise AutoparError(what, f"is set and unit {eps[0]} has ep > 1: {what} with expert parallel is not built",
                                f"leave {what} unset, or use ep 1")
@@ -214,6 +220,31 @@ class ExpertGradSync:
     def _tp_placement(self, grad: torch.Tensor) -> None:
         """No TP with expert parallel (the clip code asks): every parameter is a TP-whole tensor."""
         return None
+
+    def owned_square_sum(self, st, rank: int, skip: frozenset) -> torch.Tensor | None:
+        """Sum of squares of the synced gradient elements this rank counts for the global norm (on the
+        unit's first placement): expert shards on the first EP group (or, sliced by ZeRO over the shard
+        group, on every slice holder), every other parameter on DP rank 0 (or on the slices of shard 0)."""
+        pos, e = st.place.devices.index(rank), st.place.strategy.ep
+        if st.shard is None:
+            total = None
+            for i, (expert, proxy) in enumerate(zip(self.expert, st.proxies)):
+                if proxy.grad is None or (st.unit.name, i) in skip or not (pos < e if expert else pos == 0):
+                    continue
+                s = proxy.grad.float().pow(2).sum()
+                total = s if total is None else total + s
+            return total
+        g = st.shard.master.grad
+        if g is None:
+            return None
+        mask = torch.ones(st.shard.size * st.shard.world, dtype=torch.bool, device=g.device)
+        offset = 0
+        for i, (expert, t) in enumerate(zip(self.expert, st.shard.tensors)):
+            if (st.unit.name, i) in skip or not (expert or pos % e == 0):
+                mask[offset:offset + t.numel()] = False
+            offset += t.numel()
+        lo = st.shard.index * st.shard.size
+        return g[mask[lo:lo + st.shard.size]].float().pow(2).sum()
 
     def sync(self) -> list[torch.Tensor]:
         """Synchronised local gradients of every parameter (plain tensors, parameter order)."""

@@ -24,7 +24,7 @@ from autopar.runtime.expert_parallel import (
     apply_expert_parallel,
     check_ep_settings,
     ep_rank_sets,
-    expert_dp_group,
+    zero_group,
 )
 from autopar.runtime.grad_sync import UnitGradSync
 from autopar.runtime.groups import Groups, unit_rank_sets
@@ -121,7 +121,7 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
     check_policy(mixed_precision, model, plan.precision)
     if compile_kwargs is not None:
         _check_compilable(plan)
-    check_ep_settings(plan, mixed_precision, compile_kwargs, max_grad_norm)
+    check_ep_settings(plan, mixed_precision, compile_kwargs)
     names = [n for n, _ in named]
     modules = dict(named)
 
@@ -223,7 +223,7 @@ def _build_unit(ly: StageLayer, module: nn.Module, info: UnitTPInfo, places: lis
     sync = (ExpertGradSync if strat.ep > 1 else UnitGradSync)(module, places, mine, rank, groups)
     shard, proxies, zero2 = None, [_local(p) for p in params], None
     # ZeRO-1/2 of an expert-parallel unit: sliced over its expert-DP group (all its tensors are equal there).
-    shard_ranks = expert_dp_group(places, sync.shard) if strat.ep > 1 else lay.dp_group(rank)
+    shard_ranks = zero_group(mine, rank) if strat.ep > 1 else lay.dp_group(rank)
     if mine.zero in (1, 2) and params and len(shard_ranks) > 1:
         shard = FlatShard(proxies, groups.get(shard_ranks))
         # ZeRO-2 reduce-scatters straight into the shard, micro-batch by micro-batch, when its sync

@@ -48,31 +48,40 @@ def _batches():
             for i in range(STEPS)]
 
 
-def _reference(model: str) -> tuple[list[float], dict[str, torch.Tensor]]:
+def _reference(model: str, clip: float | None = None) -> tuple[list[float], dict[str, torch.Tensor], list]:
+    """Single-process AdamW: losses, final parameters, then (gradient norms, logits of the first batch)."""
     from autopar.models.hf import from_transformers
     from autopar.runtime.stage import cross_entropy
 
     m = from_transformers(BUILDERS[model]())
     opt = _adamw(m.parameters())
-    losses = []
+    losses, norms = [], []
     for x, y in _batches():
         loss = cross_entropy(m(x), y)
         opt.zero_grad()
         loss.backward()
+        if clip is not None:
+            norms.append(torch.nn.utils.clip_grad_norm_(m.parameters(), clip).item())
         opt.step()
         losses.append(loss.item())
-    return losses, {k: v.detach().clone() for k, v in m.named_parameters()}
+    with torch.no_grad():
+        logits = m(_batches()[0][0])
+    return losses, {k: v.detach().clone() for k, v in m.named_parameters()}, [norms, logits]
 
 
-def _train(rank, world, plan, model):
+def _train(rank, world, plan, model, clip=None):
     from autopar.runtime.wrap import wrap
 
-    pm = wrap(BUILDERS[model](), plan, optimizer=_adamw)
-    losses = [pm.step(x, y) for x, y in _batches()]
+    pm = wrap(BUILDERS[model](), plan, optimizer=_adamw, max_grad_norm=clip)
+    losses, norms = [], []
+    for x, y in _batches():
+        losses.append(pm.step(x, y))
+        norms.append(pm.last_grad_norm)
+    logits = pm.predict(_batches()[0][0])  # forward only: the EP exchange without autograd
     state = pm.full_state_dict()
     local = {f"{u}.{n}": tuple(p.to_local().shape) for u, m in pm.local_units.items()
              for n, p in m.named_parameters() if "experts" in n}
-    return losses, (state if rank == 0 else None), local
+    return losses, (state if rank == 0 else None), local, [norms, logits]
 
 
 def _layers(**strategy):
@@ -86,18 +95,28 @@ PLANS = {
     "ep2_pp2": [(4, 2, [([0, 1], [(E, {}), (L0, {"ep": 2})]), ([2, 3], [(L1, {"ep": 2, "zero": 1}), (H, {})])])],
     "ep2_dp4_zero1": [(8, 1, [([0, 1, 2, 3], _layers(ep=2, zero=1))])],
     "ep2_dp4_zero2_ckpt": [(8, 1, [([0, 1, 2, 3], _layers(ep=2, zero=2, ckpt="full"))])],
+    # two pipelines: expert gradients summed over {0, 2} and {1, 3}, ZeRO-1 slices inside each stage
+    "ep2_two_pipelines": [(2, 2, [([0, 1], _layers(ep=2, zero=1))]), (4, 1, [([2, 3], _layers(ep=2))])],
 }
-CASES = [("ep2_dp2", "mixtral"), ("ep2_dp4", "mixtral"), ("ep4_dp4", "mixtral"), ("ep2_pp2", "mixtral"),
-         ("ep2_dp4_zero1", "mixtral"), ("ep2_dp4_zero2_ckpt", "mixtral"), ("ep2_dp2", "qwen2_moe")]
+CLIP = 0.5  # below the norms of these steps: clipping acts
+CASES = [("ep2_dp2", "mixtral", None), ("ep2_dp4", "mixtral", CLIP), ("ep4_dp4", "mixtral", None),
+         ("ep2_pp2", "mixtral", CLIP), ("ep2_dp4_zero1", "mixtral", CLIP), ("ep2_dp4_zero2_ckpt", "mixtral", None),
+         ("ep2_two_pipelines", "mixtral", CLIP), ("ep2_dp2", "qwen2_moe", None)]
 
 
-@pytest.mark.parametrize("plan_name,model", CASES, ids=[f"{p}-{m}" for p, m in CASES])
-def test_expert_parallel_equals_single_process(plan_name, model):
+@pytest.mark.parametrize("plan_name,model,clip", CASES,
+                         ids=[f"{p}-{m}" + ("-clip" if c else "") for p, m, c in CASES])
+def test_expert_parallel_equals_single_process(plan_name, model, clip):
     plan = make_plan(PLANS[plan_name])
     ep = max(ly.strategy.ep for st in plan.stages for ly in st.layers)
-    out = run_distributed(_train, plan.world_size, plan, model, timeout_s=120)
-    ref_losses, ref_state = _reference(model)
-    for rank, (losses, _, _) in enumerate(out):
+    out = run_distributed(_train, plan.world_size, plan, model, clip, timeout_s=120)
+    ref_losses, ref_state, (ref_norms, ref_logits) = _reference(model, clip)
+    norms, logits = out[0][3]
+    if clip is not None:
+        assert min(ref_norms) > clip
+        torch.testing.assert_close(torch.tensor(norms), torch.tensor(ref_norms), atol=TOL, rtol=TOL)
+    torch.testing.assert_close(logits, ref_logits, atol=TOL, rtol=TOL)
+    for rank, (losses, _, _, _) in enumerate(out):
         assert losses == out[0][0], f"rank {rank} reports {losses}, rank 0 {out[0][0]}"
     torch.testing.assert_close(torch.tensor(out[0][0]), torch.tensor(ref_losses), atol=TOL, rtol=TOL)
     state = out[0][1]
@@ -105,7 +124,7 @@ def test_expert_parallel_equals_single_process(plan_name, model):
     for name, ref in ref_state.items():
         torch.testing.assert_close(state[name], ref, atol=TOL, rtol=TOL, msg=lambda m, n=name: f"{n}: {m}")
     # Each rank keeps only its 4 / ep experts of every MoE unit it holds.
-    for _, _, local in out:
+    for _, _, local, _ in out:
         assert local and all(shape[0] == 4 // ep for shape in local.values()), local
 
 
@@ -131,7 +150,7 @@ def test_checkpoint_of_expert_shards_resumes_under_another_plan(a, b, tmp_path):
     pa, pb = make_plan(plans[a]), make_plan(plans[b])
     first = run_distributed(_phase, pa.world_size, pa, tmp_path / "ckpt", False, timeout_s=120)
     second = run_distributed(_phase, pb.world_size, pb, tmp_path / "ckpt", True, timeout_s=120)
-    ref_losses, ref_state = _reference("mixtral")
+    ref_losses, ref_state, _ = _reference("mixtral")
     torch.testing.assert_close(torch.tensor(first[0][0] + second[0][0]), torch.tensor(ref_losses), atol=TOL, rtol=TOL)
     for name, ref in ref_state.items():
         torch.testing.assert_close(second[0][1][name], ref, atol=TOL, rtol=TOL, msg=lambda m, n=name: f"{n}: {m}")

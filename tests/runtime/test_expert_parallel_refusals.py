@@ -84,12 +84,17 @@ def test_one_ep_per_unit_across_pipelines():
         _check(plan)
 
 
-@pytest.mark.parametrize("setting", ["mixed_precision", "compile", "max_grad_norm"])
+@pytest.mark.parametrize("setting", ["mixed_precision", "compile"])
 def test_wrap_settings_not_built_with_ep_are_refused(setting):
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
     from autopar.runtime.expert_parallel import check_ep_settings
 
-    kwargs = {"mixed_precision": None, "compile_kwargs": None, "max_grad_norm": None}
-    kwargs["compile_kwargs" if setting == "compile" else setting] = {} if setting == "compile" else 1.0
+    kwargs = {"mixed_precision": None, "compile_kwargs": None}
+    if setting == "compile":
+        kwargs["compile_kwargs"] = {}
+    else:
+        kwargs["mixed_precision"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
     with pytest.raises(AutoparError, match=f"^{setting}: is set and unit layers.0 has ep > 1"):
         check_ep_settings(_plan([0, 1], layer={"ep": 2}), **kwargs)
     check_ep_settings(_plan([0, 1]), **kwargs)  # dense plans: untouched
