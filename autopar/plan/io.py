@@ -29,7 +29,8 @@ Format (``autopar_plan: 1``)::
 
 ``names: P<a>-P<b>`` stands for the units ``P<a>, P<a+1>, ..., P<b>`` (one prefix, numbers without
 leading zeros); it is written for every run of two or more such units that share one strategy, and
-only when it reads back to exactly those names. ``sp`` is written only when true, ``ep`` only when > 1. The ``cluster:``
+only when it reads back to exactly those names. ``sp`` is written only when true, ``ep`` (expert
+parallel degree of an MoE unit) only when above 1. The ``cluster:``
 block is a cluster document (autopar/cluster/parse.py) read standalone: its GPUs are listed in it,
 and a node entry without ``name`` has the empty name, without ``intra_bw_gbps`` the GPU's default
 fabric, without ``zone`` the zone ``default``; ``repeat: k`` stands for k equal nodes in a row.
@@ -161,7 +162,7 @@ def _layers_out(layers: list[StageLayer]) -> list[dict]:
         entry.update(tp=int(s.tp), zero=int(s.zero), ckpt=s.ckpt)
         if s.sp:
             entry["sp"] = True
-        if s.ep > 1:
+        if s.ep != 1:
             entry["ep"] = int(s.ep)
         out.append(entry)
         i = j

@@ -26,8 +26,8 @@ What is checked (each group only when its inputs are given):
   the stage's device count, each TP group sits inside one node, dp = devices / tp divides the
   micro-batch size; with a world that builds meshes, ZeRO-3 with 1 < tp < devices needs the stage's TP
   and DP groups to form one 2-D device mesh;
-* experts: ep > 1 only on units the model gives experts (``ModelFacts.experts``), dividing their count
-  and dp, with tp 1 and zero 0-2 (the runtime's expert parallel), the same in every pipeline;
+* experts (``expert_rules``): ep > 1 only on MoE units, dividing the unit's dp and its expert count,
+  and not together with tp > 1;
 * memory (with predicted peaks): each device's peak is within its budget (``memory_budget_gib`` when
   set, else the device's own GPU memory).
 """
@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from itertools import chain
 
 from autopar.modelspec.spec import ModelSpec
+from autopar.plan.expert_rules import expert_rules
 from autopar.plan.schema import SCHEDULES, Plan
 
 Problem = tuple[str, str, str]  # (field, problem, fix): the parts of an AutoparError
@@ -66,14 +67,15 @@ class ModelFacts:
 
     units: tuple[UnitFacts, ...]
     seq_len: int | None = None
-    experts: Mapping[str, int] = field(default_factory=dict, hash=False)  # unit -> experts (0/absent: dense)
+    experts: Mapping[str, int] = field(default_factory=dict, hash=False)  # MoE unit -> routed experts (absent: dense)
 
     @classmethod
     def of_spec(cls, model: ModelSpec) -> ModelFacts:
-        """The facts of a planner ModelSpec (a unit has a TP plan when it states TP divisors)."""
-        experts = {ly.name: ly.moe.num_experts for ly in model.layers if getattr(ly, "moe", None) is not None}
+        """The facts of a planner ModelSpec (a unit has a TP plan when it states TP divisors; its experts
+        come from ``LayerSpec.moe``)."""
         return cls(tuple(UnitFacts(ly.name, ly.supports_tp, tuple(ly.tp_divisors)) for ly in model.layers),
-                   model.seq_len, experts)
+                   model.seq_len, {ly.name: ly.moe.num_experts for ly in model.layers
+                                   if getattr(ly, "moe", None) is not None})
 
 
 @dataclass(frozen=True)
@@ -91,7 +93,8 @@ def plan_rules(plan: Plan, model: ModelFacts | None = None, world: WorldFacts | 
     """Every problem of ``plan``, in a fixed order (empty: the plan is valid)."""
     return list(chain(top_rules(plan, model), schedule_rules(plan), placement_rules(plan, model),
                       device_rules(plan, world),
-                      layer_rules(plan, model, world), expert_rules(plan, model),
+                      layer_rules(plan, model, world),
+                      expert_rules(plan, model.experts if model is not None else None),
                       memory_rules(plan, memory_peak_gib) if memory_peak_gib else ()))
 
 
@@ -283,41 +286,6 @@ def layer_rules(plan: Plan, model: ModelFacts | None, world: WorldFacts | None) 
                         and not world.mesh_2d(tuple(st.devices), tp)):
                     yield (f"pipelines[{pi}].stages[{si}].devices", f"zero 3 with tp {tp} (unit {ly.name!r}) needs "
                            "the stage's TP groups and DP groups to form a 2-D device mesh",
-                           "list the stage's devices in increasing order")
-
-
-def expert_rules(plan: Plan, model: ModelFacts | None) -> Problems:
-    """Expert parallel: ep > 1 only on MoE units, dividing dp and the unit's experts, with tp 1 and zero < 3,
-    one ep for a unit in every pipeline, and each EP group's devices increasing (the shard order)."""
-    first_ep: dict[str, int] = {}
-    for pi, p in enumerate(plan.pipelines):
-        for si, st in enumerate(p.stages):
-            for li, ly in enumerate(st.layers):
-                at, s = f"pipelines[{pi}].stages[{si}].layers[{li}].ep", ly.strategy
-                ep, n = s.ep, len(st.devices)
-                if first_ep.setdefault(ly.name, ep) != ep:
-                    yield (at, f"unit {ly.name!r} has ep {ep} here but ep {first_ep[ly.name]} in an earlier pipeline",
-                           "give a unit the same ep in every pipeline")
-                if ep == 1:
-                    continue
-                experts = model.experts.get(ly.name, 0) if model is not None else None
-                if experts == 0:
-                    yield at, f"ep {ep} on unit {ly.name!r}, which has no experts", "set ep: 1 (ep > 1 only on MoE units)"
-                elif experts is not None and experts % ep:
-                    yield (at, f"ep {ep} does not divide unit {ly.name!r}'s {experts} experts",
-                           f"use a divisor of {experts}")
-                if s.tp > 1:
-                    yield (at, f"ep {ep} with tp {s.tp} on unit {ly.name!r}: expert parallel together with tensor "
-                           "parallel is not built", "use tp 1 or ep 1 on this unit")
-                    continue
-                if s.zero == 3:
-                    yield (at, f"ep {ep} with zero 3 on unit {ly.name!r}: expert parallel with ZeRO-3 is not built",
-                           "use zero 0, 1 or 2 or ep 1 on this unit")
-                if n and n % ep:
-                    yield (at, f"ep {ep} does not divide dp = {n} (stage devices / tp 1) of unit {ly.name!r}",
-                           f"use a divisor of {n}")
-                elif any(list(st.devices[g:g + ep]) != sorted(st.devices[g:g + ep]) for g in range(0, n, ep)):
-                    yield (at, f"ep {ep} on stage devices {st.devices}: each EP group's devices must be increasing",
                            "list the stage's devices in increasing order")
 
 

@@ -41,7 +41,7 @@ class Strategy:
     zero: int = 0  # 0 DDP, 1 sharded optimizer, 2 + sharded grads, 3 + sharded params (FSDP)
     ckpt: str = "none"  # none | selective | full | op
     sp: bool = False  # sequence parallel (needs tp > 1)
-    ep: int = 1  # expert-parallel degree of an MoE unit (its experts split over ep consecutive DP ranks)
+    ep: int = 1  # expert parallel degree of an MoE unit: its experts split over ep consecutive DP ranks
 
     def __post_init__(self) -> None:
         if not isinstance(self.tp, int) or self.tp < 1:
@@ -54,16 +54,17 @@ class Strategy:
         if self.sp and self.tp == 1:
             raise AutoparError("strategy.sp", "sequence parallel needs tp > 1", "set sp: false or tp >= 2")
         if not isinstance(self.ep, int) or isinstance(self.ep, bool) or self.ep < 1:
-            raise AutoparError("strategy.ep", f"must be an integer >= 1, got {self.ep!r}", "use 1, 2, 4, 8, ...")
+            raise AutoparError("strategy.ep", f"must be an integer >= 1, got {self.ep!r}",
+                               "use 1 (no expert parallelism) or a divisor of dp and of the unit's experts")
 
     def short(self) -> str:
-        """Compact label, e.g. ``tp2 z3 full sp``."""
+        """Compact label, e.g. ``tp2 z3 full sp`` (``tp1 z1 ep4`` for expert parallel 4)."""
         s = f"tp{self.tp} z{self.zero}"
         if self.ckpt != "none":
             s += f" {self.ckpt[:3]}"
         if self.sp:
             s += " sp"
-        if self.ep > 1:
+        if self.ep != 1:
             s += f" ep{self.ep}"
         return s
 

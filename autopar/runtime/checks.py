@@ -15,7 +15,7 @@ from torch import nn
 from autopar.errors import AutoparError
 from autopar.plan.rules import ModelFacts, UnitFacts, WorldFacts, plan_rules
 from autopar.plan.schema import Plan
-from autopar.runtime.expert_parallel import num_experts
+from autopar.runtime.expert_parallel import num_experts, runtime_problems
 from autopar.runtime.layout import Layout
 from autopar.units import UnitTPInfo
 
@@ -43,6 +43,7 @@ def check_plan(plan: Plan, unit_names: list[str], tp_info: dict[str, UnitTPInfo]
                experts: dict[str, int] | None = None) -> None:
     """Raise AutoparError naming the first problem of ``plan`` on this model and world (the plan rules)."""
     problems = plan_rules(plan, model_facts(unit_names, tp_info, experts), WorldFacts(world_size, _mesh_2d))
+    problems = problems or runtime_problems(plan)  # what expert parallel does not run here
     if problems:
         raise AutoparError(*problems[0])
 

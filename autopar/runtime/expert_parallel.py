@@ -96,6 +96,29 @@ def ep_rank_sets(places: list[Placement]) -> list[Ranks]:
     return [s for s in sets if len(s) > 1]
 
 
+def runtime_problems(plan: Plan) -> list[tuple[str, str, str]]:
+    """What the plan rules (``plan.expert_rules``) allow but this runtime does not run, as (field, problem, fix):
+    ep > 1 with zero 3, a unit with different ep in two pipelines, an EP group whose devices are not increasing."""
+    out, first_ep = [], {}
+    for pi, p in enumerate(plan.pipelines):
+        for si, st in enumerate(p.stages):
+            for li, ly in enumerate(st.layers):
+                at, ep, n = f"pipelines[{pi}].stages[{si}].layers[{li}].ep", ly.strategy.ep, len(st.devices)
+                if first_ep.setdefault(ly.name, ep) != ep:
+                    out.append((at, f"unit {ly.name!r} has ep {ep} here but ep {first_ep[ly.name]} in an earlier "
+                                "pipeline: the runtime syncs expert shards only between equal splits",
+                                "give the unit the same ep in every pipeline"))
+                if ep == 1 or ly.strategy.tp > 1 or n % ep:
+                    continue  # tp with ep, ep not dividing dp: the plan rules name them
+                if ly.strategy.zero == 3:
+                    out.append((at, f"ep {ep} with zero 3 on unit {ly.name!r}: the runtime does not build expert "
+                                "parallel with ZeRO-3", "use zero 0, 1 or 2 with ep, or ep 1 with zero 3"))
+                elif any(list(st.devices[g:g + ep]) != sorted(st.devices[g:g + ep]) for g in range(0, n, ep)):
+                    out.append((at, f"ep {ep} on stage devices {st.devices}: each EP group's devices must be "
+                                "increasing (the expert shard order)", "list the stage's devices in increasing order"))
+    return out
+
+
 def check_ep_settings(plan: Plan, mixed_precision: object, compile_kwargs: dict | None) -> None:
     """Refuse wrap settings not built with expert parallel (pure: every rank raises the same line)."""
     eps = [ly.name for st in plan.stages for ly in st.layers if ly.strategy.ep > 1]
