@@ -38,7 +38,8 @@ from torch.distributed.tensor import DTensor, Shard
 from autopar.errors import AutoparError
 from autopar.plan.schema import Plan
 from autopar.runtime.groups import Groups, sync_groups
-from autopar.runtime.layout import Placement
+from autopar.runtime.layout import Layout, Placement
+from autopar.runtime.sharding import apply_fsdp
 
 Ranks = tuple[int, ...]
 
@@ -110,9 +111,14 @@ def runtime_problems(plan: Plan) -> list[tuple[str, str, str]]:
                                 "give the unit the same ep in every pipeline"))
                 if ep == 1 or ly.strategy.tp > 1 or n % ep:
                     continue  # tp with ep, ep not dividing dp: the plan rules name them
-                if ly.strategy.zero == 3:
-                    out.append((at, f"ep {ep} with zero 3 on unit {ly.name!r}: the runtime does not build expert "
-                                "parallel with ZeRO-3", "use zero 0, 1 or 2 with ep, or ep 1 with zero 3"))
+                if ly.strategy.zero == 3 and len(plan.placements(ly.name)) > 1:
+                    out.append((at, f"ep {ep} with zero 3 on unit {ly.name!r}, placed in {len(plan.pipelines)} "
+                                "pipelines: the runtime builds expert parallel with ZeRO-3 in one pipeline only",
+                                "use zero 0, 1 or 2 for this unit, or one pipeline"))
+                elif ly.strategy.zero == 3 and n == ep:
+                    out.append((at, f"ep {ep} with zero 3 on unit {ly.name!r} over its whole dp {n}: the runtime "
+                                "builds expert parallel with ZeRO-3 only where dp / ep > 1 ranks share each expert",
+                                f"use zero 0, 1 or 2 for this unit, or an ep below {n}"))
                 elif any(list(st.devices[g:g + ep]) != sorted(st.devices[g:g + ep]) for g in range(0, n, ep)):
                     out.append((at, f"ep {ep} on stage devices {st.devices}: each EP group's devices must be "
                                 "increasing (the expert shard order)", "list the stage's devices in increasing order"))
@@ -206,14 +212,20 @@ def apply_expert_parallel(module: nn.Module, places: list[Placement], mine: Plac
                           groups: Groups) -> None:
     """Replace every packed experts module of ``module`` by this rank's ``ExpertParallelExperts`` share."""
     ep_ranks, shard = _ep_position(mine, rank)
-    group, mesh = groups.get(ep_ranks), groups.mesh_1d(ep_ranks)
+    group, mesh2 = groups.get(ep_ranks), None
+    if mine.fsdp:  # ZeRO-3: a 2-D mesh, EP groups as rows, the stage's expert-DP groups as columns
+        mesh2 = groups.mesh_fsdp_tp(Layout(mine.devices, mine.strategy.ep))
+    mesh = mesh2["tp"] if mesh2 is not None else groups.mesh_1d(ep_ranks)
     found = packed_experts(module)
     for parent, attr, experts in found:
         for flag, ok in (("is_transposed", False), ("has_bias", False), ("has_gate", True), ("is_concatenated", True)):
             if getattr(experts, flag, ok) != ok:
                 raise AutoparError("strategy.ep", f"experts module {type(experts).__name__} has {flag}={not ok}, "
                                    "a layout expert parallel does not run", "use ep 1 for this unit")
-        setattr(parent, attr, ExpertParallelExperts(experts, shard, mine.strategy.ep, group, mesh))
+        share = ExpertParallelExperts(experts, shard, mine.strategy.ep, group, mesh)
+        if mesh2 is not None:  # FSDP2 over the expert-DP group; the unit's own fully_shard takes the rest
+            apply_fsdp(share, mesh2["dp"])
+        setattr(parent, attr, share)
 
 
 def is_expert_param(module: nn.Module) -> list[bool]:
@@ -232,13 +244,12 @@ class ExpertGradSync:
                  groups: Groups) -> None:
         self.params = list(module.parameters())
         self.expert = is_expert_param(module)
-        _, classes = sync_groups(places)
-        self.rep_ranks = classes["replicated"][()]
-        self.rep_group = groups.get(self.rep_ranks)
+        self.tp, self.fsdp = 1, mine.fsdp  # ZeRO-3 (one placement): FSDP2 already reduce-scattered them
         self.shard = _ep_position(mine, rank)[1]
         self.expert_ranks = expert_dp_group(places, self.shard)
-        self.expert_group = groups.get(self.expert_ranks)
-        self.tp = 1
+        self.rep_ranks = tuple(sorted(mine.devices)) if self.fsdp else sync_groups(places)[1]["replicated"][()]
+        if not self.fsdp:
+            self.rep_group, self.expert_group = groups.get(self.rep_ranks), groups.get(self.expert_ranks)
 
     def _tp_placement(self, grad: torch.Tensor) -> None:
         """No TP with expert parallel (the clip code asks): every parameter is a TP-whole tensor."""
@@ -249,6 +260,8 @@ class ExpertGradSync:
         unit's first placement): expert shards on the first EP group (or, sliced by ZeRO over the shard
         group, on every slice holder), every other parameter on DP rank 0 (or on the slices of shard 0)."""
         pos, e = st.place.devices.index(rank), st.place.strategy.ep
+        if self.fsdp:  # every rank holds its own pieces of every parameter
+            pos, e = 0, 1
         if st.shard is None:
             total = None
             for i, (expert, proxy) in enumerate(zip(self.expert, st.proxies)):
@@ -275,6 +288,8 @@ class ExpertGradSync:
         for p in self.params:
             g = p.grad if p.grad is not None else torch.zeros_like(p)
             grads.append(g.to_local() if isinstance(g, DTensor) else g)
+        if self.fsdp:
+            return grads
         out: list[torch.Tensor | None] = [None] * len(grads)
         for is_expert, group in ((False, self.rep_group), (True, self.expert_group)):
             idx = [i for i, e in enumerate(self.expert) if e == is_expert]

@@ -95,12 +95,14 @@ PLANS = {
     "ep2_pp2": [(4, 2, [([0, 1], [(E, {}), (L0, {"ep": 2})]), ([2, 3], [(L1, {"ep": 2, "zero": 1}), (H, {})])])],
     "ep2_dp4_zero1": [(8, 1, [([0, 1, 2, 3], _layers(ep=2, zero=1))])],
     "ep2_dp4_zero2_ckpt": [(8, 1, [([0, 1, 2, 3], _layers(ep=2, zero=2, ckpt="full"))])],
+    "ep2_dp4_zero3": [(8, 1, [([0, 1, 2, 3], _layers(ep=2, zero=3))])],  # FSDP2 over {0, 2} / {1, 3} for experts
     # two pipelines: expert gradients summed over {0, 2} and {1, 3}, ZeRO-1 slices inside each stage
     "ep2_two_pipelines": [(2, 2, [([0, 1], _layers(ep=2, zero=1))]), (4, 1, [([2, 3], _layers(ep=2))])],
 }
 CLIP = 0.5  # below the norms of these steps: clipping acts
 CASES = [("ep2_dp2", "mixtral", None), ("ep2_dp4", "mixtral", CLIP), ("ep4_dp4", "mixtral", None),
          ("ep2_pp2", "mixtral", CLIP), ("ep2_dp4_zero1", "mixtral", CLIP), ("ep2_dp4_zero2_ckpt", "mixtral", None),
+         ("ep2_dp4_zero3", "mixtral", CLIP),
          ("ep2_two_pipelines", "mixtral", CLIP), ("ep2_dp2", "qwen2_moe", None)]
 
 
@@ -123,9 +125,10 @@ def test_expert_parallel_equals_single_process(plan_name, model, clip):
     assert set(state) == set(ref_state)
     for name, ref in ref_state.items():
         torch.testing.assert_close(state[name], ref, atol=TOL, rtol=TOL, msg=lambda m, n=name: f"{n}: {m}")
-    # Each rank keeps only its 4 / ep experts of every MoE unit it holds.
+    # Each rank keeps only its 4 / ep experts of every MoE unit it holds (ZeRO-3: a 1 / (dp / ep) slice of them).
+    fsdp = plan.world_size // ep if any(ly.strategy.zero == 3 for st in plan.stages for ly in st.layers) else 1
     for _, _, local, _ in out:
-        assert local and all(shape[0] == 4 // ep for shape in local.values()), local
+        assert local and all(shape[0] == 4 // ep // fsdp for shape in local.values()), local
 
 
 def _phase(rank, world, plan, path, load):
@@ -143,7 +146,7 @@ def _phase(rank, world, plan, path, load):
     return losses, (state if rank == 0 else None)
 
 
-@pytest.mark.parametrize("a,b", [("ep2_dp4_zero1", "ep4_dp4"), ("ep2_dp2", "dense_dp2")])
+@pytest.mark.parametrize("a,b", [("ep2_dp4_zero1", "ep4_dp4"), ("ep2_dp2", "dense_dp2"), ("ep2_dp4_zero3", "ep2_dp2")])
 def test_checkpoint_of_expert_shards_resumes_under_another_plan(a, b, tmp_path):
     """2 steps under plan a, save, load under plan b, 2 more steps == 4 single-process steps."""
     plans = {**PLANS, "dense_dp2": [(8, 1, [([0, 1], _layers(zero=1))])]}
