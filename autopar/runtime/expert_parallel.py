@@ -25,7 +25,11 @@ holders with the same shard index r % e, in every pipeline); every other paramet
 as ``UnitGradSync`` does for tp 1. ZeRO-1/2 slice the whole unit over the stage's holders of the same
 expert shard (``zero_group``; non-expert parameters are identical on every holder, so each such group
 updating its own slices stays exact; their optimizer state is thus split dp / ep ways, not dp ways).
-``max_grad_norm`` counts each element once (``ExpertGradSync.owned_square_sum``).
+ZeRO-3 (one pipeline, dp > ep): FSDP2 shards each expert share over the stage's expert-DP group on a 2-D
+(expert-DP, EP) mesh, and the unit's own ``fully_shard`` the rest over the stage; FSDP2's
+reduce-scatters are then the whole sync. ``max_grad_norm`` counts each element once
+(``ExpertGradSync.owned_square_sum``). Not built (``runtime_problems``, one line each): tp with ep, ZeRO-3
+with ep = dp or in several pipelines, ``mixed_precision`` / ``compile`` with ep, the router's auxiliary loss.
 """
 
 from __future__ import annotations
@@ -99,7 +103,8 @@ def ep_rank_sets(places: list[Placement]) -> list[Ranks]:
 
 def runtime_problems(plan: Plan) -> list[tuple[str, str, str]]:
     """What the plan rules (``plan.expert_rules``) allow but this runtime does not run, as (field, problem, fix):
-    ep > 1 with zero 3, a unit with different ep in two pipelines, an EP group whose devices are not increasing."""
+    ep > 1 with zero 3 in several pipelines or over the whole dp, a unit with different ep in two pipelines,
+    an EP group whose devices are not increasing."""
     out, first_ep = [], {}
     for pi, p in enumerate(plan.pipelines):
         for si, st in enumerate(p.stages):
@@ -236,7 +241,7 @@ def is_expert_param(module: nn.Module) -> list[bool]:
 
 class ExpertGradSync:
     """``UnitGradSync`` for an expert-parallel unit: expert shards summed over the expert-DP group, the rest
-    over every holder of the unit."""
+    over every holder of the unit (ZeRO-3: nothing left to sum, FSDP2 reduced both)."""
 
     mode = "expert"
 
