@@ -130,6 +130,24 @@ def runtime_problems(plan: Plan) -> list[tuple[str, str, str]]:
     return out
 
 
+_LAYOUT = (("is_transposed", False), ("has_bias", False), ("has_gate", True), ("is_concatenated", True))
+
+
+def check_expert_layouts(plan: Plan, named_units: list[tuple[str, nn.Module]]) -> None:
+    """Refuse ep > 1 on a unit whose packed experts are laid out otherwise than HF Mixtral's (transposed,
+    with biases, without a gate, interleaved gate / up): ``ExpertParallelExperts`` computes that one layout."""
+    eps = {ly.name for st in plan.stages for ly in st.layers if ly.strategy.ep > 1}
+    for name, unit in named_units:
+        if name not in eps:
+            continue
+        for _, _, experts in packed_experts(unit):
+            bad = next((f for f, ok in _LAYOUT if getattr(experts, f, ok) != ok), None)
+            if bad is not None:
+                raise AutoparError("strategy.ep", f"unit {name}'s experts module {type(experts).__name__} has "
+                                   f"{bad}={getattr(experts, bad)}, a layout expert parallel does not run",
+                                   "use ep 1 for this unit (its experts are then replicated)")
+
+
 def check_ep_settings(plan: Plan, mixed_precision: object, compile_kwargs: dict | None) -> None:
     """Refuse wrap settings not built with expert parallel (pure: every rank raises the same line)."""
     eps = [ly.name for st in plan.stages for ly in st.layers if ly.strategy.ep > 1]
@@ -221,12 +239,7 @@ def apply_expert_parallel(module: nn.Module, places: list[Placement], mine: Plac
     if mine.fsdp:  # ZeRO-3: a 2-D mesh, EP groups as rows, the stage's expert-DP groups as columns
         mesh2 = groups.mesh_fsdp_tp(Layout(mine.devices, mine.strategy.ep))
     mesh = mesh2["tp"] if mesh2 is not None else groups.mesh_1d(ep_ranks)
-    found = packed_experts(module)
-    for parent, attr, experts in found:
-        for flag, ok in (("is_transposed", False), ("has_bias", False), ("has_gate", True), ("is_concatenated", True)):
-            if getattr(experts, flag, ok) != ok:
-                raise AutoparError("strategy.ep", f"experts module {type(experts).__name__} has {flag}={not ok}, "
-                                   "a layout expert parallel does not run", "use ep 1 for this unit")
+    for parent, attr, experts in packed_experts(module):
         share = ExpertParallelExperts(experts, shard, mine.strategy.ep, group, mesh)
         if mesh2 is not None:  # FSDP2 over the expert-DP group; the unit's own fully_shard takes the rest
             apply_fsdp(share, mesh2["dp"])

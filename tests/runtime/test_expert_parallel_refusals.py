@@ -91,6 +91,19 @@ def test_one_ep_per_unit_across_pipelines():
         _check(plan)
 
 
+def test_experts_in_another_layout_are_refused_with_ep_only():
+    from autopar.models.hf import from_transformers
+    from autopar.runtime.expert_parallel import check_expert_layouts
+    from autopar.units import units
+
+    named = units(from_transformers(_mixtral()))
+    dict(named)[L1].layer.mlp.experts.has_bias = True  # as GPT-OSS's experts
+    check_expert_layouts(_plan([0, 1], layer={}), named)  # replicated experts run in any layout
+    with pytest.raises(AutoparError, match="^strategy.ep: unit layers.1's experts module MixtralExperts has "
+                       "has_bias=True, a layout expert parallel does not run; use ep 1"):
+        check_expert_layouts(_plan([0, 1], layer={"ep": 2}), named)
+
+
 @pytest.mark.parametrize("setting", ["mixed_precision", "compile"])
 def test_wrap_settings_not_built_with_ep_are_refused(setting):
     from torch.distributed.fsdp import MixedPrecisionPolicy
