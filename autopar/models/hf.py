@@ -11,8 +11,8 @@ installed; nothing here imports it.
 * GPT-2: tp = 1 only (its fused ``c_attn`` cannot be split by heads with a plain column split).
 * Mixtral, Qwen2-MoE: Llama-like, tp = 1 (HF's packed / MoE TP styles are not translated); their packed
   experts are replicated, or split over ``ep`` DP ranks by a plan's ``ep`` (autopar.runtime.expert_parallel).
-  The router's auxiliary loss is not part of wrap's loss: ``output_router_logits=True`` is refused, as is
-  ``router_jitter_noise > 0`` (random per-token noise no parallel run reproduces).
+  The router's auxiliary loss is not part of wrap's loss: wrap refuses ``output_router_logits=True``, and
+  ``router_jitter_noise > 0`` (random per-token noise no parallel run reproduces); tracing takes both.
 * BERT masked LM (``BertForMaskedLM``): embeddings, encoder layers attending to every position (no
   padding mask), the MLM head; tp = 1. Labels of -100 (unmasked positions) are ignored by wrap's loss,
   as in HF's MLM loss.
@@ -37,7 +37,6 @@ from torch import nn
 from autopar.errors import AutoparError
 
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "mixtral", "qwen2_moe")
-MOE = ("mixtral", "qwen2_moe")
 _HF_STYLES = {"colwise": "colwise", "rowwise": "rowwise"}  # HF style name -> autopar style name
 _LLAMA_SP = {
     "layer": "sp_unit",
@@ -159,18 +158,6 @@ def _llama_block_plan(cfg) -> dict[str, str] | None:
     return {**_LLAMA_SP, **plan} if plan else None
 
 
-def _check_moe_config(cfg) -> None:
-    """Refuse MoE settings whose training would differ from wrap's loss on the logits (one line)."""
-    if getattr(cfg, "output_router_logits", False):
-        raise AutoparError("model.config.output_router_logits", "is True: the router's auxiliary load-balancing "
-                           "loss would be added to the HF loss, and wrap trains on the logits' loss only",
-                           "set config.output_router_logits = False (wrap's loss has no auxiliary term)")
-    if getattr(cfg, "router_jitter_noise", 0.0):
-        raise AutoparError("model.config.router_jitter_noise", f"is {cfg.router_jitter_noise}: random per-token "
-                           "noise on the router input cannot be reproduced by a parallel run",
-                           "set config.router_jitter_noise = 0.0")
-
-
 def is_transformers_model(model: nn.Module) -> bool:
     """True for a module defined by the ``transformers`` package (checked without importing it)."""
     return type(model).__module__.startswith("transformers.")
@@ -189,8 +176,6 @@ def from_transformers(hf_model: nn.Module) -> HFCausalLM:
     """Units view of a ``transformers`` causal LM (shares its modules). Raises AutoparError if unsupported."""
     cfg = hf_model.config
     kind = cfg.model_type
-    if kind in MOE:
-        _check_moe_config(cfg)
     if kind in LLAMA_LIKE:
         base = hf_model.model
         embed = HFTokenEmbed(base.embed_tokens)

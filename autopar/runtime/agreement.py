@@ -34,7 +34,7 @@ from autopar.models.hf import units_view
 from autopar.plan.rules import id_ranges
 from autopar.plan.schema import Plan
 from autopar.runtime.checks import check_batchnorm, check_plan, check_precision, unit_experts
-from autopar.runtime.expert_parallel import check_expert_layouts
+from autopar.runtime.expert_parallel import check_moe_units
 from autopar.runtime.materialize import is_meta
 from autopar.runtime.ties import Tie, check_ties, untie
 from autopar.units import UnitTPInfo, unit_tp_info, units
@@ -161,7 +161,7 @@ def agreed_start(model: nn.Module, plan: Plan | str | os.PathLike, world_size: i
         check_ties(ties, plan, meta)
         check_batchnorm(plan, named)
         check_precision(plan, named)
-        check_expert_layouts(plan, named)
+        check_moe_units(plan, named)
     except Exception as e:  # noqa: BLE001  (every rank must hear of it before anyone waits on a peer)
         error = e
     agree(doc, error)

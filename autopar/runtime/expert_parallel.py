@@ -133,14 +133,25 @@ def runtime_problems(plan: Plan) -> list[tuple[str, str, str]]:
 _LAYOUT = (("is_transposed", False), ("has_bias", False), ("has_gate", True), ("is_concatenated", True))
 
 
-def check_expert_layouts(plan: Plan, named_units: list[tuple[str, nn.Module]]) -> None:
-    """Refuse ep > 1 on a unit whose packed experts are laid out otherwise than HF Mixtral's (transposed,
-    with biases, without a gate, interleaved gate / up): ``ExpertParallelExperts`` computes that one layout."""
+def check_moe_units(plan: Plan, named_units: list[tuple[str, nn.Module]]) -> None:
+    """Refuse what wrap cannot train as one process does, in one line: an HF MoE model configured to add the
+    router's auxiliary loss (``output_router_logits``: wrap's loss has no such term) or with router jitter
+    (random per-token noise), and ep > 1 on experts laid out otherwise than HF Mixtral's (transposed, with
+    biases, without a gate, interleaved gate / up): ``ExpertParallelExperts`` computes that one layout."""
     eps = {ly.name for st in plan.stages for ly in st.layers if ly.strategy.ep > 1}
     for name, unit in named_units:
-        if name not in eps:
-            continue
-        for _, _, experts in packed_experts(unit):
+        for parent, _, experts in packed_experts(unit):
+            cfg = getattr(experts, "config", None)  # transformers' experts keep their model's config
+            if getattr(cfg, "output_router_logits", False):
+                raise AutoparError("model.config.output_router_logits", "is True: the HF model would add the "
+                                   "router's auxiliary load-balancing loss, which wrap's loss does not have",
+                                   "set config.output_router_logits = False before wrap")
+            if getattr(parent, "jitter_noise", 0.0):
+                raise AutoparError("model.config.router_jitter_noise", f"is {parent.jitter_noise}: random per-token "
+                                   "noise on the router input cannot be reproduced by a parallel run",
+                                   "set config.router_jitter_noise = 0.0 before building the model")
+            if name not in eps:
+                continue
             bad = next((f for f, ok in _LAYOUT if getattr(experts, f, ok) != ok), None)
             if bad is not None:
                 raise AutoparError("strategy.ep", f"unit {name}'s experts module {type(experts).__name__} has "

@@ -93,15 +93,15 @@ def test_one_ep_per_unit_across_pipelines():
 
 def test_experts_in_another_layout_are_refused_with_ep_only():
     from autopar.models.hf import from_transformers
-    from autopar.runtime.expert_parallel import check_expert_layouts
+    from autopar.runtime.expert_parallel import check_moe_units
     from autopar.units import units
 
     named = units(from_transformers(_mixtral()))
     dict(named)[L1].layer.mlp.experts.has_bias = True  # as GPT-OSS's experts
-    check_expert_layouts(_plan([0, 1], layer={}), named)  # replicated experts run in any layout
+    check_moe_units(_plan([0, 1], layer={}), named)  # replicated experts run in any layout
     with pytest.raises(AutoparError, match="^strategy.ep: unit layers.1's experts module MixtralExperts has "
                        "has_bias=True, a layout expert parallel does not run; use ep 1"):
-        check_expert_layouts(_plan([0, 1], layer={"ep": 2}), named)
+        check_moe_units(_plan([0, 1], layer={"ep": 2}), named)
 
 
 @pytest.mark.parametrize("setting", ["mixed_precision", "compile"])
@@ -124,10 +124,14 @@ def test_wrap_settings_not_built_with_ep_are_refused(setting):
                                          ({"router_jitter_noise": 0.1}, "model.config.router_jitter_noise")])
 def test_moe_settings_wrap_cannot_match_are_refused(extra, field):
     from autopar.models.hf import from_transformers
+    from autopar.runtime.expert_parallel import check_moe_units
+    from autopar.units import units
 
+    named = units(from_transformers(_mixtral(**extra)))  # the tracer takes it: the plan's figures are unchanged
     with pytest.raises(AutoparError) as e:
-        from_transformers(_mixtral(**extra))
+        check_moe_units(_plan([0, 1]), named)  # wrap refuses it, whatever the plan
     assert e.value.field == field and "\n" not in str(e.value)
+    check_moe_units(_plan([0, 1], layer={"ep": 2}), units(from_transformers(_mixtral())))
 
 
 def test_ep_round_trips_through_plan_files_and_is_omitted_at_1():
