@@ -170,3 +170,41 @@ def test_checkpoint_of_expert_shards_resumes_under_another_plan(a, b, tmp_path):
     torch.testing.assert_close(torch.tensor(first[0][0] + second[0][0]), torch.tensor(ref_losses), atol=TOL, rtol=TOL)
     for name, ref in ref_state.items():
         torch.testing.assert_close(second[0][1][name], ref, atol=TOL, rtol=TOL, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def _lopsided(rank, world, routes):
+    """One experts module, all copies routed to rank 0's experts: rank 1 computes on zero rows."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from autopar.runtime.expert_parallel import ExpertParallelExperts
+
+    cfg = transformers.MixtralConfig(hidden_size=8, intermediate_size=6, num_local_experts=4, num_experts_per_tok=2)
+    torch.manual_seed(0)
+    experts = transformers.models.mixtral.modeling_mixtral.MixtralExperts(cfg)
+    with torch.no_grad():
+        experts.gate_up_proj.normal_()
+        experts.down_proj.normal_()
+    hidden = torch.randn(6, 8, requires_grad=True)
+    index = torch.tensor(routes)
+    weights = torch.rand(6, 2, requires_grad=True)
+    ref = experts(hidden, index, weights)
+    (ref * torch.arange(8.0)).sum().backward()
+    share = ExpertParallelExperts(experts, rank, 2, torch.distributed.group.WORLD, DeviceMesh("cpu", [0, 1]))
+    mine = slice(rank * 3, rank * 3 + 3)
+    h = hidden.detach()[mine].clone().requires_grad_()
+    w = weights.detach()[mine].clone().requires_grad_()
+    out = share(h, index[mine], w)
+    (out * torch.arange(8.0)).sum().backward()
+    torch.testing.assert_close(out, ref[mine])
+    torch.testing.assert_close(h.grad, hidden.grad[mine])
+    torch.testing.assert_close(w.grad, weights.grad[mine])
+    experts_here = slice(rank * 2, rank * 2 + 2)
+    torch.testing.assert_close(share.gate_up_proj.grad.to_local(), experts.gate_up_proj.grad[experts_here])
+    torch.testing.assert_close(share.down_proj.grad.to_local(), experts.down_proj.grad[experts_here])
+    return rank
+
+
+def test_a_rank_whose_experts_receive_no_tokens_still_exchanges_in_backward():
+    """Forward and backward of one experts module equal HF's, with every copy sent to rank 0's experts 0 and 1."""
+    routes = [[0, 1], [1, 0], [0, 1], [1, 0], [0, 1], [0, 1]]
+    assert run_distributed(_lopsided, 2, routes, timeout_s=60) == [0, 1]
