@@ -29,7 +29,8 @@ ZeRO-3 (one pipeline, dp > ep): FSDP2 shards each expert share over the stage's 
 (expert-DP, EP) mesh, and the unit's own ``fully_shard`` the rest over the stage; FSDP2's
 reduce-scatters are then the whole sync. ``max_grad_norm`` counts each element once
 (``ExpertGradSync.owned_square_sum``). Not built (``runtime_problems``, one line each): tp with ep, ZeRO-3
-with ep = dp or in several pipelines, ``mixed_precision`` / ``compile`` with ep, the router's auxiliary loss.
+with ep = dp or in several pipelines, ``mixed_precision`` with ep and ZeRO-3, ``compile`` with ep, the
+router's auxiliary loss. ``mixed_precision`` (zero 0-2) casts the expert shards like every parameter.
 """
 
 from __future__ import annotations
@@ -164,10 +165,14 @@ def check_ep_settings(plan: Plan, mixed_precision: object, compile_kwargs: dict 
     eps = [ly.name for st in plan.stages for ly in st.layers if ly.strategy.ep > 1]
     if not eps:
         return
-    for what, value in (("mixed_precision", mixed_precision), ("compile", compile_kwargs)):
-        if value is not None:
-            raise AutoparError(what, f"is set and unit {eps[0]} has ep > 1: {what} with expert parallel is not built",
-                               f"leave {what} unset, or use ep 1")
+    if compile_kwargs is not None:
+        raise AutoparError("compile", f"is set and unit {eps[0]} has ep > 1: compile with expert parallel is not "
+                           "built", "leave compile unset, or use ep 1")
+    zero3 = [ly.name for st in plan.stages for ly in st.layers if ly.strategy.ep > 1 and ly.strategy.zero == 3]
+    if mixed_precision is not None and zero3:
+        raise AutoparError("mixed_precision", f"is set and unit {zero3[0]} has ep > 1 with zero 3: mixed precision "
+                           "with expert parallel is built for zero 0-2 only", "leave mixed_precision unset, or use "
+                           "zero 0, 1 or 2 on that unit")
 
 
 class _AllToAll(torch.autograd.Function):

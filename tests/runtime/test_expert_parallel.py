@@ -208,3 +208,42 @@ def test_a_rank_whose_experts_receive_no_tokens_still_exchanges_in_backward():
     """Forward and backward of one experts module equal HF's, with every copy sent to rank 0's experts 0 and 1."""
     routes = [[0, 1], [1, 0], [0, 1], [1, 0], [0, 1], [0, 1]]
     assert run_distributed(_lopsided, 2, routes, timeout_s=60) == [0, 1]
+
+
+def _bf16(rank, world, plan):
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    from autopar.runtime.wrap import wrap
+
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, output_dtype=torch.float32)
+    pm = wrap(mixtral(), plan, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1), mixed_precision=policy)
+    losses = [pm.step(x, y) for x, y in _batches()[:3]]
+    out = pm.predict(_batches()[0][0])
+    return losses, pm.full_state_dict(), out
+
+
+def test_mixed_precision_with_expert_parallel_matches_one_process_under_the_policy():
+    """bf16 compute on fp32 masters, ep2 dp4 ZeRO-1: as one process whose parameters are cast to bf16
+    (test_api_precision's tolerances: bf16 rounding, not bit for bit)."""
+    from torch.func import functional_call
+
+    from autopar.models.hf import from_transformers
+    from autopar.runtime.stage import cross_entropy
+
+    plan = make_plan(PLANS["ep2_dp4_zero1"])
+    got = run_distributed(_bf16, 4, plan, timeout_s=120)
+    m = from_transformers(mixtral())
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    ref_losses = []
+    for x, y in _batches()[:3]:
+        out = functional_call(m, {k: p.to(torch.bfloat16) for k, p in m.named_parameters()}, (x,)).float()
+        loss = cross_entropy(out, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        ref_losses.append(loss.item())
+    losses, state, logits = got[0]
+    assert torch.equal(logits, logits.to(torch.bfloat16).float())  # computed in bf16
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), atol=1e-3, rtol=0)
+    for k, ref in m.named_parameters():
+        torch.testing.assert_close(state[k], ref.detach(), atol=5e-4, rtol=0, msg=lambda msg, n=k: f"{n}: {msg}")

@@ -113,10 +113,13 @@ def test_wrap_settings_not_built_with_ep_are_refused(setting):
     kwargs = {"mixed_precision": None, "compile_kwargs": None}
     if setting == "compile":
         kwargs["compile_kwargs"] = {}
+        plan = _plan([0, 1], layer={"ep": 2})
     else:
         kwargs["mixed_precision"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
+        plan = _plan([0, 1, 2, 3], layer={"ep": 2, "zero": 3})
+        check_ep_settings(_plan([0, 1], layer={"ep": 2, "zero": 2}), **kwargs)  # built for zero 0-2
     with pytest.raises(AutoparError, match=f"^{setting}: is set and unit layers.0 has ep > 1"):
-        check_ep_settings(_plan([0, 1], layer={"ep": 2}), **kwargs)
+        check_ep_settings(plan, **kwargs)
     check_ep_settings(_plan([0, 1]), **kwargs)  # dense plans: untouched
 
 
