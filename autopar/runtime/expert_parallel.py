@@ -25,11 +25,11 @@ holders with the same shard index r % e, in every pipeline); every other paramet
 as ``UnitGradSync`` does for tp 1. ZeRO-1/2 slice the whole unit over the stage's holders of the same
 expert shard (``zero_group``; non-expert parameters are identical on every holder, so each such group
 updating its own slices stays exact; their optimizer state is thus split dp / ep ways, not dp ways).
-ZeRO-3 (one pipeline, dp > ep): FSDP2 shards each expert share over the stage's expert-DP group on a 2-D
-(expert-DP, EP) mesh, and the unit's own ``fully_shard`` the rest over the stage; FSDP2's
-reduce-scatters are then the whole sync. ``max_grad_norm`` counts each element once
+ZeRO-3 (one pipeline): FSDP2 shards each expert share over the stage's expert-DP group on a 2-D
+(expert-DP, EP) mesh (left whole when ep = dp: no other rank holds it), and the unit's own
+``fully_shard`` the rest over the stage; FSDP2's reduce-scatters are then the whole sync. ``max_grad_norm`` counts each element once
 (``ExpertGradSync.owned_square_sum``). Not built (``runtime_problems``, one line each): tp with ep, ZeRO-3
-with ep = dp or in several pipelines, ``mixed_precision`` with ep and ZeRO-3, ``compile`` with ep, the
+in several pipelines, ``mixed_precision`` with ep and ZeRO-3, ``compile`` with ep, the
 router's auxiliary loss. ``mixed_precision`` (zero 0-2) casts the expert shards like every parameter.
 """
 
@@ -104,7 +104,7 @@ def ep_rank_sets(places: list[Placement]) -> list[Ranks]:
 
 def runtime_problems(plan: Plan) -> list[tuple[str, str, str]]:
     """What the plan rules (``plan.expert_rules``) allow but this runtime does not run, as (field, problem, fix):
-    ep > 1 with zero 3 in several pipelines or over the whole dp, a unit with different ep in two pipelines,
+    ep > 1 with zero 3 in several pipelines, a unit with different ep in two pipelines,
     an EP group whose devices are not increasing."""
     out, first_ep = [], {}
     for pi, p in enumerate(plan.pipelines):
@@ -121,10 +121,6 @@ def runtime_problems(plan: Plan) -> list[tuple[str, str, str]]:
                     out.append((at, f"ep {ep} with zero 3 on unit {ly.name!r}, placed in {len(plan.pipelines)} "
                                 "pipelines: the runtime builds expert parallel with ZeRO-3 in one pipeline only",
                                 "use zero 0, 1 or 2 for this unit, or one pipeline"))
-                elif ly.strategy.zero == 3 and n == ep:
-                    out.append((at, f"ep {ep} with zero 3 on unit {ly.name!r} over its whole dp {n}: the runtime "
-                                "builds expert parallel with ZeRO-3 only where dp / ep > 1 ranks share each expert",
-                                f"use zero 0, 1 or 2 for this unit, or an ep below {n}"))
                 elif any(list(st.devices[g:g + ep]) != sorted(st.devices[g:g + ep]) for g in range(0, n, ep)):
                     out.append((at, f"ep {ep} on stage devices {st.devices}: each EP group's devices must be "
                                 "increasing (the expert shard order)", "list the stage's devices in increasing order"))
@@ -252,7 +248,7 @@ def apply_expert_parallel(module: nn.Module, places: list[Placement], mine: Plac
     """Replace every packed experts module of ``module`` by this rank's ``ExpertParallelExperts`` share."""
     ep_ranks, shard = _ep_position(mine, rank)
     group, mesh2 = groups.get(ep_ranks), None
-    if mine.fsdp:  # ZeRO-3: a 2-D mesh, EP groups as rows, the stage's expert-DP groups as columns
+    if mine.fsdp and len(mine.devices) > mine.strategy.ep:  # ZeRO-3: EP groups as rows, expert-DP as columns
         mesh2 = groups.mesh_fsdp_tp(Layout(mine.devices, mine.strategy.ep))
     mesh = mesh2["tp"] if mesh2 is not None else groups.mesh_1d(ep_ranks)
     for parent, attr, experts in packed_experts(module):
@@ -260,6 +256,14 @@ def apply_expert_parallel(module: nn.Module, places: list[Placement], mine: Plac
         if mesh2 is not None:  # FSDP2 over the expert-DP group; the unit's own fully_shard takes the rest
             apply_fsdp(share, mesh2["dp"])
         setattr(parent, attr, share)
+
+
+def fsdp_ignored(module: nn.Module, mine: Placement) -> set[nn.Parameter] | None:
+    """The expert shards the unit's own ZeRO-3 ``fully_shard`` must leave alone: all of them when ep = dp
+    (no other rank of the stage holds them; otherwise they are already FSDP2-sharded over expert-DP)."""
+    if not (mine.fsdp and mine.strategy.ep == len(mine.devices)):
+        return None
+    return {p for m in module.modules() if isinstance(m, ExpertParallelExperts) for p in m.parameters()}
 
 
 def is_expert_param(module: nn.Module) -> list[bool]:

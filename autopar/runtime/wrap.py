@@ -24,6 +24,7 @@ from autopar.runtime.expert_parallel import (
     apply_expert_parallel,
     check_ep_settings,
     ep_rank_sets,
+    fsdp_ignored,
     zero_group,
 )
 from autopar.runtime.grad_sync import UnitGradSync
@@ -218,7 +219,8 @@ def _build_unit(ly: StageLayer, module: nn.Module, info: UnitTPInfo, places: lis
     if options.compile_kwargs is not None:
         module.forward = torch.compile(module.forward, **options.compile_kwargs)
     if fsdp_mesh is not None and params:
-        apply_fsdp(module, fsdp_mesh, fsdp_policy(policy, params[0].dtype, last) if policy is not None else None)
+        apply_fsdp(module, fsdp_mesh, fsdp_policy(policy, params[0].dtype, last) if policy is not None else None,
+                   fsdp_ignored(module, mine))
         params = list(module.parameters())
     sync = (ExpertGradSync if strat.ep > 1 else UnitGradSync)(module, places, mine, rank, groups)
     shard, proxies, zero2 = None, [_local(p) for p in params], None

@@ -97,6 +97,7 @@ PLANS = {
     "ep2_dp4_zero1": [(8, 1, [([0, 1, 2, 3], _layers(ep=2, zero=1))])],
     "ep2_dp4_zero2_ckpt": [(8, 1, [([0, 1, 2, 3], _layers(ep=2, zero=2, ckpt="full"))])],
     "ep2_dp4_zero3": [(8, 1, [([0, 1, 2, 3], _layers(ep=2, zero=3))])],  # FSDP2 over {0, 2} / {1, 3} for experts
+    "ep2_dp2_zero3": [(8, 1, [([0, 1], _layers(ep=2, zero=3))])],  # experts whole on their one holder
     # two pipelines: expert gradients summed over {0, 2} and {1, 3}, ZeRO-1 slices inside each stage
     "ep2_two_pipelines": [(2, 2, [([0, 1], _layers(ep=2, zero=1))]), (4, 1, [([2, 3], _layers(ep=2))])],
 }
@@ -114,7 +115,7 @@ def _make(name: str):
 CLIP = 0.5  # below the norms of these steps: clipping acts
 CASES = [("ep2_dp2", "mixtral", None), ("ep2_dp4", "mixtral", CLIP), ("ep4_dp4", "mixtral", None),
          ("ep2_pp2", "mixtral", CLIP), ("ep2_dp4_zero1", "mixtral", CLIP), ("ep2_dp4_zero2_ckpt", "mixtral", None),
-         ("ep2_dp4_zero3", "mixtral", CLIP),
+         ("ep2_dp4_zero3", "mixtral", CLIP), ("ep2_dp2_zero3", "mixtral", CLIP),
          ("ep2_two_pipelines", "mixtral", CLIP), ("ep2_interleaved", "mixtral", None), ("ep2_dp2", "qwen2_moe", None)]
 
 
