@@ -25,11 +25,12 @@ holders with the same shard index r % e, in every pipeline); every other paramet
 as ``UnitGradSync`` does for tp 1. ZeRO-1/2 slice the whole unit over the stage's holders of the same
 expert shard (``zero_group``; non-expert parameters are identical on every holder, so each such group
 updating its own slices stays exact; their optimizer state is thus split dp / ep ways, not dp ways).
-ZeRO-3 (one pipeline): FSDP2 shards each expert share over the stage's expert-DP group on a 2-D
-(expert-DP, EP) mesh (left whole when ep = dp: no other rank holds it), and the unit's own
-``fully_shard`` the rest over the stage; FSDP2's reduce-scatters are then the whole sync. ``max_grad_norm`` counts each element once
-(``ExpertGradSync.owned_square_sum``). Not built (``runtime_problems``, one line each): tp with ep, ZeRO-3
-in several pipelines, ``mixed_precision`` with ep and ZeRO-3, ``compile`` with ep, the
+ZeRO-3: FSDP2 shards each expert share over the stage's expert-DP group on a 2-D (expert-DP, EP) mesh
+(left whole when ep = dp: no other rank holds it), and the unit's own ``fully_shard`` the rest over the
+stage; FSDP2's reduce-scatters, then an all-reduce among the ranks at the same stage position in the
+other pipelines (equal, increasing stages), are the whole sync. ``max_grad_norm`` counts each element
+once (``ExpertGradSync.owned_square_sum``). Not built (``runtime_problems``, one line each): tp with ep,
+ZeRO-3 with ep on unequal or decreasing stages, ``mixed_precision`` with ep and ZeRO-3, ``compile`` with ep, the
 router's auxiliary loss. ``mixed_precision`` (zero 0-2) casts the expert shards like every parameter.
 """
 
@@ -99,12 +100,14 @@ def ep_rank_sets(places: list[Placement]) -> list[Ranks]:
         sets.extend(tuple(p.devices[g:g + e]) for g in range(0, len(p.devices), e))
     sets.extend(expert_dp_group(places, s) for s in range(places[0].strategy.ep))
     sets.extend(expert_dp_group([p], s) for p in places for s in range(p.strategy.ep))
+    if places[0].fsdp:  # ZeRO-3 in several pipelines: the holders of the same pieces (same stage position)
+        sets.extend(tuple(sorted(p.devices[i] for p in places)) for i in range(len(places[0].devices)))
     return [s for s in sets if len(s) > 1]
 
 
 def runtime_problems(plan: Plan) -> list[tuple[str, str, str]]:
     """What the plan rules (``plan.expert_rules``) allow but this runtime does not run, as (field, problem, fix):
-    ep > 1 with zero 3 in several pipelines, a unit with different ep in two pipelines,
+    ep > 1 with zero 3 on stages of different sizes or with decreasing devices, a unit with different ep in two pipelines,
     an EP group whose devices are not increasing."""
     out, first_ep = [], {}
     for pi, p in enumerate(plan.pipelines):
@@ -117,10 +120,11 @@ def runtime_problems(plan: Plan) -> list[tuple[str, str, str]]:
                                 "give the unit the same ep in every pipeline"))
                 if ep == 1 or ly.strategy.tp > 1 or n % ep:
                     continue  # tp with ep, ep not dividing dp: the plan rules name them
-                if ly.strategy.zero == 3 and len(plan.placements(ly.name)) > 1:
-                    out.append((at, f"ep {ep} with zero 3 on unit {ly.name!r}, placed in {len(plan.pipelines)} "
-                                "pipelines: the runtime builds expert parallel with ZeRO-3 in one pipeline only",
-                                "use zero 0, 1 or 2 for this unit, or one pipeline"))
+                sizes = sorted({len(s.devices) for _, s, _ in _stages_of(plan, ly.name)})
+                if ly.strategy.zero == 3 and (len(sizes) > 1 or list(st.devices) != sorted(st.devices)):
+                    out.append((at, f"ep {ep} with zero 3 on unit {ly.name!r}: the runtime shards it alike in every "
+                                f"pipeline only on stages of one size ({sizes}) with increasing devices",
+                                "use zero 0, 1 or 2 for this unit, or equal stages with devices in increasing order"))
                 elif any(list(st.devices[g:g + ep]) != sorted(st.devices[g:g + ep]) for g in range(0, n, ep)):
                     out.append((at, f"ep {ep} on stage devices {st.devices}: each EP group's devices must be "
                                 "increasing (the expert shard order)", "list the stage's devices in increasing order"))
@@ -154,6 +158,12 @@ def check_moe_units(plan: Plan, named_units: list[tuple[str, nn.Module]]) -> Non
                 raise AutoparError("strategy.ep", f"unit {name}'s experts module {type(experts).__name__} has "
                                    f"{bad}={getattr(experts, bad)}, a layout expert parallel does not run",
                                    "use ep 1 for this unit (its experts are then replicated)")
+
+
+def _stages_of(plan: Plan, name: str) -> list:
+    """(pipeline, stage, layer) of every stage holding unit ``name``."""
+    return [(pi, st, ly) for pi, p in enumerate(plan.pipelines) for st in p.stages for ly in st.layers
+            if ly.name == name]
 
 
 def check_ep_settings(plan: Plan, mixed_precision: object, compile_kwargs: dict | None) -> None:
@@ -288,6 +298,9 @@ class ExpertGradSync:
         self.rep_ranks = tuple(sorted(mine.devices)) if self.fsdp else sync_groups(places)[1]["replicated"][()]
         if not self.fsdp:
             self.rep_group, self.expert_group = groups.get(self.rep_ranks), groups.get(self.expert_ranks)
+        else:
+            pos = mine.devices.index(rank)
+            self.pos_group = groups.get(tuple(sorted(p.devices[pos] for p in places)))
 
     def _tp_placement(self, grad: torch.Tensor) -> None:
         """No TP with expert parallel (the clip code asks): every parameter is a TP-whole tensor."""
@@ -326,7 +339,11 @@ class ExpertGradSync:
         for p in self.params:
             g = p.grad if p.grad is not None else torch.zeros_like(p)
             grads.append(g.to_local() if isinstance(g, DTensor) else g)
-        if self.fsdp:
+        if self.fsdp:  # FSDP2 reduced inside the stage; other pipelines hold the same pieces at the same position
+            if self.pos_group is not None:
+                flat = torch.cat([g.reshape(-1) for g in grads])
+                dist.all_reduce(flat, group=self.pos_group)
+                grads = [piece.view_as(g) for piece, g in zip(torch.split(flat, [g.numel() for g in grads]), grads)]
             return grads
         out: list[torch.Tensor | None] = [None] * len(grads)
         for is_expert, group in ((False, self.rep_group), (True, self.expert_group)):

@@ -100,6 +100,8 @@ PLANS = {
     "ep2_dp2_zero3": [(8, 1, [([0, 1], _layers(ep=2, zero=3))])],  # experts whole on their one holder
     # two pipelines: expert gradients summed over {0, 2} and {1, 3}, ZeRO-1 slices inside each stage
     "ep2_two_pipelines": [(2, 2, [([0, 1], _layers(ep=2, zero=1))]), (4, 1, [([2, 3], _layers(ep=2))])],
+    "ep2_zero3_two_pipelines": [(4, 1, [([0, 1, 2, 3], _layers(ep=2, zero=3))]),
+                                (4, 1, [([4, 5, 6, 7], _layers(ep=2, zero=3))])],
 }
 # interleaved 1F1B, 2 physical stages x 2 chunks: the MoE chunks run on {2, 3} and {0, 1}
 INTERLEAVED = {"ep2_interleaved": [(2, 4, [([0, 1], [(E, {})]), ([2, 3], [(L0, {"ep": 2})]),
@@ -116,7 +118,8 @@ CLIP = 0.5  # below the norms of these steps: clipping acts
 CASES = [("ep2_dp2", "mixtral", None), ("ep2_dp4", "mixtral", CLIP), ("ep4_dp4", "mixtral", None),
          ("ep2_pp2", "mixtral", CLIP), ("ep2_dp4_zero1", "mixtral", CLIP), ("ep2_dp4_zero2_ckpt", "mixtral", None),
          ("ep2_dp4_zero3", "mixtral", CLIP), ("ep2_dp2_zero3", "mixtral", CLIP),
-         ("ep2_two_pipelines", "mixtral", CLIP), ("ep2_interleaved", "mixtral", None), ("ep2_dp2", "qwen2_moe", None)]
+         ("ep2_two_pipelines", "mixtral", CLIP), ("ep2_interleaved", "mixtral", None),
+         ("ep2_zero3_two_pipelines", "mixtral", CLIP), ("ep2_dp2", "qwen2_moe", None)]
 
 
 @pytest.mark.parametrize("plan_name,model,clip", CASES,
@@ -140,7 +143,7 @@ def test_expert_parallel_equals_single_process(plan_name, model, clip):
     for name, ref in ref_state.items():
         torch.testing.assert_close(state[name], ref, atol=TOL, rtol=TOL, msg=lambda m, n=name: f"{n}: {m}")
     # Each rank keeps only its 4 / ep experts of every MoE unit it holds (ZeRO-3: a 1 / (dp / ep) slice of them).
-    fsdp = plan.world_size // ep if any(ly.strategy.zero == 3 for st in plan.stages for ly in st.layers) else 1
+    fsdp = len(plan.stages[0].devices) // ep if any(ly.strategy.zero == 3 for st in plan.stages for ly in st.layers) else 1
     for _, _, local, _ in out:
         assert local and all(shape[0] == 4 // ep // fsdp for shape in local.values()), local
 
