@@ -107,7 +107,7 @@ def ep_rank_sets(places: list[Placement]) -> list[Ranks]:
 
 def runtime_problems(plan: Plan) -> list[tuple[str, str, str]]:
     """What the plan rules (``plan.expert_rules``) allow but this runtime does not run, as (field, problem, fix):
-    ep > 1 with zero 3 on stages of different sizes or with decreasing devices, a unit with different ep in two pipelines,
+    ep > 1 with zero 3 on stages of different sizes, with decreasing devices or not in every pipeline, a unit with different ep in two pipelines,
     an EP group whose devices are not increasing."""
     out, first_ep = [], {}
     for pi, p in enumerate(plan.pipelines):
@@ -121,7 +121,12 @@ def runtime_problems(plan: Plan) -> list[tuple[str, str, str]]:
                 if ep == 1 or ly.strategy.tp > 1 or n % ep:
                     continue  # tp with ep, ep not dividing dp: the plan rules name them
                 sizes = sorted({len(s.devices) for _, s, _ in _stages_of(plan, ly.name)})
-                if ly.strategy.zero == 3 and (len(sizes) > 1 or list(st.devices) != sorted(st.devices)):
+                zero3 = {other.strategy.zero == 3 for _, _, other in _stages_of(plan, ly.name)}
+                if len(zero3) > 1:
+                    out.append((at, f"ep {ep} on unit {ly.name!r} with zero 3 in some pipelines and not in others: "
+                                "the runtime syncs its expert shards only between placements sharded alike",
+                                "give the unit zero 3 in every pipeline or in none"))
+                elif ly.strategy.zero == 3 and (len(sizes) > 1 or list(st.devices) != sorted(st.devices)):
                     out.append((at, f"ep {ep} with zero 3 on unit {ly.name!r}: the runtime shards it alike in every "
                                 f"pipeline only on stages of one size ({sizes}) with increasing devices",
                                 "use zero 0, 1 or 2 for this unit, or equal stages with devices in increasing order"))

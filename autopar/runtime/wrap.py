@@ -209,7 +209,7 @@ def _build_unit(ly: StageLayer, module: nn.Module, info: UnitTPInfo, places: lis
             fsdp_mesh = groups.mesh_1d(tuple(sorted(mine.devices)))
     if tp_mesh is not None:
         apply_tp(module, info.plan, tp_mesh, strat.sp, logits_sharded=logits_sharded)
-    if strat.ep > 1:  # experts sharded over the EP group (tp 1, zero < 3: plan rules)
+    if strat.ep > 1:  # experts sharded over the EP group (tp 1: plan rules; ZeRO-3 nests FSDP2 over expert-DP)
         apply_expert_parallel(module, places, mine, rank, groups)
     params = list(module.parameters())
     policy, last = options.mixed_precision, ly.name == options.last_unit

@@ -64,6 +64,8 @@ def test_mixtral_units_state_their_experts():
     (make_plan([(4, 1, [([0, 1, 2, 3], _layers2(ep=2, zero=3))]), (2, 1, [([4, 5], _layers2(ep=2, zero=3))])]),
      ["ep 2 with zero 3 on unit 'layers.0': the runtime shards it alike in every pipeline only on stages of one "
       "size ([2, 4])", "or equal stages"]),
+    (make_plan([(4, 1, [([0, 1, 2, 3], _layers2(ep=2, zero=3))]), (4, 1, [([4, 5, 6, 7], _layers2(ep=2, zero=1))])]),
+     ["ep 2 on unit 'layers.0' with zero 3 in some pipelines and not in others", "in every pipeline or in none"]),
     (_plan([1, 0], layer={"ep": 2}), ["each EP group's devices must be increasing"]),
 ])
 def test_plans_wrap_cannot_run_are_refused_in_one_line(plan, words):
