@@ -9,8 +9,10 @@ installed; nothing here imports it.
   sequence-parallel norms as in autopar's own Llama. Each block gets its own copy of the rotary
   embedding (no parameters), so a unit never shares a module with another.
 * GPT-2: tp = 1 only (its fused ``c_attn`` cannot be split by heads with a plain column split).
-* Mixtral: Llama-like, its experts replicated in every block (tp = 1: HF's packed / MoE TP styles
-  are not translated; expert parallelism is not built).
+* Mixtral, Qwen2-MoE: Llama-like, tp = 1 (HF's packed / MoE TP styles are not translated); their packed
+  experts are replicated, or split over ``ep`` DP ranks by a plan's ``ep`` (autopar.runtime.expert_parallel).
+  The router's auxiliary loss is not part of wrap's loss: wrap refuses ``output_router_logits=True``, and
+  ``router_jitter_noise > 0`` (random per-token noise no parallel run reproduces); tracing takes both.
 * BERT masked LM (``BertForMaskedLM``): embeddings, encoder layers attending to every position (no
   padding mask), the MLM head; tp = 1. Labels of -100 (unmasked positions) are ignored by wrap's loss,
   as in HF's MLM loss.
@@ -39,7 +41,7 @@ from torch import nn
 from autopar.errors import AutoparError
 from autopar.models.hf_units import HFCausalLM, causal_mask
 
-LLAMA_LIKE = ("llama", "mistral", "qwen2", "mixtral")
+LLAMA_LIKE = ("llama", "mistral", "qwen2", "mixtral", "qwen2_moe")
 _HF_STYLES = {"colwise": "colwise", "rowwise": "rowwise"}  # HF style name -> autopar style name
 _LLAMA_SP = {
     "layer": "sp_unit",

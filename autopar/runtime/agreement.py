@@ -34,8 +34,9 @@ from autopar.errors import AutoparError
 from autopar.models.hf import units_view
 from autopar.plan.rules import id_ranges
 from autopar.plan.schema import Plan
-from autopar.runtime.checks import check_batchnorm, check_plan, check_precision
+from autopar.runtime.checks import check_batchnorm, check_plan, check_precision, unit_experts
 from autopar.runtime.context_parallel import check_cp_model
+from autopar.runtime.expert_parallel import check_moe_units
 from autopar.runtime.ties import Tie, check_ties, untie
 from autopar.units import UnitTPInfo, unit_tp_info, units
 
@@ -155,12 +156,13 @@ def agreed_start(model: nn.Module, plan: Plan | str | os.PathLike, world_size: i
         named = units(model)
         infos = {n: unit_tp_info(model, n, m) for n, m in named}
         doc = {"plan": plan_doc(plan), "model": model_doc(named), "wrap": settings}
-        check_plan(plan, [n for n, _ in named], infos, world_size)
+        check_plan(plan, [n for n, _ in named], infos, world_size, unit_experts(named))
         named, ties = untie(named)
         check_ties(ties, plan)
         check_batchnorm(plan, named)
         check_precision(plan, named)
         check_cp_model(plan, model)
+        check_moe_units(plan, named)
     except Exception as e:  # noqa: BLE001  (every rank must hear of it before anyone waits on a peer)
         error = e
     agree(doc, error)

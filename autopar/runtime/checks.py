@@ -15,14 +15,23 @@ from torch import nn
 from autopar.errors import AutoparError
 from autopar.plan.rules import ModelFacts, UnitFacts, WorldFacts, plan_rules
 from autopar.plan.schema import Plan
+from autopar.runtime.expert_parallel import num_experts, runtime_problems
 from autopar.runtime.layout import Layout
 from autopar.units import UnitTPInfo
 
 
-def model_facts(unit_names: list[str], tp_info: dict[str, UnitTPInfo]) -> ModelFacts:
-    """The rules' view of an nn.Module: its units in execution order with their TP plans and divisors."""
+def model_facts(unit_names: list[str], tp_info: dict[str, UnitTPInfo],
+                experts: dict[str, int] | None = None) -> ModelFacts:
+    """The rules' view of an nn.Module: its units in execution order with their TP plans and divisors, and
+    the expert count of its MoE units (``unit_experts``)."""
     return ModelFacts(tuple(UnitFacts(n, tp_info[n].plan is not None, tuple(tp_info[n].divisors))
-                            for n in unit_names))
+                            for n in unit_names), experts=dict(experts or {}))
+
+
+def unit_experts(named_units: list[tuple[str, nn.Module]]) -> dict[str, int]:
+    """Unit name -> its experts (packed experts modules, autopar.runtime.expert_parallel), MoE units only."""
+    counts = {n: num_experts(m) for n, m in named_units}
+    return {n: c for n, c in counts.items() if c}
 
 
 def _mesh_2d(devices: tuple[int, ...], tp: int) -> bool:
@@ -30,9 +39,11 @@ def _mesh_2d(devices: tuple[int, ...], tp: int) -> bool:
     return Layout(devices, tp).fsdp_grid() is not None
 
 
-def check_plan(plan: Plan, unit_names: list[str], tp_info: dict[str, UnitTPInfo], world_size: int) -> None:
+def check_plan(plan: Plan, unit_names: list[str], tp_info: dict[str, UnitTPInfo], world_size: int,
+               experts: dict[str, int] | None = None) -> None:
     """Raise AutoparError naming the first problem of ``plan`` on this model and world (the plan rules)."""
-    problems = plan_rules(plan, model_facts(unit_names, tp_info), WorldFacts(world_size, _mesh_2d))
+    problems = plan_rules(plan, model_facts(unit_names, tp_info, experts), WorldFacts(world_size, _mesh_2d))
+    problems = problems or runtime_problems(plan)  # what expert parallel does not run here
     if problems:
         raise AutoparError(*problems[0])
 

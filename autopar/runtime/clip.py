@@ -39,6 +39,8 @@ def _owned_square_sum(st, owner: Placement, rank: int, skip: frozenset = frozens
     """
     if st.place.pipeline != owner.pipeline or not st.sync.params:
         return None
+    if hasattr(st.sync, "owned_square_sum"):  # an expert-parallel unit (autopar.runtime.expert_parallel)
+        return st.sync.owned_square_sum(st, rank, skip)
     lay = st.place.layout
     tp_coord = lay.tp_coord(rank) if lay.tp > 1 else 0
     if st.shard is None and not st.place.fsdp and lay.chunk_of(rank) != 0:

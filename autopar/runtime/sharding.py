@@ -35,12 +35,13 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 
 def apply_fsdp(unit: nn.Module, mesh: DeviceMesh, mp_policy: MixedPrecisionPolicy | None = None,
-               reshard_after_forward: bool = True) -> None:
+               reshard_after_forward: bool = True, ignored_params: set[nn.Parameter] | None = None) -> None:
     """ZeRO-3 ``unit`` over ``mesh`` (1-D DP mesh, or the "dp" dimension of a 2-D (dp, tp) mesh), with
     FSDP2's mixed-precision policy when one is given (precision_policy.fsdp_policy);
-    ``reshard_after_forward`` is the plan's ``reshard`` (False: gathered from forward to backward)."""
+    ``reshard_after_forward`` is the plan's ``reshard`` (False: gathered from forward to backward);
+    ``ignored_params`` stay as they are (expert shards no other rank of the stage holds)."""
     fully_shard(unit, mesh=mesh, reshard_after_forward=reshard_after_forward,
-                mp_policy=mp_policy or MixedPrecisionPolicy())
+                mp_policy=mp_policy or MixedPrecisionPolicy(), ignored_params=ignored_params)
     unit.set_gradient_divide_factor(1.0)
     unit.set_force_sum_reduction_for_comms(True)  # a plain SUM: gloo has no PREMUL_SUM
 

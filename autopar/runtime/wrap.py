@@ -20,6 +20,14 @@ from autopar.runtime.checkpointing import apply_checkpointing
 from autopar.runtime.chunks import build_runner, rank_chunks
 from autopar.runtime.context_parallel import CPGroup, apply_cp, check_cp_settings
 from autopar.runtime.env import ensure_process_group, runtime_device
+from autopar.runtime.expert_parallel import (
+    ExpertGradSync,
+    apply_expert_parallel,
+    check_ep_settings,
+    ep_rank_sets,
+    fsdp_ignored,
+    zero_group,
+)
 from autopar.runtime.grad_sync import UnitGradSync
 from autopar.runtime.groups import Groups, unit_rank_sets
 from autopar.runtime.layout import Layout, Placement, placements
@@ -129,12 +137,14 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
     check_policy(mixed_precision, model, plan.precision)
     if compile_kwargs is not None:
         _check_compilable(plan)
+    check_ep_settings(plan, mixed_precision, compile_kwargs)
     names = [n for n, _ in named]
     modules = dict(named)
 
     places = placements(plan)
     device = device or runtime_device()
-    groups = Groups([s for n in names for s in unit_rank_sets(places[n])] + tie_rank_sets(ties, places), device.type)
+    groups = Groups([s for n in names for s in unit_rank_sets(places[n]) + ep_rank_sets(places[n])]
+                    + tie_rank_sets(ties, places), device.type)
     pi, chunk_ids = rank_chunks(plan, rank)  # one stage, or an interleaved stage's chunks
     pipe = plan.pipelines[pi]
     mine = [ly for si in chunk_ids for ly in pipe.stages[si].layers]
@@ -231,6 +241,8 @@ def _build_unit(ly: StageLayer, module: nn.Module, info: UnitTPInfo, places: lis
         apply_sync_batchnorm(module, groups.get(lay.dp_group(rank)))
     if tp_mesh is not None:
         apply_tp(module, info.plan, tp_mesh, strat.sp, logits_sharded=logits_sharded)
+    if strat.ep > 1:  # experts sharded over the EP group (tp 1: plan rules; ZeRO-3 nests FSDP2 over expert-DP)
+        apply_expert_parallel(module, places, mine, rank, groups)
     params = list(module.parameters())
     policy, last = options.mixed_precision, ly.name == options.last_unit
     if policy is not None and (fsdp_mesh is None or not params):
@@ -240,12 +252,14 @@ def _build_unit(ly: StageLayer, module: nn.Module, info: UnitTPInfo, places: lis
         module.forward = torch.compile(module.forward, **options.compile_kwargs)
     if fsdp_mesh is not None and params:
         apply_fsdp(module, fsdp_mesh, fsdp_policy(policy, params[0].dtype, last) if policy is not None else None,
-                   reshard_after_forward=strat.reshard)
+                   reshard_after_forward=strat.reshard, ignored_params=fsdp_ignored(module, mine))
         params = list(module.parameters())
-    sync = UnitGradSync(module, places, mine, rank, groups)
+    sync = (ExpertGradSync if strat.ep > 1 else UnitGradSync)(module, places, mine, rank, groups)
     shard, proxies, zero2 = None, [_local(p) for p in params], None
-    if mine.zero in (1, 2) and params:
-        shard = FlatShard(proxies, groups.get(lay.dp_group(rank)), overlap=strat.zero_overlap)
+    # ZeRO-1/2 of an expert-parallel unit: sliced over its expert-DP group (all its tensors are equal there).
+    shard_ranks = zero_group(mine, rank) if strat.ep > 1 else lay.dp_group(rank)
+    if mine.zero in (1, 2) and params and len(shard_ranks) > 1:
+        shard = FlatShard(proxies, groups.get(shard_ranks), overlap=strat.zero_overlap)
         # ZeRO-2 (and ZeRO-1 with zero_overlap) reduce-scatter straight into the shard from backward
         # when the sync group is exactly the DP group. Otherwise (TP, or the unit also lives in other
         # pipelines, which run other micro-batch counts) the step-end sync all-reduces and the shard slices.
