@@ -59,7 +59,7 @@ def cluster_for_case(block: object, world: int, where: str) -> tuple[Cluster, li
             raise AutoparError(f.at("nodes"), "a node of a mixed cluster has no repeat", "give every node its repeat")
         total = sum(n["count"] * n["repeat"] for n in out)
         if total != world:
-            raise AutoparError(f.at("nodes"), f"hold {total} GPUs but the case runs on {world} (pp x tp x dp)",
+            raise AutoparError(f.at("nodes"), f"hold {total} GPUs but the case runs on {world} (pp x tp x cp x dp)",
                                "make the nodes' count x repeat add up to the case's devices")
     doc = {"nodes": [{k: v for k, v in n.items() if v is not None} for n in out]}
     inter = f.opt_num("inter_bw_gbps", None, gt=0)

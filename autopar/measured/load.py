@@ -114,8 +114,8 @@ def _case(c: Fields, top: Fields, strict: bool, cache: dict) -> Run | Skip:
         raise AutoparError(c.at("measured_s"), "is set on a failed case", "leave measured_s null when the run failed")
     else:
         measured = None
-    if c.opt_int("cp", 1, low=1) > 1:
-        return Skip(cid, "inexpressible", "context parallel (autopar has none)")
+    if c.opt_int("cp", 1, low=1) > 1 and c.opt_bool("sequence_parallel", False) and c.opt_int("tp", 1, low=1) > 1:
+        return Skip(cid, "inexpressible", "context parallel with sequence parallel (autopar runs cp without sp)")
     missing = [k for k in UNPUBLISHED if not c.has(k)]
     if "virtual_stages" in c.doc and not c.has("virtual_stages"):  # interleaved, with a count left unpublished
         missing.append("virtual_stages")
@@ -131,9 +131,9 @@ def _case(c: Fields, top: Fields, strict: bool, cache: dict) -> Run | Skip:
     notes += model_notes
     notes += [f"{c.at(k)}: not modelled" for k in NOT_MODELLED if c.raw(k, False) is True]
     shape = read_shape(c, _per_case_int(c, top, "global_batch_size"), _schedule(top))  # interleaved: v > 1
-    world = shape.pp * shape.tp * shape.dp
+    world = shape.pp * shape.tp * shape.cp * shape.dp
     if c.has("gpus") and c.req_int("gpus", low=1) != world:
-        raise AutoparError(c.at("gpus"), f"is {c.doc['gpus']} but pp x tp x dp = {world}", "fix gpus or the layout")
+        raise AutoparError(c.at("gpus"), f"is {c.doc['gpus']} but pp x tp x cp x dp = {world}", "fix gpus or the layout")
     sizes = chunk_sizes(c, model, shape, stage_sizes(c, model, shape.pp, notes))
     try:
         cluster, cluster_notes = cluster_for_case(top.raw("cluster"), world, f"{c.path} cluster")

@@ -1,11 +1,11 @@
-"""One measured case into the Plan autopar estimates: one pipeline of ``pp`` stages of ``tp x dp`` devices
+"""One measured case into the Plan autopar estimates: one pipeline of ``pp`` stages of ``tp x cp x dp`` devices
 (with ``virtual_stages`` v > 1, Megatron's interleaved 1F1B: pp x v model chunks, chunk k on stage k mod pp).
 
 The plan is at the precision of its cluster (``Cluster.at_precision``), and records the default cost
 parameters at that precision, so ``estimate_plan(plan, model)`` estimates it as ``autopar estimate`` would.
 
-Devices are numbered as Megatron and AMP rank them (tp fastest, then dp, then pp), so stage k holds
-devices ``k*tp*dp ... (k+1)*tp*dp - 1``. Every unit runs ``Strategy(tp, zero, ckpt, sp)``, with the
+Devices are numbered as Megatron and AMP rank them (tp fastest, then cp, then dp, then pp), so stage k
+holds devices ``k*w ... (k+1)*w - 1``, w = tp*cp*dp. Every unit runs ``Strategy(tp, zero, ckpt, sp, cp)``, with the
 checkpointing on the transformer blocks only (what Megatron, DeepSpeed and torchtitan recompute), and
 the MoE units with the case's ``ep`` (Megatron's ``--expert-model-parallel-size``: EP groups of
 consecutive DP ranks, as autopar's, since Megatron orders its ranks tp-cp-ep-dp-pp).
@@ -41,6 +41,7 @@ class Shape:
     schedule: str
     virtual_stages: int = 1  # > 1: Megatron's interleaved 1F1B, model chunks per GPU
     ep: int = 1  # expert-parallel degree of the MoE units
+    cp: int = 1  # context-parallel degree (every unit; the sequence split over cp ranks)
 
 
 def read_shape(f: Fields, global_batch_size: int, schedule: str) -> Shape:
@@ -59,7 +60,7 @@ def read_shape(f: Fields, global_batch_size: int, schedule: str) -> Shape:
                  zero=f.req_int("zero", low=0, high=3), ckpt=f.req_str("ckpt", choices=CKPT_MODES),
                  sp=bool(f.opt_bool("sequence_parallel", False)) and tp > 1,
                  global_batch_size=global_batch_size, schedule="interleaved" if v > 1 else schedule,
-                 virtual_stages=v, ep=f.opt_int("ep", 1, low=1))
+                 virtual_stages=v, ep=f.opt_int("ep", 1, low=1), cp=f.opt_int("cp", 1, low=1))
 
 
 def stage_sizes(f: Fields, model: ModelSpec, pp: int, notes: list[str]) -> list[int]:
@@ -107,12 +108,12 @@ def chunk_sizes(f: Fields, model: ModelSpec, shape: Shape, stage_units: list[int
 def build_plan(shape: Shape, sizes: list[int], model: ModelSpec, cluster: Cluster) -> Plan:
     """The one-pipeline Plan of ``shape`` with ``sizes`` units per chunk on ``cluster`` (one chunk per stage
     unless ``shape.virtual_stages`` > 1: then chunk k runs on stage k mod pp)."""
-    width = shape.tp * shape.dp
+    width = shape.tp * shape.cp * shape.dp
     stages, first = [], 0
     for k, size in enumerate(sizes):
         layers = [StageLayer(ly.name, Strategy(tp=shape.tp, zero=shape.zero, sp=shape.sp,
                                                 ckpt=shape.ckpt if ly.kind == "block" else "none",
-                                                ep=shape.ep if ly.moe is not None else 1))
+                                                ep=shape.ep if ly.moe is not None else 1, cp=shape.cp))
                   for ly in model.layers[first:first + size]]
         s = k % shape.pp
         stages.append(Stage(devices=list(range(s * width, (s + 1) * width)), layers=layers))

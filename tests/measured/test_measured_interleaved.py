@@ -65,9 +65,16 @@ def test_megatron_ptdp_interleaved_cases_are_scored():
     assert not rs.skipped
 
 
-def test_torchtitan_interleaved_405b_is_unpublished_and_cp_stays_inexpressible():
+def test_torchtitan_interleaved_405b_is_unpublished_and_cp_cases_are_scored():
+    """The 8B context-parallel runs (FSDP x CP 2/4/8, tp 1) become plans with cp on every unit over
+    tp x cp x dp devices; the 405B ones run CP with sequence parallel, which autopar refuses: skipped."""
     rs = load_runs(DATA / "torchtitan_h100_llama3_202412.yaml")
     why = {s.case_id: (s.reason, s.detail) for s in rs.skipped}
     reason, detail = why["titan-405b-512gpu-t5-interleaved"]
     assert reason == "unpublished" and "virtual_stages" in detail
-    assert why["titan-8b-8gpu-t2-cp2"][0] == "inexpressible" and "context parallel" in why["titan-8b-8gpu-t2-cp2"][1]
+    assert why["titan-405b-512gpu-t6-cp2"][0] == "inexpressible" and "sequence parallel" in why["titan-405b-512gpu-t6-cp2"][1]
+    runs = {r.case_id: r for r in rs.runs}
+    for cp in (2, 4, 8):
+        plan = runs[f"titan-8b-8gpu-t2-cp{cp}"].plan
+        assert plan.world_size == 8 and {ly.strategy.cp for st in plan.stages for ly in st.layers} == {cp}
+        assert plan.pipelines[0].micro_batch_size == 8 // cp  # one sample per FSDP rank
