@@ -123,3 +123,22 @@ def test_validate_refuses_an_ep_not_dividing_the_experts_in_one_line(tmp_path, c
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "ep 16 does not divide the 8 experts of unit 'layers.0'" in err[0]
     assert "pipelines[0].stages[0].layers[1].ep" in err[0]
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"zero": 3, "reshard": False}, ["reshard: false with ep 4", "drop reshard"]),
+    ({"zero": 1, "zero_overlap": True}, ["zero_overlap: true with ep 4", "drop zero_overlap"]),
+    ({"zero": 1, "cp": 2}, ["cp 2 with ep 4", "set ep: 1"]),
+])
+def test_ep_with_an_option_it_is_not_priced_or_built_for_is_refused(change, words):
+    """The MoE cost terms price plain ZeRO only, and the expert layout is over dp = devices / tp: an ep unit
+    with reshard: false, zero_overlap or context parallel is refused naming the pair (validate and wrap)."""
+    plan = plan_with(ep_block=4)
+    for ly in plan.pipelines[0].stages[0].layers[1:3]:
+        object.__setattr__(ly, "strategy", Strategy(tp=1, ep=4, **change))
+    problems = [p for p in plan_rules(plan, ModelFacts.of_spec(moe_model())) if p[0].endswith(".ep")]
+    assert problems, change
+    f, problem, fix = problems[0]
+    assert f == "pipelines[0].stages[0].layers[1].ep"
+    for w in words:
+        assert w in problem + " " + fix
