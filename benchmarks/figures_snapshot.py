@@ -36,6 +36,8 @@ SEARCHES = [
     ("gpt-tiny/4xcpu/B8", "gpt-tiny", None, "4xcpu", 8, {}),
     ("llama2-7b/3090+4090+A100/B64", "llama2-7b", 4096, "8x3090+8x4090+8xA100", 64, {}),
     ("llama2-7b/geo-us-3region/B64", "llama2-7b", 4096, "geo-us-3region", 64, {}),
+    ("mixtral-8x7b/4x8xH100/B64", "mixtral-8x7b", 4096, "4x8xH100", 64, {}),  # expert parallel
+    ("llama3-8b/2x8xH100/B4/64K", "llama3-8b", 65536, "2x8xH100", 4, {}),  # context parallel
 ]
 
 # A synthetic measured profile: every measured code path of the cost model, deterministic.
@@ -54,13 +56,12 @@ PROFILED_SEARCHES = [
 
 
 def _strategies(plan: Plan) -> list:
-    return [[[f"{ly.name}:{ly.strategy.tp}/{ly.strategy.zero}/{ly.strategy.ckpt}/{int(ly.strategy.sp)}"
-              for ly in st.layers] for st in p.stages] for p in plan.pipelines]
+    return [[[f"{ly.name}:{ly.strategy.short()}" for ly in st.layers] for st in p.stages] for p in plan.pipelines]
 
 
 def _shape(plan: Plan) -> list:
-    return [{"share": p.batch_share, "mbs": p.micro_batch_size, "m": p.num_microbatches,
-             "stages": [list(st.devices) for st in p.stages]} for p in plan.pipelines]
+    return [{"share": p.batch_share, "mbs": p.micro_batch_size, "m": p.num_microbatches, "schedule": plan.schedule,
+             "v": p.virtual_stages, "stages": [list(st.devices) for st in p.stages]} for p in plan.pipelines]
 
 
 def _search_figures(case) -> dict:
