@@ -29,7 +29,7 @@ Format (``autopar_plan: 1``)::
 
 ``names: P<a>-P<b>`` stands for the units ``P<a>, P<a+1>, ..., P<b>`` (one prefix, numbers without
 leading zeros); it is written for every run of two or more such units that share one strategy, and
-only when it reads back to exactly those names. ``sp`` is written only when true. The ``cluster:``
+only when it reads back to exactly those names. ``sp`` and ``async_tp`` are written only when true. The ``cluster:``
 block is a cluster document (autopar/cluster/parse.py) read standalone: its GPUs are listed in it,
 and a node entry without ``name`` has the empty name, without ``intra_bw_gbps`` the GPU's default
 fabric, without ``zone`` the zone ``default``; ``repeat: k`` stands for k equal nodes in a row.
@@ -161,6 +161,8 @@ def _layers_out(layers: list[StageLayer]) -> list[dict]:
         entry.update(tp=int(s.tp), zero=int(s.zero), ckpt=s.ckpt)
         if s.sp:
             entry["sp"] = True
+        if s.async_tp:
+            entry["async_tp"] = True
         out.append(entry)
         i = j
     return out

@@ -41,6 +41,7 @@ class Strategy:
     zero: int = 0  # 0 DDP, 1 sharded optimizer, 2 + sharded grads, 3 + sharded params (FSDP)
     ckpt: str = "none"  # none | selective | full | op
     sp: bool = False  # sequence parallel (needs tp > 1)
+    async_tp: bool = False  # async TP: SP's collectives micro-pipelined with their matmuls (needs tp > 1 and sp; rules.py)
 
     def __post_init__(self) -> None:
         if not isinstance(self.tp, int) or self.tp < 1:
@@ -54,12 +55,14 @@ class Strategy:
             raise AutoparError("strategy.sp", "sequence parallel needs tp > 1", "set sp: false or tp >= 2")
 
     def short(self) -> str:
-        """Compact label, e.g. ``tp2 z3 full sp``."""
+        """Compact label, e.g. ``tp2 z3 full sp`` (``sp atp`` with async TP)."""
         s = f"tp{self.tp} z{self.zero}"
         if self.ckpt != "none":
             s += f" {self.ckpt[:3]}"
         if self.sp:
             s += " sp"
+        if self.async_tp:
+            s += " atp"
         return s
 
 
