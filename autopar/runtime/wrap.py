@@ -15,6 +15,7 @@ from torch.distributed.tensor import DTensor
 from autopar.errors import AutoparError
 from autopar.plan.schema import Plan, StageLayer
 from autopar.runtime.agreement import agreed_start
+from autopar.runtime.async_tp import enable_symmetric_memory, prepare_async_tp
 from autopar.runtime.boundaries import BoundaryCheck
 from autopar.runtime.checkpointing import apply_checkpointing
 from autopar.runtime.chunks import build_runner, rank_chunks
@@ -89,7 +90,8 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
     compile:    ``torch.compile`` each unit's forward on this rank (inside TP / FSDP hooks, around
                 activation checkpointing); True for torch's defaults, or a dict of torch.compile
                 arguments, e.g. ``{"backend": "aot_eager"}``. Refused for TP units with activation
-                checkpointing (dynamo cannot trace that combination).
+                checkpointing (dynamo cannot trace that combination). Units with ``async_tp`` need it
+                (inductor) on CUDA; on CPU they run as plain TP (autopar.runtime.async_tp).
 
     Raises AutoparError, the same on every rank, if the plan does not fit the model or the world,
     or if the ranks' plans, model structures or these settings differ (checked in wrap's first
@@ -119,6 +121,7 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
 
     places = placements(plan)
     device = device or runtime_device()
+    micro_tp = prepare_async_tp(plan, device, compile_kwargs, rank)  # plain TP on CPU (logged); CUDA: compile
     groups = Groups([s for n in names for s in unit_rank_sets(places[n])] + tie_rank_sets(ties, places), device.type)
     pi, chunk_ids = rank_chunks(plan, rank)  # one stage, or an interleaved stage's chunks
     pipe = plan.pipelines[pi]
@@ -128,7 +131,7 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
     logits_sharded = (loss_parallel and loss_fn is None and chunk_ids[-1] == len(pipe.stages) - 1
                       and last.strategy.tp > 1 and "logits" in infos[last.name].plan.values())
     boundary_check = BoundaryCheck(named, plan)  # meta copies of the units, taken before they are sharded
-    options = _UnitOptions(mixed_precision, names[-1], compile_kwargs)
+    options = _UnitOptions(mixed_precision, names[-1], compile_kwargs, micro_tp)
     states = [_build_unit(ly, modules[ly.name], infos[ly.name], places[ly.name], pi, rank, groups, seed, device,
                           logits_sharded and ly is last, options) for ly in mine]
     mine_names = {ly.name for ly in mine}
@@ -178,6 +181,7 @@ class _UnitOptions:
     mixed_precision: MixedPrecisionPolicy | None
     last_unit: str  # the model's last unit (its output dtype is the policy's output_dtype)
     compile_kwargs: dict | None
+    async_tp: bool = False  # micro-pipeline async-TP units (CUDA, NCCL, inductor: autopar.runtime.async_tp)
 
 
 def _build_unit(ly: StageLayer, module: nn.Module, info: UnitTPInfo, places: list[Placement], pipeline: int,
@@ -199,6 +203,8 @@ def _build_unit(ly: StageLayer, module: nn.Module, info: UnitTPInfo, places: lis
             fsdp_mesh = groups.mesh_1d(tuple(sorted(mine.devices)))
     if tp_mesh is not None:
         apply_tp(module, info.plan, tp_mesh, strat.sp, logits_sharded=logits_sharded)
+        if options.async_tp and strat.async_tp:
+            enable_symmetric_memory(tp_mesh)
     params = list(module.parameters())
     policy, last = options.mixed_precision, ly.name == options.last_unit
     if policy is not None and (fsdp_mesh is None or not params):
