@@ -40,6 +40,16 @@ class CostParams:
         time however many GPUs shared the work, about 16 GB/s per GPU for its gathers, against the
         ~125 GB/s the hierarchical ring formula gives a 3.6 GB gather there; ``autopar calibrate``
         fits it for such a runtime.
+    async_tp_overlap: fraction of an async-TP unit's matmul time under which its micro-pipelined
+        sequence-parallel collectives run (``cost_models.async_tp``, which states what stays exposed).
+        0.5 by default. PyTorch's async-TP write-up (Wang et al., "[Distributed w/ TorchTitan] Introducing
+        Async Tensor Parallelism in PyTorch", dev-discuss.pytorch.org, 2024) shows transfers overlapping
+        the decomposed matmuls almost fully, less the chunked matmuls' slowdown (wave quantisation, which
+        its ping-pong ordering reduces) and their memory-bandwidth contention; no figure of the write-up
+        gives the fraction. On torchtitan's 2025-06 H100 vanilla / async pairs (benchmarks/data, scored
+        by measured_fidelity, so not held out for that source) 0.4-0.6 bracket the measured savings of
+        the 8B runs (bf16 and float8); the 70B runs hide all they can from 0.4 up. ``autopar calibrate``
+        fits it from such pairs.
     reserve_gib: framework reserve per device (CUDA context, NCCL buffers, allocator fragmentation).
     act_mem_factor: bytes the caching allocator holds per byte of activations the model counts (saved
         for backward, and a layer's transient working set): above 1 where freed activation blocks of
@@ -83,6 +93,7 @@ class CostParams:
     overlap_sync: float = 0.0
     overlap_zero3: float = 1.0
     zero3_comm_eff: float = 1.0
+    async_tp_overlap: float = 0.5
     reserve_gib: float = 1.0
     act_mem_factor: float = 1.0
     act_traffic: float = 3.0

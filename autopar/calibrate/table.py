@@ -52,6 +52,8 @@ FITTABLE: tuple[Fittable, ...] = (
     Fittable("overlap_zero3", 0.0, 1.0, False, "runs with zero: 3", start=0.5),
     Fittable("zero3_comm_eff", 0.01, 1.0, True, "runs with zero: 3 whose gathers are long against their compute "
              "(many nodes, small micro-batches) next to runs without ZeRO-3", start=0.3),
+    Fittable("async_tp_overlap", 0.0, 1.0, False, "runs with async_tp: true next to the same plans without it "
+             "(vanilla / async TP pairs)", start=0.5),
     Fittable("act_traffic", 0.05, 30.0, True, "runs where memory-bound kernels weigh (small hidden sizes on "
              "low-bandwidth GPUs, eager attention) next to GEMM-bound ones"),
     Fittable("slot_overhead_s", 1e-7, 0.1, True, "runs with pipeline parallelism and different numbers of "

@@ -19,7 +19,7 @@ from cost_models import CostParams
 COLLECTIVES = ("allreduce", "allgather", "reduce_scatter")
 _BYTES = ("param_bytes", "grad_comm_bytes", "grad_bytes", "state_bytes", "opt_bytes_touched")
 _EFF = ("eff_max", "zero3_comm_eff")
-_FRACTIONS = ("overlap_sync", "overlap_zero3")
+_FRACTIONS = ("overlap_sync", "overlap_zero3", "async_tp_overlap")
 _FACTORS = ("act_mem_factor",)
 _NONNEG = ("layer_overhead_s", "reserve_gib", "step_overhead_per_unit_s", "act_traffic", "slot_overhead_s")
 EFF_HIGH = 4.0
