@@ -49,6 +49,8 @@ class Rule(str, Enum):
                      "or head; kept: none, selective, full)")
     SP_NO_EFFECT = ("sp-no-effect",
                     "sequence parallel changes nothing for a unit with no sequence-shardable activations")
+    ASYNC_TP_NO_NVLINK = ("async-tp-no-nvlink", "async TP micro-pipelines SP collectives over NVIDIA symmetric "
+                          "memory (P2P over NVLink); on other devices it would run as plain TP (kept: async_tp off)")
     DOMINATED = ("dominated", "slower and at least as large as another strategy with the same layout")
     # -- layer ranges a stage could run (homogeneous search; counted per range end dropped) --
     RANGE_OVER_MEMORY = ("range-over-memory",

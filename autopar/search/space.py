@@ -67,7 +67,8 @@ def _crosses_node(ctx: StageContext, tp: int) -> bool:
 
 
 def enumerate_strategies(layer: LayerSpec, ctx: StageContext, tps: list[int], pruned: Counter) -> list[Strategy]:
-    """All (tp, zero, ckpt, sp) left after the structural rules, in a fixed order."""
+    """All (tp, zero, ckpt, sp, async_tp) left after the structural rules, in a fixed order (async TP
+    beside each sp strategy on NVLink GPUs; the dominance rule keeps it only where it is faster)."""
     has_attn = layer.attn_core_flops > 0 or layer.act_attn_bytes > 0
     out = []
     for tp in tps:
@@ -97,7 +98,18 @@ def enumerate_strategies(layer: LayerSpec, ctx: StageContext, tps: list[int], pr
                         pruned[Rule.SP_NO_EFFECT] += 1
                         continue
                     out.append(Strategy(tp=tp, zero=zero, ckpt=ckpt, sp=sp))
+                    if sp:  # async TP only where SP's collectives exist; kept when it wins (prune_dominated)
+                        if async_tp_fabric(ctx):
+                            out.append(Strategy(tp=tp, zero=zero, ckpt=ckpt, sp=sp, async_tp=True))
+                        else:
+                            pruned[Rule.ASYNC_TP_NO_NVLINK] += 1
     return out
+
+
+def async_tp_fabric(ctx: StageContext) -> bool:
+    """Whether every device of the stage can run async TP: an NVIDIA GPU with NVLink (symmetric memory)."""
+    return ctx.cluster.memoised(("async_tp_fabric", ctx.group), lambda: all(
+        g.vendor == "nvidia" and g.nvlink_gbps > 0 for g in {ctx.cluster.gpu_of(d) for d in ctx.devices}))
 
 
 def prune_dominated(strategies: list[Strategy], costs: LayerCosts, pruned: Counter) -> np.ndarray:
