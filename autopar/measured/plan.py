@@ -6,7 +6,8 @@ parameters at that precision, so ``estimate_plan(plan, model)`` estimates it as 
 
 Devices are numbered as Megatron and AMP rank them (tp fastest, then dp, then pp), so stage k holds
 devices ``k*tp*dp ... (k+1)*tp*dp - 1``. Every unit runs ``Strategy(tp, zero, ckpt, sp)``, with the
-checkpointing on the transformer blocks only (what Megatron, DeepSpeed and torchtitan recompute).
+checkpointing on the transformer blocks only (what Megatron, DeepSpeed and torchtitan recompute), and a
+case's ``async_tp`` on every unit (torchtitan's async TP applies to every TP matmul its compiled graph has).
 A case's ``micro_batch_size`` is per data-parallel rank; autopar's is per pipeline (split over the
 DP ranks, see autopar/plan/rules.py), so the plan's is ``micro_batch_size * dp``.
 """
@@ -38,6 +39,7 @@ class Shape:
     global_batch_size: int
     schedule: str
     virtual_stages: int = 1  # > 1: Megatron's interleaved 1F1B, model chunks per GPU
+    async_tp: bool = False  # torchtitan's enable_async_tensor_parallel (needs tp > 1 with sequence_parallel)
 
 
 def read_shape(f: Fields, global_batch_size: int, schedule: str) -> Shape:
@@ -52,11 +54,16 @@ def read_shape(f: Fields, global_batch_size: int, schedule: str) -> Shape:
                            f"num_microbatches = {mbs} x {dp} x {m} = {mbs * dp * m}",
                            "fix the case's batch figures (micro_batch_size is per data-parallel rank)")
     v = f.opt_int("virtual_stages", 1, low=1)
+    sp = bool(f.opt_bool("sequence_parallel", False)) and tp > 1
+    async_tp = bool(f.opt_bool("async_tp", False))
+    if async_tp and not sp:
+        raise AutoparError(f.at("async_tp"), f"is true with tp {tp} and sequence_parallel {str(sp).lower()}: async TP "
+                           "overlaps sequence parallelism's collectives", "give the case's tp > 1 and sequence_parallel: "
+                           "true, or async_tp: false")
     return Shape(pp=pp, tp=tp, dp=dp, micro_batch_size=mbs, num_microbatches=m,
                  zero=f.req_int("zero", low=0, high=3), ckpt=f.req_str("ckpt", choices=CKPT_MODES),
-                 sp=bool(f.opt_bool("sequence_parallel", False)) and tp > 1,
-                 global_batch_size=global_batch_size, schedule="interleaved" if v > 1 else schedule,
-                 virtual_stages=v)
+                 sp=sp, global_batch_size=global_batch_size, schedule="interleaved" if v > 1 else schedule,
+                 virtual_stages=v, async_tp=async_tp)
 
 
 def stage_sizes(f: Fields, model: ModelSpec, pp: int, notes: list[str]) -> list[int]:
@@ -107,7 +114,7 @@ def build_plan(shape: Shape, sizes: list[int], model: ModelSpec, cluster: Cluste
     width = shape.tp * shape.dp
     stages, first = [], 0
     for k, size in enumerate(sizes):
-        layers = [StageLayer(ly.name, Strategy(tp=shape.tp, zero=shape.zero, sp=shape.sp,
+        layers = [StageLayer(ly.name, Strategy(tp=shape.tp, zero=shape.zero, sp=shape.sp, async_tp=shape.async_tp,
                                                 ckpt=shape.ckpt if ly.kind == "block" else "none"))
                   for ly in model.layers[first:first + size]]
         s = k % shape.pp
