@@ -18,7 +18,10 @@ class Caps:
     pp / tp: whether it configures pipeline / tensor parallelism (tp_with_pp: both at once);
     replicas: identical pipelines over sharded stages (HSDP); precisions: autopar precisions it trains in;
     schedules: its pipeline schedules (Megatron and DeepSpeed run 1F1B only; without pipelining every tool
-    accumulates micro-batch by micro-batch, as 1F1B).
+    accumulates micro-batch by micro-batch, as 1F1B); async_tp: whether it micro-pipelines sequence-parallel TP's
+    collectives with their matmuls in the transformer blocks (torchtitan's compile.enable_async_tensor_parallel, moved
+    there from parallelism by pytorch/torchtitan#4045 before 0.3,
+    Megatron's --tp-comm-overlap); elsewhere an async-TP plan is exported as plain TP, the change listed.
     """
 
     name: str
@@ -34,6 +37,7 @@ class Caps:
     precisions: tuple[str, ...]
     suffix: str  # the file name ending its format takes
     schedules: tuple[str, ...] = ("1f1b",)  # pipeline schedules (autopar names)
+    async_tp: bool = False
 
     def zero_levels(self, pp: int) -> tuple[int, ...]:
         return self.zero_pp if pp > 1 else self.zero
@@ -44,12 +48,12 @@ CAPS: dict[str, Caps] = {
     # (dp_replicate), HSDP (both); TP always with its SequenceParallel switch; module_fqns_per_model_part;
     # activation_checkpoint none | selective (per-op SAC, autopar's op) | full; bf16 or fp32 parameters.
     "torchtitan": Caps("torchtitan", (0, 2, 3), (0, 2, 3), ("none", "op", "full"), "free", "any", True, True, True,
-                       True, ("bf16", "fp32"), ".sh", ("1f1b", "gpipe")),
+                       True, ("bf16", "fp32"), ".sh", ("1f1b", "gpipe"), async_tp=True),
     # Megatron-LM / megatron-core 0.16: uniform TP/PP, --pipeline-model-parallel-layout, DDP or the
     # distributed optimizer (ZeRO-1), Megatron-FSDP optim_grads (ZeRO-2) / optim_grads_params (ZeRO-3)
     # without pipelining; --recompute-granularity selective (the attention core) | full.
     "megatron": Caps("megatron", (0, 1, 2, 3), (0, 1), ("none", "selective", "full"), "free", "any", True, True,
-                     True, False, ("bf16", "fp16", "fp32"), ".sh"),
+                     True, False, ("bf16", "fp16", "fp32"), ".sh", async_tp=True),
     # DeepSpeed 0.19: zero_optimization.stage 0-3 (0-1 with its pipeline engine), AutoTP without pipelining,
     # PipelineModule's partition by block type (an even split), activation checkpointing of every block.
     "deepspeed": Caps("deepspeed", (0, 1, 2, 3), (0, 1), ("none", "full"), "never", "even", True, True, False,

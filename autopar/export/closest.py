@@ -79,6 +79,7 @@ def project(plan: Plan, model: ModelSpec, caps: Caps) -> Shape | None:
     zero = _first(NEAREST_ZERO[weighted_choice(plan, model, lambda s: s.zero) or 0], caps.zero_levels(pp))
     ckpt = _first(NEAREST_CKPT[weighted_choice(plan, model, lambda s: s.ckpt, blocks_only=True) or "none"], caps.ckpt)
     sp = _sp(caps, tp, bool(weighted_choice(plan, model, lambda s: s.sp, blocks_only=True)))
+    atp = caps.async_tp and sp and bool(weighted_choice(plan, model, lambda s: s.async_tp, blocks_only=True))
     split = _split_for(caps, plan, model, pp)
     if split is None:
         return None
@@ -87,7 +88,7 @@ def project(plan: Plan, model: ModelSpec, caps: Caps) -> Shape | None:
         return None
     want_m = plan.pipelines[0].num_microbatches
     m = min(ms, key=lambda k: (abs(k - want_m), k))
-    return Shape(pp, tp, zero, ckpt, sp, m, split, replicas, _schedule(caps, plan, pp))
+    return Shape(pp, tp, zero, ckpt, sp, m, split, replicas, _schedule(caps, plan, pp), atp)
 
 
 def _schedule(caps: Caps, plan: Plan, pp: int) -> str:
@@ -129,8 +130,10 @@ def _space(plan: Plan, model: ModelSpec, caps: Caps) -> Iterator[Shape]:
                     continue  # fewer micro-batches than stages: all bubble (m = 1 kept for the no-PP case)
                 for zero in caps.zero_levels(pp):
                     for ckpt in caps.ckpt:
-                        yield Shape(pp, tp, zero, ckpt, _sp(caps, tp, True), m, split,
-                                    schedule=_schedule(caps, plan, pp))
+                        sp = _sp(caps, tp, True)
+                        for atp in ((False, True) if sp and caps.async_tp else (False,)):
+                            yield Shape(pp, tp, zero, ckpt, sp, m, split, schedule=_schedule(caps, plan, pp),
+                                        async_tp=atp)
 
 
 def closest(plan: Plan, model: ModelSpec, params: CostParams, caps: Caps) -> tuple[Candidate, Candidate | None]:
@@ -168,7 +171,8 @@ def label(shape: Shape | None) -> str:
     if shape is None:
         return "-"
     r = f" x{shape.replicas} replicas" if shape.replicas > 1 else ""
-    return (f"pp{shape.pp} tp{shape.tp} z{shape.zero} {shape.ckpt}{' sp' if shape.sp else ''} "
+    return (f"pp{shape.pp} tp{shape.tp} z{shape.zero} {shape.ckpt}{' sp' if shape.sp else ''}"
+            f"{' atp' if shape.async_tp else ''} "
             f"m{shape.num_microbatches}{r}")
 
 

@@ -34,6 +34,7 @@ class Shape:
     split: tuple[tuple[int, ...], ...]
     replicas: int = 1
     schedule: str = "1f1b"
+    async_tp: bool = False  # on the recomputed units (the blocks) that run sp with tp > 1
 
     def stage_devices(self, world: int) -> int:
         """Devices per stage on a world of ``world`` devices."""
@@ -59,7 +60,8 @@ def unit_strategy(ly: LayerSpec, model: ModelSpec, shape: Shape, n: int) -> Stra
     ckpt = shape.ckpt if recomputed(ly, model) else "none"
     if ckpt == "op" and ly.op is None:
         ckpt = "none"
-    return Strategy(tp, shape.zero if n // tp > 1 else 0, ckpt, shape.sp and tp > 1)
+    sp = shape.sp and tp > 1
+    return Strategy(tp, shape.zero if n // tp > 1 else 0, ckpt, sp, async_tp=shape.async_tp and sp and recomputed(ly, model))
 
 
 def build_plan(original: Plan, model: ModelSpec, shape: Shape) -> Plan:
@@ -111,7 +113,7 @@ def _runs(values: list) -> str:
 
 def describe(plan: Plan) -> dict[str, str]:
     """The plan field by field as short text, for ``changes``: pipelines, stages, split, devices,
-    tp/zero/ckpt/sp per unit (pipeline 0's order; every pipeline's when they differ), micro-batching,
+    tp/zero/ckpt/sp/async tp per unit (pipeline 0's order; every pipeline's when they differ), micro-batching,
     schedule."""
     pipes = plan.pipelines
 
@@ -129,6 +131,7 @@ def describe(plan: Plan) -> dict[str, str]:
         "zero": per_unit(lambda s: s.zero),
         "ckpt": per_unit(lambda s: s.ckpt),
         "sp": per_unit(lambda s: "on" if s.sp else "off"),
+        "async tp": per_unit(lambda s: "on" if s.async_tp else "off"),
         "micro-batches": " / ".join(f"{p.num_microbatches} of {p.micro_batch_size}" for p in pipes),
         "schedule": plan.schedule,
     }
