@@ -7,7 +7,7 @@ parameters at that precision, so ``estimate_plan(plan, model)`` estimates it as 
 Devices are numbered as Megatron and AMP rank them (tp fastest, then dp, then pp), so stage k holds
 devices ``k*tp*dp ... (k+1)*tp*dp - 1``. Every unit runs ``Strategy(tp, zero, ckpt, sp)``, with the
 checkpointing on the transformer blocks only (what Megatron, DeepSpeed and torchtitan recompute), and a
-case's ``async_tp`` on every unit (torchtitan's async TP applies to every TP matmul its compiled graph has).
+case's ``async_tp`` on the blocks too (torchtitan compiles, and so micro-pipelines, each transformer block).
 A case's ``micro_batch_size`` is per data-parallel rank; autopar's is per pipeline (split over the
 DP ranks, see autopar/plan/rules.py), so the plan's is ``micro_batch_size * dp``.
 """
@@ -114,7 +114,8 @@ def build_plan(shape: Shape, sizes: list[int], model: ModelSpec, cluster: Cluste
     width = shape.tp * shape.dp
     stages, first = [], 0
     for k, size in enumerate(sizes):
-        layers = [StageLayer(ly.name, Strategy(tp=shape.tp, zero=shape.zero, sp=shape.sp, async_tp=shape.async_tp,
+        layers = [StageLayer(ly.name, Strategy(tp=shape.tp, zero=shape.zero, sp=shape.sp,
+                                                async_tp=shape.async_tp and ly.kind == "block",
                                                 ckpt=shape.ckpt if ly.kind == "block" else "none"))
                   for ly in model.layers[first:first + size]]
         s = k % shape.pp
