@@ -26,6 +26,7 @@ import numpy as np
 
 from cost_models import communication as comm
 from cost_models import moe as expert_parallel
+from cost_models.async_tp import async_tp_layer
 from cost_models.collectives import Collectives, GroupLinks
 from cost_models.compute import compute_time, memory_bound_time
 from cost_models.context_parallel import cp_array, cp_comm_times, cp_kept_bytes, cp_transient_bytes
@@ -286,6 +287,9 @@ def layer_costs(layer: Layer, strategies: list[Strategy], stage: Stage) -> Layer
         m_fwd, m_bwd = activation_traffic_times(saved_none, saved, ckpt, b_local, stage.hbm_bw, p)
         f_comp, b_comp = f_comp + m_fwd, b_comp + m_bwd
     tp_fwd, tp_bwd = tp_comm_times(layer, tp, sp, ckpt, b_local, stage.tp_links, coll)
+    atp = np.array([getattr(s, "async_tp", False) for s in strategies], dtype=bool) & sp & (tp > 1)
+    if atp.any():  # async TP: SP's collectives overlapped with the matmuls they feed (cost_models/async_tp.py)
+        tp_fwd, tp_bwd = async_tp_layer(layer, stage, atp, tp, b_local, tp_fwd, tp_bwd)
     ar, ag_param, rs_grad = dp_comm_times(layer, tp, stage.dp_links, coll, p)
     z_fwd, z_bwd = zero_exposed(f_comp, b_comp, ag_param, rs_grad, zero, p.overlap_zero3, p.zero3_comm_eff)
     reshard, overlap = option_arrays(strategies)  # ZeRO-3 reshard: false, ZeRO-1/2 zero_overlap (zero_options)

@@ -48,6 +48,17 @@ class CostParams:
     overlap_param_gather: fraction of one micro-batch's forward that hides the parameter all-gather
         of a ZeRO-1/2 unit with ``zero_overlap`` (Megatron's ``--overlap-param-gather``: started by
         the optimizer step, waited for by the unit's first forward of the next step). 1 by default.
+    async_tp_overlap: fraction of an async-TP unit's matmul time under which its micro-pipelined
+        sequence-parallel collectives run (``cost_models.async_tp``, which states what stays exposed).
+        1 by default (the ideal decomposition, as ``overlap_zero3``: what stays exposed is
+        ``cost_models.async_tp``'s structural remainder). PyTorch's async-TP write-up (Wang et al.,
+        "[Distributed w/ TorchTitan] Introducing Async Tensor Parallelism in PyTorch",
+        dev-discuss.pytorch.org, 2024) shows transfers overlapping
+        the decomposed matmuls almost fully, less the chunked matmuls' slowdown (wave quantisation, which
+        its ping-pong ordering reduces) and their memory-bandwidth contention; no figure of the write-up
+        gives the fraction. torchtitan's 2025-06 H100 vanilla / async pairs
+        (benchmarks/data) are scored with the default, not fitted to it; ``autopar calibrate`` fits it from
+        such pairs (0.4-0.6 bracket the 8B runs' measured savings).
     reserve_gib: framework reserve per device (CUDA context, NCCL buffers, allocator fragmentation).
     act_mem_factor: bytes the caching allocator holds per byte of activations the model counts (saved
         for backward, and a layer's transient working set): above 1 where freed activation blocks of
@@ -100,6 +111,7 @@ class CostParams:
     zero3_comm_eff: float = 1.0
     overlap_grad_reduce: float = 1.0
     overlap_param_gather: float = 1.0
+    async_tp_overlap: float = 1.0
     reserve_gib: float = 1.0
     act_mem_factor: float = 1.0
     act_traffic: float = 3.0

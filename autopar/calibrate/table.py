@@ -56,6 +56,8 @@ FITTABLE: tuple[Fittable, ...] = (
              "reduce-scatter is long against one backward", start=0.5),
     Fittable("overlap_param_gather", 0.0, 1.0, False, "runs with zero: 1 or 2 and zero_overlap whose parameter "
              "all-gather is long against one forward", start=0.5),
+    Fittable("async_tp_overlap", 0.0, 1.0, False, "runs with async_tp: true next to the same plans without it "
+             "(vanilla / async TP pairs)", start=0.5),
     Fittable("act_traffic", 0.05, 30.0, True, "runs where memory-bound kernels weigh (small hidden sizes on "
              "low-bandwidth GPUs, eager attention) next to GEMM-bound ones"),
     Fittable("slot_overhead_s", 1e-7, 0.1, True, "runs with pipeline parallelism and different numbers of "

@@ -27,6 +27,10 @@ class Caps:
     ZeRO-1/2 with (True: reduce-scatter in backward and all-gather before forward overlapped, both).
     cp: whether it configures context parallelism
     (DeepSpeed and accelerate do not: their closest plan has cp 1).
+    async_tp: whether it micro-pipelines sequence-parallel TP's
+    collectives with their matmuls in the transformer blocks (torchtitan's compile.enable_async_tensor_parallel, moved
+    there from parallelism by pytorch/torchtitan#4045 before 0.3,
+    Megatron's --tp-comm-overlap); elsewhere an async-TP plan is exported as plain TP, the change listed.
     """
 
     name: str
@@ -46,6 +50,7 @@ class Caps:
     reshard: tuple[bool, ...] = (True,)  # ZeRO-3's reshard values
     overlap: tuple[bool, ...] = (False,)  # ZeRO-1/2's zero_overlap values
     cp: bool = False  # context parallel (torchtitan context_parallel_degree, Megatron --context-parallel-size)
+    async_tp: bool = False
 
     def zero_levels(self, pp: int) -> tuple[int, ...]:
         return self.zero_pp if pp > 1 else self.zero
@@ -59,14 +64,16 @@ CAPS: dict[str, Caps] = {
     # --parallelism.expert_parallel_degree borrows its ranks from FSDP (ParallelismConfig: efsdp = dp_shard * cp *
     # tp / ep), so expert parallelism goes with FSDP (ZeRO-3, resharding or not).
     "torchtitan": Caps("torchtitan", (0, 3), (0, 3), ("none", "op", "full"), "free", "any", True, True, True,
-                       True, ("bf16", "fp32"), ".sh", ("1f1b", "gpipe"), (3,), reshard=(True, False), cp=True),
+                       True, ("bf16", "fp32"), ".sh", ("1f1b", "gpipe"), (3,), reshard=(True, False), cp=True,
+                       async_tp=True),
     # Megatron-LM / megatron-core 0.16: uniform TP/PP, --pipeline-model-parallel-layout, DDP or the
     # distributed optimizer (ZeRO-1), Megatron-FSDP optim_grads (ZeRO-2) / optim_grads_params (ZeRO-3)
     # without pipelining, --overlap-grad-reduce with --overlap-param-gather (zero_overlap) on either;
     # --recompute-granularity selective (the attention core) | full.
     # --expert-model-parallel-size (EP a sub-group of DP) with DDP or the distributed optimizer.
     "megatron": Caps("megatron", (0, 1, 2, 3), (0, 1), ("none", "selective", "full"), "free", "any", True, True,
-                     True, False, ("bf16", "fp16", "fp32"), ".sh", ep_zero=(0, 1), overlap=(False, True), cp=True),
+                     True, False, ("bf16", "fp16", "fp32"), ".sh", ep_zero=(0, 1), overlap=(False, True), cp=True,
+                     async_tp=True),
     # DeepSpeed 0.19: zero_optimization.stage 0-3 (0-1 with its pipeline engine), AutoTP without pipelining,
     # PipelineModule's partition by block type (an even split), activation checkpointing of every block.
     # Not zero_overlap (its overlap_comm overlaps the gradient reduction only, not the parameter all-gather)

@@ -96,6 +96,7 @@ def project(plan: Plan, model: ModelSpec, caps: Caps) -> Shape | None:
     zero = with_ep[0] if want_ep > 1 and with_ep else _first(order, caps.zero_levels(pp))
     ckpt = _first(NEAREST_CKPT[weighted_choice(plan, model, lambda s: s.ckpt, blocks_only=True) or "none"], caps.ckpt)
     sp = _sp(caps, tp, bool(weighted_choice(plan, model, lambda s: s.sp, blocks_only=True))) and cp == 1
+    atp = caps.async_tp and sp and bool(weighted_choice(plan, model, lambda s: s.async_tp, blocks_only=True))
     split = _split_for(caps, plan, model, pp)
     if split is None:
         return None
@@ -108,7 +109,7 @@ def project(plan: Plan, model: ModelSpec, caps: Caps) -> Shape | None:
     # expert parallel runs with plain ZeRO (plan.expert_rules): no reshard / overlap option beside it
     reshard, overlap = sharding_options(plan, model, caps, zero) if ep == 1 else (True, False)
     return Shape(pp, tp, zero, ckpt, sp, m, split, replicas, _schedule(caps, plan, pp), ep, reshard, overlap,
-                 cp)
+                 cp, atp)
 
 
 def _schedule(caps: Caps, plan: Plan, pp: int) -> str:
@@ -150,11 +151,12 @@ def _space(plan: Plan, model: ModelSpec, caps: Caps) -> Iterator[Shape]:
                     continue  # fewer micro-batches than stages: all bubble (m = 1 kept for the no-PP case)
                 for zero in caps.zero_levels(pp):
                     for ckpt in caps.ckpt:
+                        sp = _sp(caps, tp, True)
                         for ep in _ep_options(caps, model, tp, zero, n // tp):
                             for reshard, overlap in option_pairs(caps, zero) if ep == 1 else [(True, False)]:
-                                yield Shape(pp, tp, zero, ckpt, _sp(caps, tp, True), m, split,
-                                            schedule=_schedule(caps, plan, pp), ep=ep, reshard=reshard,
-                                            overlap=overlap)
+                                for atp in ((False, True) if sp and caps.async_tp else (False,)):
+                                    yield Shape(pp, tp, zero, ckpt, sp, m, split, schedule=_schedule(caps, plan, pp),
+                                                ep=ep, reshard=reshard, overlap=overlap, async_tp=atp)
 
 
 def closest(plan: Plan, model: ModelSpec, params: CostParams, caps: Caps) -> tuple[Candidate, Candidate | None]:
@@ -195,7 +197,8 @@ def label(shape: Shape | None) -> str:
     e = f" ep{shape.ep}" if shape.ep > 1 else ""
     c = f" cp{shape.cp}" if shape.cp > 1 else ""
     opts = (" nr" if not shape.reshard else "") + (" ov" if shape.overlap else "")
-    return (f"pp{shape.pp} tp{shape.tp}{c} z{shape.zero}{opts} {shape.ckpt}{' sp' if shape.sp else ''}{e} "
+    return (f"pp{shape.pp} tp{shape.tp}{c} z{shape.zero}{opts} {shape.ckpt}{' sp' if shape.sp else ''}"
+            f"{' atp' if shape.async_tp else ''}{e} "
             f"m{shape.num_microbatches}{r}")
 
 

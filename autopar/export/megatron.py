@@ -64,6 +64,8 @@ def args(ex: Export) -> list[str]:
         out += ["--context-parallel-size", str(s.cp)]
     if s.sp:
         out.append("--sequence-parallel")
+    if s.async_tp:  # Transformer Engine's userbuffers: TP all-gather / reduce-scatter overlapped with the GEMMs
+        out.append("--tp-comm-overlap")
     if s.zero == 1:
         out.append("--use-distributed-optimizer")
     elif s.zero in FSDP:

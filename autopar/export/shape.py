@@ -38,6 +38,7 @@ class Shape:
     reshard: bool = True  # ZeRO-3 units: reshard after forward
     overlap: bool = False  # ZeRO-1/2 units: zero_overlap
     cp: int = 1  # context parallel degree (tp x cp x dp per stage, Megatron's order)
+    async_tp: bool = False  # on the recomputed units (the blocks) that run sp with tp > 1
 
     def stage_devices(self, world: int) -> int:
         """Devices per stage on a world of ``world`` devices."""
@@ -64,9 +65,10 @@ def unit_strategy(ly: LayerSpec, model: ModelSpec, shape: Shape, n: int) -> Stra
     if ckpt == "op" and ly.op is None:
         ckpt = "none"
     zero = shape.zero if n // tp > 1 else 0
-    return Strategy(tp, zero, ckpt, shape.sp and tp > 1, reshard=shape.reshard or zero != 3,
+    sp = shape.sp and tp > 1
+    return Strategy(tp, zero, ckpt, sp, reshard=shape.reshard or zero != 3,
                     zero_overlap=shape.overlap and zero in (1, 2), ep=unit_ep(ly, shape.ep, tp, n // tp),
-                    cp=shape.cp)
+                    cp=shape.cp, async_tp=shape.async_tp and sp and recomputed(ly, model))
 
 
 def unit_ep(ly: LayerSpec, ep: int, tp: int, dp: int) -> int:
@@ -124,7 +126,7 @@ def _runs(values: list) -> str:
 
 def describe(plan: Plan) -> dict[str, str]:
     """The plan field by field as short text, for ``changes``: pipelines, stages, split, devices,
-    tp/zero (with ``nr``: reshard false, ``ov``: zero_overlap, as ``Strategy.short``)/ckpt/sp/ep per unit (pipeline 0's order; every pipeline's when they differ), micro-batching,
+    tp/zero (with ``nr``: reshard false, ``ov``: zero_overlap, as ``Strategy.short``)/ckpt/sp/async tp/ep/cp per unit (pipeline 0's order; every pipeline's when they differ), micro-batching,
     schedule."""
     pipes = plan.pipelines
 
@@ -144,6 +146,7 @@ def describe(plan: Plan) -> dict[str, str]:
         "sp": per_unit(lambda s: "on" if s.sp else "off"),
         "ep": per_unit(lambda s: s.ep),
         "cp": per_unit(lambda s: s.cp),
+        "async tp": per_unit(lambda s: "on" if s.async_tp else "off"),
         "micro-batches": " / ".join(f"{p.num_microbatches} of {p.micro_batch_size}" for p in pipes),
         "schedule": plan.schedule,
     }

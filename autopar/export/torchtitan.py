@@ -6,7 +6,7 @@ The script holds those overrides in the bash array ``ARGS`` (an option and its v
 x ``tensor_parallel_degree`` x ``pipeline_parallel_degree``, torchtitan's mesh order pp, replicate,
 shard, tp = the plan's rank order), FSDP resharding (ZeRO-3 ``always``, with ``reshard: false``
 ``never``), sequence
-parallel, the pipeline schedule, micro-batch and per-stage modules, the activation checkpoint
+parallel (with async TP: ``compile.enable`` and ``compile.enable_async_tensor_parallel``), the pipeline schedule, micro-batch and per-stage modules, the activation checkpoint
 subcommand and the batch, sequence and parameter dtype; for an MoE model with ep > 1
 ``--parallelism.expert_parallel_degree`` (ranks borrowed from FSDP's dp_shard, so with ZeRO-2/3 only).
 """
@@ -41,6 +41,8 @@ def args(ex: Export) -> list[str]:
         out += ["--parallelism.expert_parallel_degree", str(s.ep)]
     if s.tp > 1:
         out += ["--parallelism.enable_sequence_parallel" if s.sp else "--parallelism.no-enable_sequence_parallel"]
+    if s.async_tp:  # torchtitan refuses async TP without compiling the model (CompileConfig.__post_init__)
+        out += ["--compile.enable", "--compile.enable_async_tensor_parallel"]
     if s.pp > 1:
         parts = [[f for i in stage for f in FQNS.get(ex.units[i], [ex.units[i]])] for stage in s.split]
         out += ["--parallelism.pipeline_parallel_schedule", SCHEDULE[ex.plan.schedule],

@@ -25,7 +25,7 @@ FORMAT = "autopar-measured/1"
 STATUSES = ("ok", "failed", "inexpressible", "suspect")
 SCHEDULES = {"1f1b": "1f1b", "gpipe": "gpipe", "none": "1f1b"}  # none: pp = 1, any schedule is the same
 UNPUBLISHED = ("micro_batch_size", "num_microbatches", "ckpt")
-NOT_MODELLED = ("compile", "async_tp")  # case flags (torchtitan) the cost model has no term for
+NOT_MODELLED = ("compile",)  # case flags (torchtitan) the cost model has no term for (async_tp: the plan's strategy)
 
 
 def _precision(c: Fields, model: Fields) -> tuple[str, list[str]]:

@@ -8,7 +8,8 @@ Devices are numbered as Megatron and AMP rank them (tp fastest, then cp, then dp
 holds devices ``k*w ... (k+1)*w - 1``, w = tp*cp*dp. Every unit runs ``Strategy(tp, zero, ckpt, sp, cp)``, with the
 checkpointing on the transformer blocks only (what Megatron, DeepSpeed and torchtitan recompute), and
 the MoE units with the case's ``ep`` (Megatron's ``--expert-model-parallel-size``: EP groups of
-consecutive DP ranks, as autopar's, since Megatron orders its ranks tp-cp-ep-dp-pp).
+consecutive DP ranks, as autopar's, since Megatron orders its ranks tp-cp-ep-dp-pp), and a
+case's ``async_tp`` on the blocks too (torchtitan compiles, and so micro-pipelines, each transformer block).
 A case's ``micro_batch_size`` is per data-parallel rank; autopar's is per pipeline (split over the
 DP ranks, see autopar/plan/rules.py), so the plan's is ``micro_batch_size * dp``.
 """
@@ -42,6 +43,7 @@ class Shape:
     virtual_stages: int = 1  # > 1: Megatron's interleaved 1F1B, model chunks per GPU
     ep: int = 1  # expert-parallel degree of the MoE units
     cp: int = 1  # context-parallel degree (every unit; the sequence split over cp ranks)
+    async_tp: bool = False  # torchtitan's enable_async_tensor_parallel (needs tp > 1 with sequence_parallel)
 
 
 def read_shape(f: Fields, global_batch_size: int, schedule: str) -> Shape:
@@ -56,11 +58,16 @@ def read_shape(f: Fields, global_batch_size: int, schedule: str) -> Shape:
                            f"num_microbatches = {mbs} x {dp} x {m} = {mbs * dp * m}",
                            "fix the case's batch figures (micro_batch_size is per data-parallel rank)")
     v = f.opt_int("virtual_stages", 1, low=1)
+    sp = bool(f.opt_bool("sequence_parallel", False)) and tp > 1
+    async_tp = bool(f.opt_bool("async_tp", False))
+    if async_tp and not sp:
+        raise AutoparError(f.at("async_tp"), f"is true with tp {tp} and sequence_parallel {str(sp).lower()}: async TP "
+                           "overlaps sequence parallelism's collectives", "give the case's tp > 1 and sequence_parallel: "
+                           "true, or async_tp: false")
     return Shape(pp=pp, tp=tp, dp=dp, micro_batch_size=mbs, num_microbatches=m,
                  zero=f.req_int("zero", low=0, high=3), ckpt=f.req_str("ckpt", choices=CKPT_MODES),
-                 sp=bool(f.opt_bool("sequence_parallel", False)) and tp > 1,
-                 global_batch_size=global_batch_size, schedule="interleaved" if v > 1 else schedule,
-                 virtual_stages=v, ep=f.opt_int("ep", 1, low=1), cp=f.opt_int("cp", 1, low=1))
+                 sp=sp, global_batch_size=global_batch_size, schedule="interleaved" if v > 1 else schedule,
+                 virtual_stages=v, ep=f.opt_int("ep", 1, low=1), cp=f.opt_int("cp", 1, low=1), async_tp=async_tp)
 
 
 def stage_sizes(f: Fields, model: ModelSpec, pp: int, notes: list[str]) -> list[int]:
@@ -113,7 +120,8 @@ def build_plan(shape: Shape, sizes: list[int], model: ModelSpec, cluster: Cluste
     for k, size in enumerate(sizes):
         layers = [StageLayer(ly.name, Strategy(tp=shape.tp, zero=shape.zero, sp=shape.sp,
                                                 ckpt=shape.ckpt if ly.kind == "block" else "none",
-                                                ep=shape.ep if ly.moe is not None else 1, cp=shape.cp))
+                                                ep=shape.ep if ly.moe is not None else 1, cp=shape.cp,
+                                                async_tp=shape.async_tp and ly.kind == "block"))
                   for ly in model.layers[first:first + size]]
         s = k % shape.pp
         stages.append(Stage(devices=list(range(s * width, (s + 1) * width)), layers=layers))

@@ -29,7 +29,7 @@ Format (``autopar_plan: 1``)::
 
 ``names: P<a>-P<b>`` stands for the units ``P<a>, P<a+1>, ..., P<b>`` (one prefix, numbers without
 leading zeros); it is written for every run of two or more such units that share one strategy, and
-only when it reads back to exactly those names. ``sp`` is written only when true, ``ep`` (expert
+only when it reads back to exactly those names. ``sp`` and ``async_tp`` are written only when true, ``ep`` (expert
 parallel degree of an MoE unit) only when above 1, ``reshard`` only when false and ``zero_overlap`` only when
 true (their defaults; see ``Strategy``), ``cp`` only when > 1. The ``cluster:``
 block is a cluster document (autopar/cluster/parse.py) read standalone: its GPUs are listed in it,
@@ -171,6 +171,8 @@ def _layers_out(layers: list[StageLayer]) -> list[dict]:
             entry["zero_overlap"] = True
         if s.cp > 1:
             entry["cp"] = int(s.cp)
+        if s.async_tp:
+            entry["async_tp"] = True
         out.append(entry)
         i = j
     return out

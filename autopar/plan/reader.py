@@ -24,7 +24,7 @@ TOP_KEYS = (VERSION_KEY, "model", "global_batch_size", "schedule", "precision", 
 MODEL_KEYS = ("name", "source", "seq_len", "layers")
 PIPELINE_KEYS = ("batch_share", "micro_batch_size", "num_microbatches", "virtual_stages", "stages")
 STAGE_KEYS = ("devices", "layers")
-LAYER_KEYS = ("name", "names", "tp", "zero", "ckpt", "sp", "ep", "reshard", "zero_overlap", "cp")
+LAYER_KEYS = ("name", "names", "tp", "zero", "ckpt", "sp", "ep", "reshard", "zero_overlap", "cp", "async_tp")
 _RANGE = re.compile(r"^(?P<prefix>.*?)(?P<a>\d+)-(?P=prefix)(?P<b>\d+)$")
 
 
@@ -92,12 +92,13 @@ def _layer_entry_in(raw: object, path: str) -> list[StageLayer]:
             items = as_list(raw_names, f.at("names"), nonempty=True, fix=fix)
             names = [as_str(n, f"{f.at('names')}[{i}]", fix=fix) for i, n in enumerate(items)]
     tp, zero, ckpt = f.req_int("tp", low=1), f.req_int("zero", low=0), f.req_str("ckpt")
-    sp = f.opt_bool("sp", False)
+    sp, async_tp = f.opt_bool("sp", False), f.opt_bool("async_tp", False)
     ep = f.opt_int("ep", 1, low=1)
     reshard, overlap = f.opt_bool("reshard", True), f.opt_bool("zero_overlap", False)
     cp = f.opt_int("cp", 1, low=1)
     try:  # the schema states what a strategy may be (zero 0-3, known ckpt modes, sp needs tp > 1)
-        strategy = Strategy(tp=tp, zero=zero, ckpt=ckpt, sp=sp, ep=ep, reshard=reshard, zero_overlap=overlap, cp=cp)
+        strategy = Strategy(tp=tp, zero=zero, ckpt=ckpt, sp=sp, ep=ep, reshard=reshard, zero_overlap=overlap, cp=cp,
+                            async_tp=async_tp)
     except AutoparError as e:  # re-aim the schema's error at this entry of the file
         raise AutoparError(f"{path}.{e.field.rsplit('.', 1)[-1]}", e.problem, e.fix) from e
     return [StageLayer(n, strategy) for n in names]

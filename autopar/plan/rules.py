@@ -23,7 +23,8 @@ What is checked (each group only when its inputs are given):
   without a model, pipeline 0's units stand for the model's;
 * devices: every device id inside the cluster, used exactly once in the whole plan, and every device
   of the cluster used (ranks are device ids); with a world, its size is the cluster's device count;
-* per layer: tp is legal for the unit (it has a TP plan and tp divides each of its limits), tp divides
+* per layer: tp is legal for the unit (it has a TP plan and tp divides each of its limits), async_tp only
+  with tp > 1 and sp (the pair named), tp divides
   the stage's device count, each TP group sits inside one node, dp = devices / tp divides the
   micro-batch size; with a world that builds meshes, ZeRO-3 with 1 < tp < devices needs the stage's TP
   and DP groups to form one 2-D device mesh;
@@ -287,6 +288,10 @@ def layer_rules(plan: Plan, model: ModelFacts | None, world: WorldFacts | None) 
                 tp, unit = ly.strategy.tp, units.get(ly.name)
                 if unit is not None and not unit.tp_ok(tp):
                     yield _illegal_tp(f"{at}.tp", tp, unit, n)
+                if ly.strategy.async_tp and not (tp > 1 and ly.strategy.sp):
+                    yield (f"{at}.async_tp", f"async_tp with tp {tp} and sp {str(ly.strategy.sp).lower()}: async TP "
+                           "micro-pipelines sequence parallelism's all-gathers and reduce-scatters, so it needs "
+                           "tp > 1 with sp: true", "set async_tp: false, or tp >= 2 with sp: true")
                 if n == 0:
                     continue
                 if n % tp:

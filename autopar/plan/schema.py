@@ -52,6 +52,7 @@ class Strategy:
     # during the next forward (cost_models/zero_options.py prices what stays exposed).
     zero_overlap: bool = False
     cp: int = 1  # context parallel degree: the sequence split over cp ranks (autopar/plan/cp_rules.py)
+    async_tp: bool = False  # async TP: SP's collectives micro-pipelined with their matmuls (needs tp > 1 and sp; rules.py)
 
     def __post_init__(self) -> None:
         if not isinstance(self.tp, int) or self.tp < 1:
@@ -78,7 +79,8 @@ class Strategy:
 
     def short(self) -> str:
         """Compact label, e.g. ``tp2 z3 full sp``; ``nr`` after z3: no reshard after forward; ``ov`` after
-        z1/z2: distributed-optimizer overlap (``tp1 z3 nr``, ``tp1 z1 ov``); ``ep4``: expert parallel 4."""
+        z1/z2: distributed-optimizer overlap (``tp1 z3 nr``, ``tp1 z1 ov``); ``sp atp`` with async TP; ``ep4``:
+        expert parallel 4; ``cp2``: context parallel 2."""
         s = f"tp{self.tp} z{self.zero}"
         if not self.reshard:
             s += " nr"
@@ -88,6 +90,8 @@ class Strategy:
             s += f" {self.ckpt[:3]}"
         if self.sp:
             s += " sp"
+        if self.async_tp:
+            s += " atp"
         if self.ep != 1:
             s += f" ep{self.ep}"
         if self.cp > 1:

@@ -15,6 +15,7 @@ from torch.distributed.tensor import DTensor
 from autopar.errors import AutoparError
 from autopar.plan.schema import Plan, StageLayer
 from autopar.runtime.agreement import agreed_start
+from autopar.runtime.async_tp import enable_symmetric_memory, prepare_async_tp
 from autopar.runtime.boundaries import BoundaryCheck
 from autopar.runtime.checkpointing import apply_checkpointing
 from autopar.runtime.chunks import build_runner, rank_chunks
@@ -105,7 +106,8 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
     compile:    ``torch.compile`` each unit's forward on this rank (inside TP / FSDP hooks, around
                 activation checkpointing); True for torch's defaults, or a dict of torch.compile
                 arguments, e.g. ``{"backend": "aot_eager"}``. Refused for TP units with activation
-                checkpointing (dynamo cannot trace that combination).
+                checkpointing (dynamo cannot trace that combination). Units with ``async_tp`` need it
+                (inductor) on CUDA; on CPU they run as plain TP (autopar.runtime.async_tp).
 
     init_fn:    for a meta-device model: ``init_fn(module)`` is called on every module of a unit,
                 children before parents, under the unit's seed (default: a transformers model's
@@ -143,6 +145,7 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
 
     places = placements(plan)
     device = device or runtime_device()
+    micro_tp = prepare_async_tp(plan, device, compile_kwargs, rank)  # plain TP on CPU (logged); CUDA: compile
     groups = Groups([s for n in names for s in unit_rank_sets(places[n]) + ep_rank_sets(places[n])]
                     + tie_rank_sets(ties, places), device.type)
     pi, chunk_ids = rank_chunks(plan, rank)  # one stage, or an interleaved stage's chunks
@@ -154,7 +157,7 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
                       and last.strategy.tp > 1 and "logits" in infos[last.name].plan.values())
     boundary_check = BoundaryCheck(named, plan)  # meta copies of the units, taken before they are sharded
     options = _UnitOptions(mixed_precision, names[-1], compile_kwargs, pipe.num_microbatches,
-                           init_fn or model_init_fn(model))
+                           init_fn or model_init_fn(model), micro_tp)
     meta = settings["meta_device"]
     built = materialized([(ly.name, modules[ly.name]) for ly in mine], plan, world, meta, seed, device,
                          options.init_fn, tie_sources(ties, named) if meta else None)  # autopar.runtime.meta_build
@@ -211,6 +214,7 @@ class _UnitOptions:
     compile_kwargs: dict | None
     microbatches: int = 1  # this rank's pipeline's micro-batches: backward passes per step call
     init_fn: InitFn | None = None  # meta-device materialisation (runtime.materialize)
+    async_tp: bool = False  # micro-pipeline async-TP units (CUDA, NCCL, inductor: autopar.runtime.async_tp)
 
 
 def _cp_group(lay: Layout, rank: int, groups: Groups) -> CPGroup:
@@ -241,6 +245,8 @@ def _build_unit(ly: StageLayer, module: nn.Module, info: UnitTPInfo, places: lis
         apply_sync_batchnorm(module, groups.get(lay.dp_group(rank)))
     if tp_mesh is not None:
         apply_tp(module, info.plan, tp_mesh, strat.sp, logits_sharded=logits_sharded)
+        if options.async_tp and strat.async_tp:
+            enable_symmetric_memory(tp_mesh)
     if strat.ep > 1:  # experts sharded over the EP group (tp 1: plan rules; ZeRO-3 nests FSDP2 over expert-DP)
         apply_expert_parallel(module, places, mine, rank, groups)
     params = list(module.parameters())

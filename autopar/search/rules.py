@@ -58,6 +58,8 @@ class Rule(str, Enum):
                               "hides no step-level sync (overlap_sync 0) the overlapped one is never slower (kept: "
                               "zero_overlap); when nothing hides its collectives (overlap_grad_reduce and "
                               "overlap_param_gather 0) it is never faster (kept: without)")
+    ASYNC_TP_NO_NVLINK = ("async-tp-no-nvlink", "async TP micro-pipelines SP collectives over NVIDIA symmetric "
+                          "memory (P2P over NVLink); on other devices it would run as plain TP (kept: async_tp off)")
     DOMINATED = ("dominated", "slower and at least as large as another strategy with the same layout")
     CP_NOT_DIVIDING_STAGE = ("cp-not-dividing-stage", "TP degree x context-parallel degree must divide the "
                              "stage's device count")

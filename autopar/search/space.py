@@ -81,8 +81,10 @@ def ep_degrees(layer: LayerSpec, tp: int, dp: int, pruned: Counter) -> list[int]
 
 
 def enumerate_strategies(layer: LayerSpec, ctx: StageContext, tps: list[int], pruned: Counter) -> list[Strategy]:
-    """All (tp, zero, ckpt, sp, ep and the ZeRO options) left after the structural rules, in a fixed order; every
-    one with the stage's context-parallel degree ``ctx.cp`` (one per pipeline: search/context_parallel.py)."""
+    """All (tp, zero, ckpt, sp, async_tp, ep and the ZeRO options) left after the structural rules, in a fixed
+    order, every one with the stage's context-parallel degree ``ctx.cp`` (one per pipeline:
+    search/context_parallel.py); async TP beside each sp strategy on NVLink GPUs (the dominance rule keeps it
+    only where it is faster)."""
     has_attn = layer.attn_core_flops > 0 or layer.act_attn_bytes > 0
     cp = ctx.cp
     out = []
@@ -120,9 +122,20 @@ def enumerate_strategies(layer: LayerSpec, ctx: StageContext, tps: list[int], pr
                         continue
                     base = Strategy(tp=tp, zero=zero, ckpt=ckpt, sp=sp, cp=cp)
                     out.extend(zero_variants(base, ctx.params, pruned))  # ep > 1 with plain ZeRO (expert_rules)
+                    if sp:  # async TP only where SP's collectives exist; kept when it wins (prune_dominated)
+                        if async_tp_fabric(ctx):
+                            out.extend(zero_variants(replace(base, async_tp=True), ctx.params, pruned))
+                        else:
+                            pruned[Rule.ASYNC_TP_NO_NVLINK] += 1
                     if cp == 1:  # expert parallel with context parallel is not built (expert_rules)
                         out.extend(replace(base, ep=ep) for ep in ep_degrees(layer, tp, dp, pruned) if ep > 1)
     return out
+
+
+def async_tp_fabric(ctx: StageContext) -> bool:
+    """Whether every device of the stage can run async TP: an NVIDIA GPU with NVLink (symmetric memory)."""
+    return ctx.cluster.memoised(("async_tp_fabric", ctx.group), lambda: all(
+        g.vendor == "nvidia" and g.nvlink_gbps > 0 for g in {ctx.cluster.gpu_of(d) for d in ctx.devices}))
 
 
 def prune_dominated(strategies: list[Strategy], costs: LayerCosts, pruned: Counter) -> np.ndarray:

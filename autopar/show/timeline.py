@@ -17,7 +17,7 @@ until the later of the two, a stage not running anything is idle (bubble).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from autopar.errors import AutoparError
 from autopar.estimate import PlanEstimate
@@ -25,7 +25,7 @@ from autopar.estimate.cache import CostCache
 from autopar.estimate.context import StageContext
 from autopar.estimate.pipeline import spec_layers
 from autopar.modelspec.spec import ModelSpec
-from autopar.plan.schema import Plan, Strategy
+from autopar.plan.schema import Plan
 from cost_models import CostParams
 from cost_models.pipeline_schedules import stage_slots
 
@@ -72,7 +72,7 @@ def _recompute_share(model: ModelSpec, plan: Plan, params: CostParams, cache: Co
             for spec, ly in zip(spec_layers(model, index, [x.name for x in st.layers]), st.layers):
                 s = ly.strategy
                 if s.ckpt != "none":
-                    plain = Strategy(s.tp, s.zero, "none", s.sp, s.ep)
+                    plain = replace(s, ckpt="none")  # every other field kept (sp, async_tp, ...)
                     extra += max(0.0, cache.layer_cost(spec, s, ctx).bwd - cache.layer_cost(spec, plain, ctx).bwd)
             row.append(extra)
         out.append(row)

@@ -22,6 +22,7 @@ COST_EDITS = [
     ("overlap_sync", -0.1), ("overlap_sync", 1.5), ("overlap_sync", 0.5),
     ("act_traffic", -1), ("act_traffic", 0.0), ("act_traffic", "3"),
     ("overlap_zero3", 2), ("overlap_zero3", 0.0),
+    ("async_tp_overlap", -0.1), ("async_tp_overlap", 1.5), ("async_tp_overlap", "x"),
     ("step_overhead_per_unit_s", -1), ("step_overhead_per_unit_s", 0.5),
     ("eff_by_kind", [["block", 1, 0, 0.9, 0.0]]), ("eff_by_kind", [["block", 0, 0, 0.5, 0.0]]),
     ("eff_by_kind", [["block", 1, 5, 0.5, 0.0]]), ("eff_by_kind", [["block", 1, 0, 0.5]]), ("eff_by_kind", "x"),
@@ -34,7 +35,7 @@ COST_EDITS = [
 ]
 FIELDS = ["eff_max", "layer_overhead_s", "param_bytes", "grad_comm_bytes", "state_bytes", "opt_bytes_touched",
           "overlap_sync", "overlap_zero3", "reserve_gib", "eff_by_kind", "comm_fit", "state_table",
-          "step_overhead_per_unit_s", "act_traffic"]
+          "step_overhead_per_unit_s", "act_traffic", "async_tp_overlap"]
 PREDICTED = ["step_time_s", "tokens_per_s", "tps", "tflops", "mfu", "max_memory_gib"]
 LAYERS = "pipelines.0.stages.0.layers"
 
@@ -118,6 +119,8 @@ PLAN_EDITS = {
     "strategy-sharding-option-flipped": _option_flipped,
     "strategy-cp-0": setter(f"{LAYERS}.1.cp", 0),
     "strategy-cp-mixed": setter(f"{LAYERS}.1.cp", 2),  # one cp per pipeline: the pair of units named
+    "strategy-async-tp-without-sp": setter(f"{LAYERS}.0.async_tp", True),  # the pair (tp, sp) named
+    "strategy-async-tp-a-word": setter(f"{LAYERS}.1.async_tp", "yes"),
     "strategy-layer-dropped": lambda doc: doc["pipelines"][0]["stages"][0]["layers"].pop(1),
     "batch-micro-halved": _both(setter("pipelines.0.micro_batch_size", 8), setter("pipelines.0.num_microbatches", 2)),
     "batch-global-doubled": _both(setter("global_batch_size", 32), setter("pipelines.0.batch_share", 32),

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from autopar.cluster.cluster import Cluster, Node
 from autopar.modelspec.spec import LayerSpec, MoESpec
 from autopar.plan.io import plan_to_dict
 from autopar.search import SearchOptions, search
@@ -34,6 +35,11 @@ def rules_model():
     return replace(m, layers=[embed, moe] + m.layers[2:-1] + [norm, m.layers[-1]])
 
 
+def pcie_cluster() -> Cluster:
+    """One node of 4 GPUs on PCIe (no NVLink)."""
+    return Cluster([Node(replace(small_cluster().nodes[0].gpu, nvlink_gbps=0.0), 4)], name="4xpcie")
+
+
 def opts(**kw) -> SearchOptions:
     return SearchOptions(params=PARAMS, **kw)
 
@@ -46,7 +52,8 @@ def counted() -> dict[str, Counter]:
     cases = [(small_cluster(3, 4), 12, opts()),  # p = 4: 3-device stages straddle 4-device nodes; p > 6 units
              (small_cluster(2, 2), 8, opts(pp_degrees=[1, 2, 3])),  # 3 does not divide 4 devices
              (small_cluster(2, 2), 8, opts(memory_budget_gib=0.1)),  # tight: long layer ranges cannot fit
-             (small_cluster(2, 2), 8, opts(cp_degrees=(2,)))]  # cp 2: tp 4 x cp 2 exceeds 4 devices; no sp with cp
+             (small_cluster(2, 2), 8, opts(cp_degrees=(2,))),  # cp 2: tp 4 x cp 2 exceeds 4 devices; no sp with cp
+             (pcie_cluster(), 8, opts())]  # no NVLink: no async TP
     for cluster, B, o in cases:
         res = search(mdl, cluster, B, o, with_baselines=False)
         assert res.plan.search["pruned"] == res.pruned  # the plan file holds the same counts
