@@ -35,7 +35,7 @@ COST_EDITS = [
 ]
 FIELDS = ["eff_max", "layer_overhead_s", "param_bytes", "grad_comm_bytes", "state_bytes", "opt_bytes_touched",
           "overlap_sync", "overlap_zero3", "reserve_gib", "eff_by_kind", "comm_fit", "state_table",
-          "step_overhead_per_unit_s", "act_traffic", "async_tp_overlap"]
+          "step_overhead_per_unit_s", "act_traffic"]  # fields added later (cost_params._LATER) may be absent
 PREDICTED = ["step_time_s", "tokens_per_s", "tps", "tflops", "mfu", "max_memory_gib"]
 LAYERS = "pipelines.0.stages.0.layers"
 
