@@ -61,8 +61,9 @@ def test_no_reshard_is_chosen_under_headroom_only():
     """A runtime whose ZeRO-2 holds full gradients (measured state_table) and whose FSDP prefetch hides nothing
     (overlap_zero3 0): FSDP without resharding sits between ZeRO-3 and ZeRO-1 in memory and is faster than
     ZeRO-3, so it wins where memory allows more than ZeRO-3 but not ZeRO-1 everywhere; a tight budget leaves
-    it out."""
-    params = replace(PARAMS, overlap_zero3=0.0, state_table=((18, 0), (6, 12), (6, 12), (0, 18)))
+    it out. Async TP hides nothing here (async_tp_overlap 0), so it is never chosen and cannot shift the
+    memory that decides."""
+    params = replace(PARAMS, overlap_zero3=0.0, async_tp_overlap=0.0, state_table=((18, 0), (6, 12), (6, 12), (0, 18)))
     model, res, strategies = _search(params, 0.3)
     assert Strategy(tp=2, zero=3, reshard=False) in strategies
     assert plan_problems(res.plan, model, res.estimate.memory_gib) == []
