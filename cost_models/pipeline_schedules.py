@@ -17,13 +17,14 @@ action has chunk 0.
   It needs m to be a multiple of p (Megatron's own constraint).
 
 The runtime executes these very tables (``autopar.runtime.schedule``) and the cost model reads its
-bubble and peak in-flight activations from them (``inflight_profile``, ``simulate_step``), so the
+bubble and peak in-flight activations from them (``inflight_profile``, ``simulate_schedule``), so the
 two cannot drift. This module is pure: no autopar, no torch.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 Action = tuple[str, int, int]  # ("F" | "B", micro-batch index, local chunk index)
 TABLE_SCHEDULES = ("1f1b", "gpipe", "interleaved")
@@ -99,21 +100,39 @@ def inflight_profile(actions: Sequence[Action], virtual_stages: int = 1) -> list
     return out
 
 
-def simulate_step(table: Sequence[Sequence[Sequence[Action]]], fwd_s: Sequence[float], bwd_s: Sequence[float],
-                  p2p_s: Sequence[float]) -> float:
-    """Time for every stage to run its slots (``schedule_table``), as the runtime runs them: a slot starts
-    when its stage is free and every input of the slot has arrived; its actions run back to back; its
-    outputs leave when the slot ends.
+class Simulation(NamedTuple):
+    """What ``simulate_schedule`` found: the step, and when each slot ran and each output travelled."""
+
+    step_s: float  # every stage done with its slots and its tail
+    ends: list[float]  # per stage: when its last slot ended (its tail starts there)
+    slots: list[list[tuple[float, float]]]  # per stage, per slot: (start, end)
+    sends: dict[tuple[str, int, int], tuple[float, float]]  # (kind, micro-batch, virtual stage) -> its output on the link
+
+
+def simulate_schedule(table: Sequence[Sequence[Sequence[Action]]], fwd_s: Sequence[float], bwd_s: Sequence[float],
+                      p2p_s: Sequence[float], *, bwd_p2p_s: Sequence[float] | None = None,
+                      tails: Sequence[float] | None = None) -> Simulation:
+    """Run every stage's slots (``schedule_table``) as the runtime runs them: a slot starts when its stage
+    is free and every input of the slot has arrived; its actions run back to back; its outputs leave when
+    the slot ends, each on the link from its stage to the receiving stage, which carries one transfer at
+    a time in the order they were sent (a transfer takes the link for its whole time; the sender goes on).
 
     ``fwd_s[g]`` / ``bwd_s[g]``: one micro-batch's forward / backward on virtual stage g (g = c * p + s);
-    ``p2p_s[g]``: the one-way transfer from virtual stage g to g + 1 (activations forward, gradients
-    back; the last entry is unused). A forward of g > 0 needs g - 1's forward of the micro-batch, a
-    backward of g < last g + 1's backward. Raises RuntimeError on a deadlock.
+    ``p2p_s[g]``: the transfer of activations from virtual stage g to g + 1, ``bwd_p2p_s[g]`` (default
+    ``p2p_s``) of gradients from g + 1 back to g (the last entries are unused). A forward of g > 0 needs
+    g - 1's forward of the micro-batch, a backward of g < last g + 1's backward. ``tails[s]`` (default 0):
+    what physical stage s runs once after its last slot (gradient sync not hidden, optimizer); the step
+    ends when every stage has run its tail. Raises RuntimeError on a deadlock.
     """
     p = len(table)
     last = len(fwd_s) - 1
-    sent: dict[tuple[str, int, int], float] = {}  # (kind, micro-batch, virtual stage) -> when its output left
+    back = p2p_s if bwd_p2p_s is None else bwd_p2p_s
+    tails = [0.0] * p if tails is None else tails
+    sent: dict[tuple[str, int, int], float] = {}  # (kind, micro-batch, virtual stage) -> when its output arrived
+    sends: dict[tuple[str, int, int], tuple[float, float]] = {}
+    link_free: dict[tuple[int, int], float] = {}  # (from stage, to stage) -> when the link is next free
     pos, clock = [0] * p, [0.0] * p
+    times: list[list[tuple[float, float]]] = [[] for _ in range(p)]
     remaining = sum(len(slots) for slots in table)
     while remaining:
         moved = False
@@ -124,19 +143,31 @@ def simulate_step(table: Sequence[Sequence[Sequence[Action]]], fwd_s: Sequence[f
                 for kind, k, c in slots[pos[s]]:
                     g = c * p + s
                     if kind == "F" and g > 0:
-                        dep, delay = ("F", k, g - 1), p2p_s[g - 1]
+                        dep = sent.get(("F", k, g - 1))
                     elif kind == "B" and g < last:
-                        dep, delay = ("B", k, g + 1), p2p_s[g]
+                        dep = sent.get(("B", k, g + 1))
                     else:
                         continue
-                    if dep not in sent:
+                    if dep is None:
                         break
-                    start = max(start, sent[dep] + delay)
+                    start = max(start, dep)
                 else:
-                    end = start + sum(fwd_s[c * p + s] if kind == "F" else bwd_s[c * p + s]
-                                      for kind, k, c in slots[pos[s]])
-                    for kind, k, c in slots[pos[s]]:
-                        sent[(kind, k, c * p + s)] = end
+                    slot = slots[pos[s]]
+                    end = start + sum(fwd_s[c * p + s] if kind == "F" else bwd_s[c * p + s] for kind, k, c in slot)
+                    for kind, k, c in slot:
+                        g = c * p + s
+                        if kind == "F" and g < last:
+                            to, delay = g + 1, p2p_s[g]
+                        elif kind == "B" and g > 0:
+                            to, delay = g - 1, back[g - 1]
+                        else:
+                            sent[(kind, k, g)] = end
+                            continue
+                        link = (s, to % p)
+                        leave = max(end, link_free.get(link, 0.0))
+                        link_free[link] = sent[(kind, k, g)] = leave + delay
+                        sends[(kind, k, g)] = (leave, leave + delay)
+                    times[s].append((start, end))
                     clock[s] = end
                     pos[s] += 1
                     remaining -= 1
@@ -145,4 +176,6 @@ def simulate_step(table: Sequence[Sequence[Sequence[Action]]], fwd_s: Sequence[f
                 break
         if not moved:
             raise RuntimeError(f"schedule deadlocks at slots {pos}")
-    return max(clock)
+    step = max((c + t for c, t in zip(clock, tails)), default=0.0)
+    return Simulation(step, clock, times, sends)
+
