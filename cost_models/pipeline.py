@@ -72,21 +72,22 @@ def action_times(cost: float, fwd: float, step: float, num_microbatches: int, sl
 
 def simulate_pipeline(schedule: str, num_microbatches: int, costs: Sequence[float], fwds: Sequence[float],
                       steps: Sequence[float], sends: Sequence[float], slot_overhead_s: float = 0.0,
-                      virtual_stages: int = 1) -> Simulation:
+                      virtual_stages: int = 1, record: bool = False) -> Simulation:
     """The schedule table (``schedule_table``) of a pipeline simulated (``simulate_schedule``).
 
     Per virtual stage g (stage order; with virtual stages, chunk c of physical stage s is g = c p + s):
     ``costs[g]`` per micro-batch (``w + step / m``), ``fwds[g]`` its forward, ``steps[g]`` its step tail,
     ``sends[g]`` one micro-batch's transfer to g + 1 (activations forward, the same bytes of gradients
     back over the reverse link; the last entry unused). Actions take ``action_times``; a physical stage's
-    tail is the sum of its chunks' tails.
+    tail is the sum of its chunks' tails. ``record``: with each slot's and transfer's times (a timeline).
     """
     m, v = num_microbatches, virtual_stages
     p = len(costs) // v
     split = [action_times(c, f, s, m, slot_overhead_s) for c, f, s in zip(costs, fwds, steps)]
     tails = [sum(steps[g] for g in range(s, p * v, p)) for s in range(p)]
     table = schedule_table(schedule, p, m, v)
-    return simulate_schedule(table, [f for f, _ in split], [b for _, b in split], list(sends), tails=tails)
+    return simulate_schedule(table, [f for f, _ in split], [b for _, b in split], list(sends), tails=tails,
+                             record=record)
 
 
 def simulated_pipeline_time(schedule: str, num_microbatches: int, costs: Sequence[float], fwds: Sequence[float],

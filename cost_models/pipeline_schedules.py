@@ -111,7 +111,7 @@ class Simulation(NamedTuple):
 
 def simulate_schedule(table: Sequence[Sequence[Sequence[Action]]], fwd_s: Sequence[float], bwd_s: Sequence[float],
                       p2p_s: Sequence[float], *, bwd_p2p_s: Sequence[float] | None = None,
-                      tails: Sequence[float] | None = None) -> Simulation:
+                      tails: Sequence[float] | None = None, record: bool = False) -> Simulation:
     """Run every stage's slots (``schedule_table``) as the runtime runs them: a slot starts when its stage
     is free and every input of the slot has arrived; its actions run back to back; its outputs leave when
     the slot ends, each on the link from its stage to the receiving stage, which carries one transfer at
@@ -122,60 +122,86 @@ def simulate_schedule(table: Sequence[Sequence[Sequence[Action]]], fwd_s: Sequen
     ``p2p_s``) of gradients from g + 1 back to g (the last entries are unused). A forward of g > 0 needs
     g - 1's forward of the micro-batch, a backward of g < last g + 1's backward. ``tails[s]`` (default 0):
     what physical stage s runs once after its last slot (gradient sync not hidden, optimizer); the step
-    ends when every stage has run its tail. Raises RuntimeError on a deadlock.
+    ends when every stage has run its tail. ``record``: also return each slot's (start, end) and each
+    transfer's (leave, arrive) (else ``slots`` and ``sends`` are empty). Raises RuntimeError on a deadlock.
     """
     p = len(table)
-    last = len(fwd_s) - 1
+    G = len(fwd_s)
+    last = G - 1
     back = p2p_s if bwd_p2p_s is None else bwd_p2p_s
     tails = [0.0] * p if tails is None else tails
-    sent: dict[tuple[str, int, int], float] = {}  # (kind, micro-batch, virtual stage) -> when its output arrived
-    sends: dict[tuple[str, int, int], tuple[float, float]] = {}
-    link_free: dict[tuple[int, int], float] = {}  # (from stage, to stage) -> when the link is next free
+    m = 1 + max((k for slots in table for slot in slots for _, k, _ in slot), default=0)
+
+    def key(kind: str, k: int, g: int) -> int:
+        return ((kind == "B") * m + k) * G + g
+
+    # Per stage and slot: (duration, keys of its inputs, outputs as (key, link, delay)); links numbered.
+    links: dict[tuple[int, int], int] = {}
+    plan = []
+    for s, slots in enumerate(table):
+        rows = []
+        for slot in slots:
+            dur, deps, outs = 0.0, [], []
+            for kind, k, c in slot:
+                g = c * p + s
+                if kind == "F":
+                    dur += fwd_s[g]
+                    if g > 0:
+                        deps.append(key("F", k, g - 1))
+                    to, delay = (g + 1, p2p_s[g]) if g < last else (-1, 0.0)
+                else:
+                    dur += bwd_s[g]
+                    if g < last:
+                        deps.append(key("B", k, g + 1))
+                    to, delay = (g - 1, back[g - 1]) if g > 0 else (-1, 0.0)
+                link = -1 if to < 0 else links.setdefault((s, to % p), len(links))
+                outs.append((key(kind, k, g), link, delay))
+            rows.append((dur, deps, outs))
+        plan.append(rows)
+    arrived = [-1.0] * (2 * m * G)
+    link_free = [0.0] * len(links)
     pos, clock = [0] * p, [0.0] * p
     times: list[list[tuple[float, float]]] = [[] for _ in range(p)]
+    leaves: dict[int, float] = {}
     remaining = sum(len(slots) for slots in table)
     while remaining:
         moved = False
         for s in range(p):
-            slots = table[s]
-            while pos[s] < len(slots):
-                start = clock[s]
-                for kind, k, c in slots[pos[s]]:
-                    g = c * p + s
-                    if kind == "F" and g > 0:
-                        dep = sent.get(("F", k, g - 1))
-                    elif kind == "B" and g < last:
-                        dep = sent.get(("B", k, g + 1))
-                    else:
-                        continue
-                    if dep is None:
+            rows, i, t = plan[s], pos[s], clock[s]
+            while i < len(rows):
+                dur, deps, outs = rows[i]
+                start = t
+                for d in deps:
+                    a = arrived[d]
+                    if a < 0.0:
                         break
-                    start = max(start, dep)
+                    if a > start:
+                        start = a
                 else:
-                    slot = slots[pos[s]]
-                    end = start + sum(fwd_s[c * p + s] if kind == "F" else bwd_s[c * p + s] for kind, k, c in slot)
-                    for kind, k, c in slot:
-                        g = c * p + s
-                        if kind == "F" and g < last:
-                            to, delay = g + 1, p2p_s[g]
-                        elif kind == "B" and g > 0:
-                            to, delay = g - 1, back[g - 1]
-                        else:
-                            sent[(kind, k, g)] = end
+                    t = start + dur
+                    for out, link, delay in outs:
+                        if link < 0:
+                            arrived[out] = t
                             continue
-                        link = (s, to % p)
-                        leave = max(end, link_free.get(link, 0.0))
-                        link_free[link] = sent[(kind, k, g)] = leave + delay
-                        sends[(kind, k, g)] = (leave, leave + delay)
-                    times[s].append((start, end))
-                    clock[s] = end
-                    pos[s] += 1
-                    remaining -= 1
-                    moved = True
+                        leave = t if t > link_free[link] else link_free[link]
+                        link_free[link] = arrived[out] = leave + delay
+                        if record:
+                            leaves[out] = leave
+                    if record:
+                        times[s].append((start, t))
+                    i += 1
                     continue
                 break
+            if i != pos[s]:
+                moved = True
+                remaining -= i - pos[s]
+                pos[s], clock[s] = i, t
         if not moved:
             raise RuntimeError(f"schedule deadlocks at slots {pos}")
     step = max((c + t for c, t in zip(clock, tails)), default=0.0)
+    sends: dict[tuple[str, int, int], tuple[float, float]] = {}
+    for out, leave in leaves.items():
+        kk, g = divmod(out, G)
+        kind, k = divmod(kk, m)
+        sends[("B" if kind else "F", k, g)] = (leave, arrived[out])
     return Simulation(step, clock, times, sends)
-

@@ -3,6 +3,7 @@ schedule table simulated: ``pipeline_time``)."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 from autopar.cluster.cluster import GIB, Cluster
@@ -62,10 +63,18 @@ def pipeline_time(stages: list[StageEstimate], num_microbatches: int, params: Co
                   schedule: str = "1f1b", virtual_stages: int = 1) -> float:
     """The step time of the stages (in stage order; with virtual stages, in chunk order): their schedule
     table simulated (``cost_models.pipeline.simulated_pipeline_time``) with each stage's forward and
-    backward (``action_times``), its boundary send ``p2p_s`` each way and its step tail once."""
-    return pipe_model.simulated_pipeline_time(
-        schedule, num_microbatches, [st.cost_per_microbatch_s for st in stages], [st.fwd_s for st in stages],
-        [st.step_s for st in stages], [st.p2p_s for st in stages], params.slot_overhead_s, virtual_stages)
+    backward (``action_times``), its boundary send ``p2p_s`` each way and its step tail once.
+
+    Memoised on the figures (a pure function of them): a search scores equal pipelines many times."""
+    return _simulated(schedule, num_microbatches, tuple(st.cost_per_microbatch_s for st in stages),
+                      tuple(st.fwd_s for st in stages), tuple(st.step_s for st in stages),
+                      tuple(st.p2p_s for st in stages), params.slot_overhead_s, virtual_stages)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _simulated(schedule: str, m: int, costs: tuple, fwds: tuple, steps: tuple, sends: tuple, slot_s: float,
+               v: int) -> float:
+    return pipe_model.simulated_pipeline_time(schedule, m, costs, fwds, steps, sends, slot_s, v)
 
 
 def spec_layers(model: ModelSpec, index: dict[str, int], names: list[str]) -> list[LayerSpec]:
