@@ -10,7 +10,9 @@ time of a partition is ``cost_models.pipeline.pipeline_time``:
 Over partitions we enumerate the bottleneck tau (a value of G) in ascending order: for each tau, a
 DP gives the least sum of W + P with every G_i <= tau; the loop stops once tau plus the
 unconstrained least sum cannot beat the best found. Exact over partitions of these tables, and
-usually a handful of iterations. (Each range's strategies are the frontier's least ``C = (W m + S) / m``:
+usually a handful of iterations. The closed form is not the simulated schedule that prices plans
+(``cost_models.pipeline``): the search re-prices the best partition and runners-up the loop solved
+(``PartitionResult.candidates``) by simulation and keeps the fastest. (Each range's strategies are the frontier's least ``C = (W m + S) / m``:
 exactly what T asks of the bottleneck stage, and of every stage when the stages are equal.)
 """
 
