@@ -107,21 +107,39 @@ def fill_factor(num_stages: int, num_microbatches: int) -> float:
 
 
 def pipeline_lower_bound(work: float, cost: float, num_stages: int, num_microbatches: int,
-                         slot_overhead_s: float = 0.0) -> float:
+                         slot_overhead_s: float = 0.0, *, fwd_share: float | None = None,
+                         schedule: str = "1f1b") -> float:
     """A lower bound of ``simulated_pipeline_time`` (1F1B or GPipe, p stages, m micro-batches) of any
     partition whose stages' forward + backward sum to at least ``work`` (W) and whose per-micro-batch
     costs ``w + s / m`` sum to at least ``cost`` (C):
 
-        T >= max(m C / p + m o,  fill_factor(p, m) (W + p o)).
+        T >= max(m C / p + m o,  fill_factor(p, m) W',  W' (1 + 1 / sum_k 1 / a_k)),   W' = W + p o,
 
-    Proof. Write w_k + o for stage k's forward + backward (``action_times``), s_k its tail. Stage k's first
-    forward waits for micro-batch 0's forwards on stages j < k; its last action is micro-batch m - 1's
-    backward, after which stages j < k still run theirs; the stage itself runs m micro-batches and then
-    its tail. Sends and link queues only add. So T >= m (w_k + o) + s_k, whose mean over k is
-    m C / p + m o; and T >= x_k := sum_{j<k} (w_j + o) + m (w_k + o). For weights a_k >= 0 with sum 1,
-    T >= sum_k a_k x_k = sum_j (w_j + o) (m a_j + sum_{k>j} a_k); a_k = (f / m) (1 - 1/m)^(p-1-k) with
-    f = fill_factor(p, m) sums to 1 and makes every coefficient f, so T >= f (W + p o).
-    (Equal stages: T = (m + p - 1)(W / p + o) + s, and f >= m / p + (p - 1) / (2 p).)
+    the last only with ``fwd_share`` (phi: no stage's forward is more than phi of its forward + backward),
+    a_k = m - 1 - n_k max(phi, 1/2), n_k = min(p - k - 1, m - 1) for 1F1B and m - 1 for GPipe.
+
+    Proof. Write w_k + o for stage k's forward + backward (``action_times``), f_k its forward, s_k its
+    tail. Stage k's first forward waits for micro-batch 0's forwards on stages j < k; its last action is
+    micro-batch m - 1's backward, after which stages j < k still run theirs; the stage itself runs m
+    micro-batches and then its tail. Sends and link queues only add. So T >= m (w_k + o) + s_k, whose
+    mean over k is m C / p + m o; and T >= x_k := sum_{j<k} (w_j + o) + m (w_k + o). For weights a_k >= 0
+    with sum 1, T >= sum_k a_k x_k = sum_j (w_j + o) (m a_j + sum_{k>j} a_k); a_k = (f / m) (1 - 1/m)^(p-1-k)
+    with f = fill_factor(p, m) sums to 1 and makes every coefficient f, so T >= f (W + p o).
+    Between its forward and its backward of micro-batch 0, stage k waits for the forwards and backwards of
+    every later stage (sum_{j>k} (w_j + o)) and runs only its next n_k forwards (the schedule's order),
+    each at most phi' = max(phi, 1/2) of w_k + o (a mediant: the slot cost and layout switches split
+    half and half). So T >= W' + a_k (w_k + o); weights proportional to 1 / a_k give the third term
+    (none when some a_k is 0, i.e. m = 1). Equal stages reach (m + p - 1)(W / p + o) + s, and
+    f >= m / p + (p - 1) / (2 p) (``tests/cost_models/test_pipeline_simulated.py``).
     """
     p, m = num_stages, num_microbatches
-    return max(m * cost / p + m * slot_overhead_s, fill_factor(p, m) * (work + p * slot_overhead_s))
+    wide = work + p * slot_overhead_s
+    bound = max(m * cost / p + m * slot_overhead_s, fill_factor(p, m) * wide)
+    if fwd_share is None or m == 1:
+        return bound
+    phi = max(fwd_share, 0.5)
+    n = [m - 1] * p if schedule == "gpipe" else [min(p - k - 1, m - 1) for k in range(p)]
+    alphas = [m - 1 - nk * phi for nk in n]
+    if min(alphas) <= 0.0:
+        return bound
+    return max(bound, wide * (1.0 + 1.0 / sum(1.0 / a for a in alphas)))

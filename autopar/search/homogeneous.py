@@ -114,15 +114,19 @@ class HomogeneousSearch:
     def lower_bound(self, p: int, m: int, cands) -> float:
         """A lower bound of the simulated step time of any plan of setting (p, m), memory ignored:
         ``pipeline_lower_bound`` of C, W the sums of per-layer least costs ``w + s / m`` and least
-        forward + backward ``w`` (layout switches and sends only add)."""
-        tot = work = 0.0
+        forward + backward ``w`` (layout switches and sends only add), and the largest forward share
+        of any layer's strategy (a stage's is a mediant of its layers')."""
+        tot = work = share = 0.0
         for s in self.sigs:
             c = cands[s].costs
             if len(c.cost) == 0:
                 return float("inf")
             tot += float(c.cost.min())
             work += float((c.fwd + c.bwd).min())
-        return pipeline_lower_bound(work, tot, p, m, self.opts.params.slot_overhead_s)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                share = max(share, float(np.nan_to_num(c.fwd / (c.fwd + c.bwd), nan=1.0).max()))
+        return pipeline_lower_bound(work, tot, p, m, self.opts.params.slot_overhead_s, fwd_share=share,
+                                    schedule=self.opts.schedule)
 
     def _ranges(self, k: int, cands, switch, budget: float, reserve: float, transient: np.ndarray, m: int,
                 incumbent: float):

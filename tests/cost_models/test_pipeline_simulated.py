@@ -77,8 +77,21 @@ def test_the_lower_bound_holds_on_random_uneven_pipelines(case, schedule):
     t = simulated_pipeline_time(schedule, m, _costs(f, b, s, m, o), f, s, d, o)
     work, cost = sum(f) + sum(b), sum(_costs(f, b, s, m, o))
     assert pipeline_lower_bound(work, cost, p, m, o) <= t * (1 + 1e-12)
+    share = max(fi / (fi + bi) for fi, bi in zip(f, b))
+    assert pipeline_lower_bound(work, cost, p, m, o, fwd_share=share, schedule=schedule) <= t * (1 + 1e-12)
     if p == 1 or (m == 1 and not any(d) and not any(s)):
         assert pipeline_lower_bound(work, cost, p, m, o) == pytest.approx(t, rel=1e-12)
+
+
+def test_the_forward_share_tightens_the_1f1b_bound_on_equal_stages():
+    """Equal stages, forward a third of the work, p = 8, m = 32: with the forward share the 1F1B bound
+    passes the fill-factor bound (111.7 vs 107.0) and stays below the schedule's (m + p - 1) w = 117."""
+    p, m = 8, 32
+    t = simulated_pipeline_time("1f1b", m, [3.0] * p, [1.0] * p, [0.0] * p, [0.0] * p)
+    plain = pipeline_lower_bound(3.0 * p, 3.0 * p, p, m)
+    tight = pipeline_lower_bound(3.0 * p, 3.0 * p, p, m, fwd_share=1 / 3)
+    assert plain < tight <= t * (1 + 1e-12) and t == pytest.approx((m + p - 1) * 3.0)
+    assert tight == pytest.approx(24.0 * (1 + 1 / sum(1 / (31 - min(7 - k, 31) / 2) for k in range(8))))
 
 
 def test_the_fill_factor_is_between_the_bounds_it_interpolates():
