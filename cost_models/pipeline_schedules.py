@@ -24,13 +24,14 @@ action has chunk 0.
   min(p, m) micro-batches: stage 0's 1F1B peak, on every stage. Needs p >= 2 (``zero_bubble_slots``).
 
 The runtime executes these very tables (``autopar.runtime.schedule``) and the cost model reads its
-bubble and peak in-flight activations from them (``inflight_profile``, ``simulate_step``), so the
+bubble and peak in-flight activations from them (``inflight_profile``, ``simulate_schedule``), so the
 two cannot drift. This module is pure: no autopar, no torch.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 Action = tuple[str, int, int]  # ("F" | "B" | "W", micro-batch index, local chunk index)
 TABLE_SCHEDULES = ("1f1b", "gpipe", "interleaved", "zb-h1")
@@ -127,51 +128,114 @@ def inflight_profile(actions: Sequence[Action], virtual_stages: int = 1) -> list
     return out
 
 
-def simulate_step(table: Sequence[Sequence[Sequence[Action]]], fwd_s: Sequence[float], bwd_s: Sequence[float],
-                  p2p_s: Sequence[float], wgt_s: Sequence[float] | None = None) -> float:
-    """Time for every stage to run its slots (``schedule_table``), as the runtime runs them: a slot starts
-    when its stage is free and every input of the slot has arrived; its actions run back to back; its
-    outputs leave when the slot ends.
+class Simulation(NamedTuple):
+    """What ``simulate_schedule`` found: the step, and when each slot ran and each output travelled."""
+
+    step_s: float  # every stage done with its slots and its tail
+    ends: list[float]  # per stage: when its last slot ended (its tail starts there)
+    slots: list[list[tuple[float, float]]]  # per stage, per slot: (start, end)
+    sends: dict[tuple[str, int, int], tuple[float, float]]  # (kind, micro-batch, virtual stage) -> its output on the link
+
+
+def simulate_schedule(table: Sequence[Sequence[Sequence[Action]]], fwd_s: Sequence[float], bwd_s: Sequence[float],
+                      p2p_s: Sequence[float], *, bwd_p2p_s: Sequence[float] | None = None,
+                      tails: Sequence[float] | None = None, wgt_s: Sequence[float] | None = None,
+                      record: bool = False) -> Simulation:
+    """Run every stage's slots (``schedule_table``) as the runtime runs them: a slot starts when its stage
+    is free and every input of the slot has arrived; its actions run back to back; its outputs leave when
+    the slot ends, each on the link from its stage to the receiving stage, which carries one transfer at
+    a time in the order they were sent (a transfer takes the link for its whole time; the sender goes on).
 
     ``fwd_s[g]`` / ``bwd_s[g]``: one micro-batch's forward / backward on virtual stage g (g = c * p + s);
-    ``p2p_s[g]``: the one-way transfer from virtual stage g to g + 1 (activations forward, gradients
-    back; the last entry is unused). A forward of g > 0 needs g - 1's forward of the micro-batch, a
-    backward of g < last g + 1's backward. ``wgt_s[g]``: a W action's time (tables with W only; their
-    ``bwd_s`` is then the B part); a W needs nothing but its stage. Raises RuntimeError on a deadlock.
+    ``p2p_s[g]``: the transfer of activations from virtual stage g to g + 1, ``bwd_p2p_s[g]`` (default
+    ``p2p_s``) of gradients from g + 1 back to g (the last entries are unused). A forward of g > 0 needs
+    g - 1's forward of the micro-batch, a backward of g < last g + 1's backward. ``tails[s]`` (default 0):
+    what physical stage s runs once after its last slot (gradient sync not hidden, optimizer); the step
+    ends when every stage has run its tail. ``wgt_s[g]``: a W action's time (tables with W only, ``zb-h1``:
+    their ``bwd_s`` is then the B part); a W needs nothing but its stage and sends nothing. ``record``:
+    also return each slot's (start, end) and each transfer's (leave, arrive) (else ``slots`` and ``sends``
+    are empty). Raises RuntimeError on a deadlock.
     """
-    seconds = {"F": fwd_s, "B": bwd_s, "W": wgt_s}
     p = len(table)
-    last = len(fwd_s) - 1
-    sent: dict[tuple[str, int, int], float] = {}  # (kind, micro-batch, virtual stage) -> when its output left
+    G = len(fwd_s)
+    last = G - 1
+    back = p2p_s if bwd_p2p_s is None else bwd_p2p_s
+    tails = [0.0] * p if tails is None else tails
+    m = 1 + max((k for slots in table for slot in slots for _, k, _ in slot), default=0)
+
+    def key(kind: str, k: int, g: int) -> int:
+        return ((kind == "B") * m + k) * G + g
+
+    # Per stage and slot: (duration, keys of its inputs, outputs as (key, link, delay)); links numbered.
+    links: dict[tuple[int, int], int] = {}
+    plan = []
+    for s, slots in enumerate(table):
+        rows = []
+        for slot in slots:
+            dur, deps, outs = 0.0, [], []
+            for kind, k, c in slot:
+                g = c * p + s
+                if kind == "W":
+                    dur += wgt_s[g]
+                    continue
+                if kind == "F":
+                    dur += fwd_s[g]
+                    if g > 0:
+                        deps.append(key("F", k, g - 1))
+                    to, delay = (g + 1, p2p_s[g]) if g < last else (-1, 0.0)
+                else:
+                    dur += bwd_s[g]
+                    if g < last:
+                        deps.append(key("B", k, g + 1))
+                    to, delay = (g - 1, back[g - 1]) if g > 0 else (-1, 0.0)
+                link = -1 if to < 0 else links.setdefault((s, to % p), len(links))
+                outs.append((key(kind, k, g), link, delay))
+            rows.append((dur, deps, outs))
+        plan.append(rows)
+    arrived = [-1.0] * (2 * m * G)
+    link_free = [0.0] * len(links)
     pos, clock = [0] * p, [0.0] * p
+    times: list[list[tuple[float, float]]] = [[] for _ in range(p)]
+    leaves: dict[int, float] = {}
     remaining = sum(len(slots) for slots in table)
     while remaining:
         moved = False
         for s in range(p):
-            slots = table[s]
-            while pos[s] < len(slots):
-                start = clock[s]
-                for kind, k, c in slots[pos[s]]:
-                    g = c * p + s
-                    if kind == "F" and g > 0:
-                        dep, delay = ("F", k, g - 1), p2p_s[g - 1]
-                    elif kind == "B" and g < last:
-                        dep, delay = ("B", k, g + 1), p2p_s[g]
-                    else:
-                        continue
-                    if dep not in sent:
+            rows, i, t = plan[s], pos[s], clock[s]
+            while i < len(rows):
+                dur, deps, outs = rows[i]
+                start = t
+                for d in deps:
+                    a = arrived[d]
+                    if a < 0.0:
                         break
-                    start = max(start, sent[dep] + delay)
+                    if a > start:
+                        start = a
                 else:
-                    end = start + sum(seconds[kind][c * p + s] for kind, k, c in slots[pos[s]])
-                    for kind, k, c in slots[pos[s]]:
-                        sent[(kind, k, c * p + s)] = end
-                    clock[s] = end
-                    pos[s] += 1
-                    remaining -= 1
-                    moved = True
+                    t = start + dur
+                    for out, link, delay in outs:
+                        if link < 0:
+                            arrived[out] = t
+                            continue
+                        leave = t if t > link_free[link] else link_free[link]
+                        link_free[link] = arrived[out] = leave + delay
+                        if record:
+                            leaves[out] = leave
+                    if record:
+                        times[s].append((start, t))
+                    i += 1
                     continue
                 break
+            if i != pos[s]:
+                moved = True
+                remaining -= i - pos[s]
+                pos[s], clock[s] = i, t
         if not moved:
             raise RuntimeError(f"schedule deadlocks at slots {pos}")
-    return max(clock)
+    step = max((c + t for c, t in zip(clock, tails)), default=0.0)
+    sends: dict[tuple[str, int, int], tuple[float, float]] = {}
+    for out, leave in leaves.items():
+        kk, g = divmod(out, G)
+        kind, k = divmod(kk, m)
+        sends[("B" if kind else "F", k, g)] = (leave, arrived[out])
+    return Simulation(step, clock, times, sends)

@@ -1,12 +1,13 @@
 """An interleaved pipeline (``virtual_stages`` v > 1) priced from its schedule table.
 
 Each of the p * v chunks is priced like a stage (``stage_cost``); the physical stage s runs chunks
-s, s + p, ... . The step time is ``cost_models.pipeline_schedules.simulate_step`` over the very table
-the runtime executes, with per-chunk forward and backward times and the p2p of every chunk boundary
-(the boundary from stage p - 1 back to stage 0 included); each chunk's micro-batch also pays the
-schedule-slot overhead. A stage's memory is its chunks' model states, the peak over the table of its
-chunks' in-flight activations (``inflight_profile`` weighted by each chunk's bytes), the largest
-transient and the reserve; every chunk of the stage reports that one figure, so per-device views need
+s, s + p, ... . The step time is ``autopar.estimate.pipeline.pipeline_time``, the simulation of the very
+table the runtime executes, with per-chunk forward and backward times and the p2p of every chunk
+boundary (the boundary from stage p - 1 back to stage 0 included), split as every schedule's is
+(``cost_models.pipeline.action_times``: each chunk's micro-batch pays the schedule-slot overhead; each
+physical stage pays its chunks' step tails once, after its last slot). A stage's memory is its chunks'
+model states, the peak over the table of its chunks' in-flight activations (``inflight_profile``
+weighted by each chunk's bytes), the largest transient and the reserve; every chunk of the stage reports that one figure, so per-device views need
 no special case.
 """
 
@@ -15,13 +16,13 @@ from __future__ import annotations
 from autopar.cluster.cluster import Cluster
 from autopar.estimate.cache import CostCache
 from autopar.estimate.context import StageContext, context_link
-from autopar.estimate.pipeline import StageEstimate, estimate_pipeline, spec_layers, stage_cost
+from autopar.estimate.pipeline import StageEstimate, estimate_pipeline, pipeline_time, spec_layers, stage_cost
 from autopar.estimate.zero_bubble import estimate_zero_bubble
 from autopar.modelspec.spec import ModelSpec
 from autopar.plan.schema import Pipeline
 from cost_models import CostParams
 from cost_models.pipeline import boundary_p2p_time
-from cost_models.pipeline_schedules import inflight_profile, schedule_table, simulate_step
+from cost_models.pipeline_schedules import inflight_profile, schedule_table
 
 
 def estimate_interleaved(pipe: Pipeline, model: ModelSpec, cluster: Cluster, params: CostParams,
@@ -48,19 +49,16 @@ def estimate_interleaved(pipe: Pipeline, model: ModelSpec, cluster: Cluster, par
                               ctxs[s], 0, cache).peak_bytes  # every chunk's states, the largest transient, reserve
         memory.append(together + sum(n * a for n, a in zip(peak_live, acts)))
         live_at_peak.append(peak_live)
-    out, fwd, bwd, p2p = [], [], [], []
+    out = []
     for g, (layers, _, c0, _) in enumerate(chunks):
         s = g % p
         send = 0.0
         if g + 1 < p * v:
             bw, lat = context_link(ctxs[s], ctxs[(g + 1) % p])
             send = float(boundary_p2p_time(layers[-1].boundary_bytes, mbs, bw, lat))
-        fwd.append(c0.fwd)
-        bwd.append(c0.cost - c0.fwd + params.slot_overhead_s)
-        p2p.append(send)
         out.append(StageEstimate(list(ctxs[s].devices), [ly.name for ly in layers], c0.cost, c0.fwd, c0.bwd, c0.step,
                                  live_at_peak[s][g // p], memory[s], send, group=ctxs[s].group))
-    return out, simulate_step(table, fwd, bwd, p2p)
+    return out, pipeline_time(out, m, params, "interleaved", v)
 
 
 def estimate_any(pipe: Pipeline, model: ModelSpec, cluster: Cluster, schedule: str, params: CostParams,

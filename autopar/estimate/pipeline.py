@@ -1,7 +1,9 @@
-"""One pipeline of a Plan priced by the cost model: per-stage figures and the pipeline's step time."""
+"""One pipeline of a Plan priced by the cost model: per-stage figures and the pipeline's step time (its
+schedule table simulated: ``pipeline_time``)."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 from autopar.cluster.cluster import GIB, Cluster
@@ -57,12 +59,22 @@ def _p2p_over(link: tuple[float, float], boundary_bytes: float, micro_batch_size
     return float(pipe_model.boundary_p2p_time(boundary_bytes, micro_batch_size, bw, lat))
 
 
-def pipeline_time(stages: list[StageEstimate], num_microbatches: int, params: CostParams) -> float:
-    """``cost_models.pipeline.pipeline_time`` of the stages: sum_i (w_i + 2 p2p_i) + max_i ((m - 1) w_i + s_i)
-    + slots, with w_i = c_i - s_i / m (forward + backward) and s_i the stage's step tail."""
-    return pipe_model.pipeline_time([st.cost_per_microbatch_s for st in stages],
-                                    [2.0 * st.p2p_s for st in stages], num_microbatches, params.slot_overhead_s,
-                                    steps=[st.step_s for st in stages])
+def pipeline_time(stages: list[StageEstimate], num_microbatches: int, params: CostParams,
+                  schedule: str = "1f1b", virtual_stages: int = 1) -> float:
+    """The step time of the stages (in stage order; with virtual stages, in chunk order): their schedule
+    table simulated (``cost_models.pipeline.simulated_pipeline_time``) with each stage's forward and
+    backward (``action_times``), its boundary send ``p2p_s`` each way and its step tail once.
+
+    Memoised on the figures (a pure function of them): a search scores equal pipelines many times."""
+    return _simulated(schedule, num_microbatches, tuple(st.cost_per_microbatch_s for st in stages),
+                      tuple(st.fwd_s for st in stages), tuple(st.step_s for st in stages),
+                      tuple(st.p2p_s for st in stages), params.slot_overhead_s, virtual_stages)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _simulated(schedule: str, m: int, costs: tuple, fwds: tuple, steps: tuple, sends: tuple, slot_s: float,
+               v: int) -> float:
+    return pipe_model.simulated_pipeline_time(schedule, m, costs, fwds, steps, sends, slot_s, v)
 
 
 def spec_layers(model: ModelSpec, index: dict[str, int], names: list[str]) -> list[LayerSpec]:
@@ -92,4 +104,4 @@ def estimate_pipeline(pipe: Pipeline, model: ModelSpec, cluster: Cluster, schedu
             p2p = _p2p_over(context_link(ctx, ctxs[i + 1]), layers[-1].boundary_bytes, pipe.micro_batch_size)
         out.append(StageEstimate(list(ctx.devices), [ly.name for ly in st.layers], cost, fwd, bwd, step, k, peak, p2p,
                                  group=ctx.group))
-    return out, pipeline_time(out, pipe.num_microbatches, params)
+    return out, pipeline_time(out, pipe.num_microbatches, params, schedule)

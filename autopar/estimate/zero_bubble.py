@@ -3,9 +3,10 @@
 Each stage is priced as under 1F1B (``stage_cost``), except that it holds the activations of every
 micro-batch whose W has not run: the peak of ``inflight_profile`` over the ``zb-h1`` table (min(p, m)
 on every stage, where 1F1B holds min(p - s, m)). Its backward splits into W (weight gradients,
-``cost_models.zero_bubble.weight_grad_time`` summed over its layers) and B (the rest of the backward,
-the step tail's 1/m share and the schedule-slot overhead, as the interleaved pricing does). The step
-time is ``simulate_step`` over the very table the runtime executes, W actions included.
+``cost_models.zero_bubble.weight_grad_time`` summed over its layers) and B (the rest of the backward),
+split as every schedule's (``cost_models.pipeline.action_times``; the step tail runs once after the
+stage's last slot). The step time is ``simulate_pipeline`` over the very table the runtime executes, W
+actions included.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from autopar.estimate.pipeline import StageEstimate, spec_layers, stage_cost
 from autopar.modelspec.spec import ModelSpec
 from autopar.plan.schema import Pipeline
 from cost_models import CostParams
-from cost_models.pipeline import boundary_p2p_time
-from cost_models.pipeline_schedules import inflight_profile, schedule_table, simulate_step
+from cost_models.pipeline import boundary_p2p_time, simulate_pipeline
+from cost_models.pipeline_schedules import inflight_profile, schedule_table
 from cost_models.zero_bubble import weight_grad_time
 
 SCHEDULE = "zb-h1"
@@ -39,7 +40,7 @@ def estimate_zero_bubble(pipe: Pipeline, model: ModelSpec, cluster: Cluster, par
     ctxs = [StageContext(cluster, tuple(st.devices), mbs, m, params) for st in pipe.stages]
     ks = zero_bubble_inflight(p, m)
     out: list[StageEstimate] = []
-    fwd, bwd, wgt, p2p = [], [], [], []
+    costs, fwds, steps, wgt, p2p = [], [], [], [], []
     for i, (st, ctx) in enumerate(zip(pipe.stages, ctxs)):
         layers = spec_layers(model, index, [ly.name for ly in st.layers])
         strategies = [ly.strategy for ly in st.layers]
@@ -49,10 +50,11 @@ def estimate_zero_bubble(pipe: Pipeline, model: ModelSpec, cluster: Cluster, par
         if i + 1 < p:
             bw, lat = context_link(ctx, ctxs[i + 1])
             send = float(boundary_p2p_time(layers[-1].boundary_bytes, mbs, bw, lat))
-        fwd.append(c.fwd)
-        bwd.append(c.cost - c.fwd - w + params.slot_overhead_s)
+        costs.append(c.cost)
+        fwds.append(c.fwd)
+        steps.append(c.step)
         wgt.append(w)
         p2p.append(send)
         out.append(StageEstimate(list(ctx.devices), [ly.name for ly in layers], c.cost, c.fwd, c.bwd, c.step, ks[i],
                                  c.peak_bytes, send, group=ctx.group))
-    return out, simulate_step(schedule_table(SCHEDULE, p, m), fwd, bwd, p2p, wgt)
+    return out, simulate_pipeline(SCHEDULE, m, costs, fwds, steps, p2p, params.slot_overhead_s, wgts=wgt).step_s

@@ -3,8 +3,11 @@ pipeline partition jointly (Galvatron-BMW's space, solved exactly under the cost
 
 Order of the decision tree: (1) PP degree p (stages of N/p devices, kept inside or across whole
 nodes), (2) micro-batch count m, (3) per layer (tp, zero, ckpt, sp) under the stage's memory by the
-frontier DP, (4) the partition by ``best_partition``. Configurations (p, m) are visited in order of
-a lower bound on their step time and the loop stops when the bound passes the best plan found.
+frontier DP, (4) the partition by ``best_partition`` (which minimises the closed form), whose plan is
+then priced by ``estimate_pipeline``: its schedule table simulated, the number every plan is chosen by.
+Configurations (p, m) are visited in order of a proven lower bound on that simulated step time
+(``cost_models.pipeline.pipeline_lower_bound``) and the loop stops when the bound passes the best plan
+found.
 
 ``search_homogeneous`` is the planner's entry: the plan, its estimate (checked equal to the figure
 the search optimised) and the baselines, as a ``SearchResult``.
@@ -21,12 +24,14 @@ import numpy as np
 from autopar.cluster.cluster import GIB, Cluster
 from autopar.errors import AutoparError
 from autopar.estimate import (
+    CostCache,
     StageContext,
     device_budget_bytes,
     estimate_plan,
     layout_switch_time,
     stage_link,
 )
+from autopar.estimate.pipeline import estimate_pipeline
 from autopar.modelspec.spec import ModelSpec
 from autopar.plan.schema import ModelRef, Pipeline, Plan, Stage, StageLayer
 from autopar.search.baselines import baselines
@@ -41,7 +46,9 @@ from autopar.search.space import divisors, layer_candidates, tp_degrees
 from autopar.search.zero_bubble import try_zero_bubble
 from autopar.version import __version__
 from cost_models.memory import inflight_microbatches
-from cost_models.pipeline import boundary_p2p_time
+from cost_models.pipeline import boundary_p2p_time, pipeline_lower_bound
+
+REPRICED = 4  # partitions of one setting priced by simulation: the closed form's best and its runners-up
 
 
 def layer_signatures(model: ModelSpec) -> list[int]:
@@ -62,6 +69,7 @@ class HomogeneousSearch:
     candidates: int = 0
     timed_out: bool = False
     deadline: float | None = None  # time.perf_counter() past which the time budget is spent (set by run)
+    cache: CostCache = field(default_factory=CostCache)  # per-layer costs of the plans the search prices
 
     def __post_init__(self) -> None:
         self.sigs = layer_signatures(self.model)
@@ -105,17 +113,21 @@ class HomogeneousSearch:
         return ctx, cands, layouts
 
     def lower_bound(self, p: int, m: int, cands) -> float:
-        """T >= m C / p + (p - 1) W / p (memory ignored): C, W the sums of per-layer least costs
-        ``w + s / m`` and least forward + backward ``w``. (T = sum w + max_i ((m - 1) w_i + s_i) is at
-        least sum w + the stages' mean of (m - 1) w_i + s_i; equal stages reach it.)"""
-        tot = work = 0.0
+        """A lower bound of the simulated step time of any plan of setting (p, m), memory ignored:
+        ``pipeline_lower_bound`` of C, W the sums of per-layer least costs ``w + s / m`` and least
+        forward + backward ``w`` (layout switches and sends only add), and the largest forward share
+        of any layer's strategy (a stage's is a mediant of its layers')."""
+        tot = work = share = 0.0
         for s in self.sigs:
             c = cands[s].costs
             if len(c.cost) == 0:
                 return float("inf")
             tot += float(c.cost.min())
             work += float((c.fwd + c.bwd).min())
-        return m * tot / p + (p - 1) * work / p
+            with np.errstate(invalid="ignore", divide="ignore"):
+                share = max(share, float(np.nan_to_num(c.fwd / (c.fwd + c.bwd), nan=1.0).max()))
+        return pipeline_lower_bound(work, tot, p, m, self.opts.params.slot_overhead_s, fwd_share=share,
+                                    schedule=self.opts.schedule)
 
     def _ranges(self, k: int, cands, switch, budget: float, reserve: float, transient: np.ndarray, m: int,
                 incumbent: float):
@@ -219,17 +231,23 @@ class HomogeneousSearch:
             fits = res.min_memory_gib * GIB <= budget
             res.note = "cannot beat the best plan" if fits else f"needs {res.min_memory_gib:.3g} GiB per device"
             return res
-        res.step_time = part.step_time
-        for i in range(p):
-            a, b = part.bounds[i], part.bounds[i + 1]
-            k = ks[i]
-            node = nodes_by_k[k][(a, b)]
-            trie = trie_by_k[k]
-            _, point = trie.best(node, budget - reserve - max(transient[a:b]))
-            picks = trie.trace(node, point)
-            layers = [StageLayer(self.model.layers[j].name, cands[self.sigs[j]].strategies[picks[j - a]])
-                      for j in range(a, b)]
-            res.stages.append(Stage(self.stage_devices(p, i), layers))
+        # Each partition the closed form ranked best (and up to REPRICED - 1 runners-up) priced as
+        # estimate_plan prices it, by the very code (the table simulated): the fastest is the setting's plan.
+        for bounds in part.candidates(REPRICED):
+            stages = []
+            for i in range(p):
+                a, b = bounds[i], bounds[i + 1]
+                node = nodes_by_k[ks[i]][(a, b)]
+                trie = trie_by_k[ks[i]]
+                _, point = trie.best(node, budget - reserve - max(transient[a:b]))
+                picks = trie.trace(node, point)
+                layers = [StageLayer(self.model.layers[j].name, cands[self.sigs[j]].strategies[picks[j - a]])
+                          for j in range(a, b)]
+                stages.append(Stage(self.stage_devices(p, i), layers))
+            pipe = Pipeline(self.global_batch_size, mbs, m, stages)
+            t = estimate_pipeline(pipe, self.model, self.cluster, self.opts.schedule, self.opts.params, self.cache)[1]
+            if not res.stages or t < res.step_time:
+                res.step_time, res.stages = t, stages
         return res
 
     def switch_costs(self, ctx: StageContext, layouts: dict) -> dict[int, np.ndarray]:

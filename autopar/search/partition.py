@@ -10,13 +10,15 @@ time of a partition is ``cost_models.pipeline.pipeline_time``:
 Over partitions we enumerate the bottleneck tau (a value of G) in ascending order: for each tau, a
 DP gives the least sum of W + P with every G_i <= tau; the loop stops once tau plus the
 unconstrained least sum cannot beat the best found. Exact over partitions of these tables, and
-usually a handful of iterations. (Each range's strategies are the frontier's least ``C = (W m + S) / m``:
+usually a handful of iterations. The closed form is not the simulated schedule that prices plans
+(``cost_models.pipeline``): the search re-prices the best partition and runners-up the loop solved
+(``PartitionResult.candidates``) by simulation and keeps the fastest. (Each range's strategies are the frontier's least ``C = (W m + S) / m``:
 exactly what T asks of the bottleneck stage, and of every stage when the stages are equal.)
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -31,6 +33,14 @@ class PartitionResult:
     bounds: list[int]  # stage i runs layers bounds[i] .. bounds[i+1]-1
     bottleneck: float
     iterations: int
+    # Every partition the bottleneck loop solved (the best included), in the order found: the closed form
+    # ranks them, the caller may re-price them by simulating their schedules (``candidates``).
+    tried: list[list[int]] = field(default_factory=list)
+
+    def candidates(self, most: int) -> list[list[int]]:
+        """The best partition first, then up to ``most`` - 1 others the loop solved (latest first)."""
+        others = [b for b in reversed(self.tried) if b != self.bounds]
+        return [self.bounds] + others[:most - 1]
 
 
 def _min_sum(W: list[np.ndarray], G: list[np.ndarray], P: list[np.ndarray], tau: float) -> tuple[float, list[int]]:
@@ -88,6 +98,7 @@ def best_partition(C: list[np.ndarray], P: list[np.ndarray], m: int, slot_s: flo
         return None
     T, worst = _step_time(C, S, P, bounds, m, slot_s)
     best = PartitionResult(T, bounds, worst, 1)
+    tried = [bounds]
     taus = np.unique(np.concatenate([g[np.isfinite(g)] for g in G]))
     # Smallest feasible bottleneck by bisection (feasibility is monotone in tau).
     lo, hi = 0, len(taus) - 1
@@ -104,10 +115,13 @@ def best_partition(C: list[np.ndarray], P: list[np.ndarray], m: int, slot_s: flo
         s, bnds = _min_sum(W, G, P, float(tau))
         iters += 1
         if bnds:
+            if bnds not in tried:
+                tried.append(bnds)
             T, worst = _step_time(C, S, P, bnds, m, slot_s)
             if T < best.step_time:
                 best = PartitionResult(T, bnds, worst, iters)
     best.iterations = iters
+    best.tried = tried
     return best
 
 

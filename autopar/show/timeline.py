@@ -1,18 +1,15 @@
 """The pipeline schedule of a plan as a timeline: what each stage runs when, from the estimate's numbers.
 
-Each stage runs the runtime's schedule order (``schedule_order``: 1F1B or GPipe) with the per-stage
-figures of ``estimate_plan`` (``StageEstimate``): a forward takes ``fwd_s``, a backward ``bwd_s``
-(split into the recomputation its checkpoint mode adds and the rest), each schedule slot its
-``slot_overhead_s``, and a boundary send ``p2p_s``. A micro-batch's forward (backward) starts once the
-previous (next) stage has sent it. After its last backward a stage pays its step-level tail
-(``step_s``: gradient sync not hidden by backward, and the optimizer update); an asymmetric plan then
-syncs gradients across pipelines for what ``cross_pipeline_sync_time`` leaves exposed.
-
-The step the picture marks is the estimate's ``step_time_s``. The estimate prices a pipeline with
-the standard closed form (``cost_models.pipeline``: every micro-batch carries 1/m of the step tail),
-exact for one stage and an approximation for several, so the simulated schedule ends at the step
-(one stage) or near it, before or after (``Timeline.simulated_s``, which the picture marks too);
-until the later of the two, a stage not running anything is idle (bubble).
+Each pipeline's schedule table (1F1B or GPipe) is the estimate's own simulation
+(``cost_models.pipeline.simulate_pipeline`` over ``estimate_plan``'s per-stage figures, the very call
+that priced the pipeline), asked for its start and end times: a forward takes ``fwd_s``, a backward
+``bwd_s`` (split into the recomputation its checkpoint mode adds and the rest), each with half the
+slot's ``slot_overhead_s``; a stage waiting for its input while the neighbour's send is on the link
+shows ``p2p``. After its last backward a stage pays its step-level tail (``step_s``: gradient sync not
+hidden by backward, and the optimizer update); an asymmetric plan then syncs gradients across
+pipelines for what ``cross_pipeline_sync_time`` leaves exposed. The simulation's end is the
+pipeline's estimated step (``Timeline.simulated_s`` equals ``step_s`` up to that sync); a stage not
+running anything before the step ends is idle (bubble).
 """
 
 from __future__ import annotations
@@ -23,10 +20,11 @@ from autopar.errors import AutoparError
 from autopar.estimate import PlanEstimate
 from autopar.estimate.cache import CostCache
 from autopar.estimate.context import StageContext
-from autopar.estimate.pipeline import spec_layers
+from autopar.estimate.pipeline import StageEstimate, spec_layers
 from autopar.modelspec.spec import ModelSpec
 from autopar.plan.schema import Plan
 from cost_models import CostParams
+from cost_models.pipeline import simulate_pipeline
 from cost_models.pipeline_schedules import stage_slots
 
 KINDS = ("forward", "backward", "recompute", "p2p", "grad sync", "bubble")
@@ -55,7 +53,7 @@ class Row:
 class Timeline:
     rows: list[Row]
     step_s: float  # the estimate's step time: where the picture ends
-    simulated_s: float  # where the simulated schedule's last action ends (see the module doc)
+    simulated_s: float  # where the simulated schedules (and any cross-pipeline sync) end: the step
     pipeline_times_s: list[float]
 
 
@@ -79,52 +77,42 @@ def _recompute_share(model: ModelSpec, plan: Plan, params: CostParams, cache: Co
     return out
 
 
+def _pipeline_rows(pi: int, schedule: str, m: int, stages: list[StageEstimate], recompute: list[float],
+                   params: CostParams) -> tuple[list[Row], float]:
+    """The rows of one pipeline (its stages' segments from the simulation's times) and the end of its step."""
+    p, o = len(stages), params.slot_overhead_s
+    sim = simulate_pipeline(schedule, m, [st.cost_per_microbatch_s for st in stages], [st.fwd_s for st in stages],
+                            [st.step_s for st in stages], [st.p2p_s for st in stages], o, record=True)
+    rows = [Row(pi, i, list(st.devices)) for i, st in enumerate(stages)]
+    for i, (st, row) in enumerate(zip(stages, rows)):
+        prev = 0.0
+        for slot, (start, end) in zip(stage_slots(schedule, p, i, m), sim.slots[i]):
+            for kind, k, _ in slot:  # one action per slot in 1F1B and GPipe
+                src = ("F", k, i - 1) if kind == "F" else ("B", k, i + 1)
+                leave, arrive = sim.sends.get(src, (start, start))
+                if arrive >= start > prev and max(prev, leave) < start:  # waited for the send on the link
+                    row.segments.append(("p2p", max(prev, leave), start, k))
+                rc = min(recompute[i], st.bwd_s) if kind == "B" else 0.0
+                if rc > 0:
+                    row.segments.append(("recompute", start, start + rc, k))
+                row.segments.append(("forward" if kind == "F" else "backward", start + rc, end, k))
+            prev = end
+        if st.step_s > 0:
+            row.segments.append(("grad sync", sim.ends[i], sim.ends[i] + st.step_s, -1))
+    return rows, sim.step_s
+
+
 def build_timeline(plan: Plan, model: ModelSpec, est: PlanEstimate, params: CostParams) -> Timeline:
     """The timeline of ``plan`` (estimated as ``est`` with ``params``): see the module docstring."""
     cache = CostCache()
     recompute = _recompute_share(model, plan, params, cache)
-    o = params.slot_overhead_s
     rows: list[Row] = []
     sim_end = 0.0
     for pi, (pipe, stages) in enumerate(zip(plan.pipelines, est.pipelines)):
-        p, m = len(stages), pipe.num_microbatches
-        order = [schedule_order(plan.schedule, p, i, m) for i in range(p)]
-        done: dict[tuple[str, int, int], float] = {}  # (kind, stage, mb) -> time its output reached the neighbour
-        prow = [Row(pi, i, list(st.devices)) for i, st in enumerate(stages)]
-        free = [0.0] * p
-        nxt = [0] * p
-        left = sum(len(a) for a in order)
-        while left:  # run every stage's next action whose input has arrived (the order is deadlock-free)
-            moved = False
-            for i, st in enumerate(stages):
-                while nxt[i] < len(order[i]):
-                    kind, k = order[i][nxt[i]]
-                    dep = (("F", i - 1, k) if i > 0 else None) if kind == "F" else (("B", i + 1, k) if i + 1 < p else None)
-                    if dep is not None and dep not in done:
-                        break
-                    t = max(free[i], done.get(dep, 0.0) if dep else 0.0)
-                    rc = min(recompute[pi][i], st.bwd_s) if kind == "B" else 0.0
-                    dur = (st.fwd_s if kind == "F" else st.bwd_s) + o / 2
-                    if rc > 0:
-                        prow[i].segments.append(("recompute", t, t + rc, k))
-                    prow[i].segments.append(("forward" if kind == "F" else "backward", t + rc, t + dur, k))
-                    t += dur
-                    send = (kind == "F" and i + 1 < p) or (kind == "B" and i > 0)
-                    hop = (st.p2p_s if kind == "F" else stages[i - 1].p2p_s) if send else 0.0
-                    if hop > 0:
-                        prow[i].segments.append(("p2p", t, t + hop, k))
-                    done[(kind, i, k)] = t + hop
-                    free[i] = t + hop
-                    nxt[i] += 1
-                    left -= 1
-                    moved = True
-            if not moved:
-                raise RuntimeError(f"internal: schedule {plan.schedule} deadlocked in the timeline")
-        for i, st in enumerate(stages):
-            if st.step_s > 0:
-                prow[i].segments.append(("grad sync", free[i], free[i] + st.step_s, -1))
-            sim_end = max(sim_end, free[i] + st.step_s)
+        schedule_order(plan.schedule, len(stages), 0, 1)  # refuses a schedule with no timeline
+        prow, end = _pipeline_rows(pi, plan.schedule, pipe.num_microbatches, stages, recompute[pi], params)
         rows += prow
+        sim_end = max(sim_end, end)
     step = est.step_time_s
     exposed = step - max(est.pipeline_times_s)
     if len(plan.pipelines) > 1 and exposed > 0:  # cross-pipeline sync: once every pipeline is done

@@ -6,7 +6,17 @@ import pytest
 
 from cost_models.memory import inflight_microbatches
 from cost_models.pipeline import pipeline_time
-from cost_models.pipeline_schedules import inflight_profile, schedule_problem, schedule_table, simulate_step
+from cost_models.pipeline_schedules import (
+    inflight_profile,
+    schedule_problem,
+    schedule_table,
+    simulate_schedule,
+)
+
+
+def simulate_step(*args, **kwargs) -> float:
+    """The simulated step time (``simulate_schedule(...).step_s``)."""
+    return simulate_schedule(*args, **kwargs).step_s
 
 
 def _flat(slots):

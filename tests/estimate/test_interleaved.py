@@ -11,10 +11,15 @@ from autopar.estimate.interleaved import estimate_interleaved
 from autopar.modelspec.load import load_model
 from autopar.plan.schema import ModelRef, Pipeline, Plan, Stage, StageLayer, Strategy
 from cost_models import CostParams
-from cost_models.pipeline_schedules import schedule_table, simulate_step
+from cost_models.pipeline_schedules import schedule_table, simulate_schedule
 
 MODEL = load_model("llama2-7b", 4096)  # 34 units: embed, 32 blocks, head
 CLUSTER = load_cluster("2x8xA100-80G")
+
+
+def simulate_step(*args, **kwargs) -> float:
+    """The simulated step time (``simulate_schedule(...).step_s``)."""
+    return simulate_schedule(*args, **kwargs).step_s
 
 
 def _plan(p: int, v: int, m: int, gbs: int = 64) -> Plan:
@@ -33,8 +38,10 @@ def test_the_step_is_the_table_simulated_with_the_chunks_own_times():
     chunks = est.pipelines[0]
     assert len(chunks) == 8 and [c.layers for c in chunks] == [st.layer_names for st in plan.pipelines[0].stages]
     fwd = [c.fwd_s for c in chunks]
-    bwd = [c.cost_per_microbatch_s - c.fwd_s for c in chunks]  # backward, step / m, switches (slot overhead 0)
-    want = simulate_step(schedule_table("interleaved", 4, 8, 2), fwd, bwd, [c.p2p_s for c in chunks])
+    bwd = [c.cost_per_microbatch_s - c.step_s / 8 - c.fwd_s for c in chunks]  # backward, switches (no slot cost)
+    tails = [sum(c.step_s for c in chunks[s::4]) for s in range(4)]  # each stage's chunks' tails, once per step
+    assert min(tails) > 0
+    want = simulate_step(schedule_table("interleaved", 4, 8, 2), fwd, bwd, [c.p2p_s for c in chunks], tails=tails)
     assert est.step_time_s == pytest.approx(want, rel=1e-12)
     assert chunks[3].p2p_s > 0 and chunks[-1].p2p_s == 0  # chunk 3 (stage 3) -> chunk 4 (stage 0) is a boundary
 

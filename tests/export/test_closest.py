@@ -64,7 +64,7 @@ def test_the_closest_plan_is_valid_fits_and_is_estimated_by_the_same_cost_model(
 def test_hetero_plan_changes_name_the_pipelines_and_devices(plans):
     ex = prepare(plans["hetero"], "megatron")
     fields = [c.split(":")[0] for c in ex.changes]
-    assert {"pipelines", "devices per stage", "devices", "tp"} <= set(fields)
+    assert {"pipelines", "devices per stage", "devices"} <= set(fields)  # (its stages all run tp 2 now)
     assert ex.plan.devices == list(range(24))  # Megatron's rank order
 
 

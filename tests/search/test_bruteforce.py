@@ -1,6 +1,7 @@
-"""The search is exact under the cost model: brute force over every per-layer assignment, every
-partition and every (pp, micro-batch) setting finds nothing better, and the plan's estimate is the
-number the search optimised.
+"""The search against brute force over every per-layer assignment, every partition and every
+(pp, micro-batch) setting: exact under the closed form the partition DP minimises, within a few percent
+of the simulated schedule that prices plans (the DP's best partitions are re-priced by simulation), and
+the plan's estimate is the number the search optimised.
 
 Each stage's assignment is the least per-micro-batch cost ``c = w + s / m`` that fits (what the
 pipeline formula asks of its bottleneck stage, and of every stage when they are equal); the
@@ -26,7 +27,7 @@ from autopar.search import SearchOptions, search
 from cost_models import CostParams
 from cost_models import communication as comm
 from cost_models.memory import inflight_microbatches
-from cost_models.pipeline import pipeline_time
+from cost_models.pipeline import pipeline_time, simulated_pipeline_time
 from tests.search.tiny import gpt_like, small_cluster
 
 PARAMS = CostParams(reserve_gib=0.0)
@@ -46,12 +47,13 @@ def raw_strategies(layer, ctx):
     return out
 
 
-def stage_points(layers, ctx, inflight, budget, params=PARAMS):
-    """(c, s) of every assignment of strategies that fits (numpy broadcasting, flattened)."""
+def stage_points(layers, ctx, inflight, budget, params=PARAMS, with_fwd=False):
+    """(c, s) of every assignment of strategies that fits (numpy broadcasting, flattened); ``with_fwd``:
+    (c, s, forward) (a layout switch counts half to forward)."""
     per = [raw_strategies(ly, ctx) for ly in layers]
     if any(not s for s in per):
-        return np.zeros(0), np.zeros(0)
-    total_c, total_s, total_m = 0.0, 0.0, 0.0
+        return (np.zeros(0),) * (3 if with_fwd else 2)
+    total_c, total_s, total_m, total_f = 0.0, 0.0, 0.0, 0.0
     for j, (ly, strats) in enumerate(zip(layers, per)):
         lc = layer_costs(ly, strats, ctx)
         shape = [1] * len(layers)
@@ -59,15 +61,19 @@ def stage_points(layers, ctx, inflight, budget, params=PARAMS):
         total_c = total_c + lc.cost.reshape(shape)
         total_s = total_s + lc.step.reshape(shape)
         total_m = total_m + lc.mem(inflight).reshape(shape)
+        total_f = total_f + lc.fwd.reshape(shape)
         if j:
             sw = np.array([[layout_switch_time(layers[j - 1].boundary_bytes, (a.tp, a.sp), (b.tp, b.sp), ctx)
                             for b in strats] for a in per[j - 1]])
             shp = [1] * len(layers)
             shp[j - 1], shp[j] = sw.shape
             total_c = total_c + sw.reshape(shp)
+            total_f = total_f + sw.reshape(shp) / 2
     room = budget - params.reserve_bytes - max(transient_bound(ly, ctx, raw_strategies(ly, ctx)) for ly in layers)
-    total_c, total_s, total_m = np.broadcast_arrays(total_c, total_s, total_m)
+    total_c, total_s, total_m, total_f = np.broadcast_arrays(total_c, total_s, total_m, total_f)
     ok = total_m <= room
+    if with_fwd:
+        return total_c[ok].ravel(), total_s[ok].ravel(), total_f[ok].ravel()
     return total_c[ok].ravel(), total_s[ok].ravel()
 
 
@@ -89,9 +95,11 @@ def joint_best(points, P, m, slots):
 
 
 def brute_force(model, cluster, B, budget_gib, params=PARAMS, with_joint=False):
-    """Least T with each stage's least-c assignment (and, ``with_joint``, the least over joint assignments)."""
+    """Least simulated T (the schedule table, what plans are priced by) with each stage's least-c
+    assignment; ``with_joint``: (that, the least closed-form T with those assignments, the least closed
+    form over joint assignments)."""
     N, L = cluster.num_devices, model.num_layers
-    best = joint = np.inf
+    best = joint = sim = np.inf
     for p in (1, 2, 4):
         if p > L:
             continue
@@ -106,35 +114,40 @@ def brute_force(model, cluster, B, budget_gib, params=PARAMS, with_joint=False):
                     ctx = StageContext(cluster, tuple(devs), mbs, m, params)
                     budget = device_budget_bytes(cluster, 0, budget_gib)
                     k = inflight_microbatches("1f1b", p, i, m)
-                    pts.append(stage_points(model.layers[bounds[i]:bounds[i + 1]], ctx, k, budget, params))
+                    pts.append(stage_points(model.layers[bounds[i]:bounds[i + 1]], ctx, k, budget, params, True))
                     if i + 1 < p:
                         bw, lat = stage_link(cluster, devs, list(range((i + 1) * n, (i + 2) * n)))
                         P.append(2 * float(comm.p2p_time(model.layers[bounds[i + 1] - 1].boundary_bytes * mbs, bw, lat)))
                     else:
                         P.append(0.0)
-                if all(len(c) for c, _ in pts):
+                if all(len(c) for c, _, _ in pts):
                     slots = params.slot_overhead_s * (m + p - 1)
-                    picks = [(c, s) for c, s in pts]
-                    cs = [(float(c[np.argmin(c)]), float(s[np.argmin(c)])) for c, s in picks]
-                    best = min(best, pipeline_time([c for c, _ in cs], P, m, params.slot_overhead_s,
-                                                     steps=[s for _, s in cs]))
-                    joint = min(joint, joint_best(pts, P, m, slots))
-    return (best, joint) if with_joint else best
+                    picks = [(c, s) for c, s, _ in pts]
+                    cs = [(float(c[np.argmin(c)]), float(s[np.argmin(c)]), float(f[np.argmin(c)])) for c, s, f in pts]
+                    best = min(best, pipeline_time([c for c, _, _ in cs], P, m, params.slot_overhead_s,
+                                                     steps=[s for _, s, _ in cs]))
+                    sim = min(sim, simulated_pipeline_time("1f1b", m, [c for c, _, _ in cs], [f for _, _, f in cs],
+                                                           [s for _, s, _ in cs], [x / 2 for x in P],
+                                                           params.slot_overhead_s))
+                    joint = min(joint, joint_best(picks, P, m, slots))
+    return (sim, best, joint) if with_joint else sim
 
 
 @pytest.mark.parametrize("budget_gib,inter_gbps", [(None, 5.0), (0.3, 5.0), (0.12, 5.0), (0.08, 5.0), (0.05, 5.0),
                                                   (None, 0.05), (0.08, 0.05)])
 def test_search_matches_brute_force(budget_gib, inter_gbps):
     model, cluster, B = gpt_like(blocks=2), small_cluster(inter_gbps=inter_gbps), 8
-    expected, joint = brute_force(model, cluster, B, budget_gib, with_joint=True)
-    opts = SearchOptions(memory_budget_gib=budget_gib, params=PARAMS, zero_bubble=False)  # exact over 1F1B plans
+    expected, closed, joint = brute_force(model, cluster, B, budget_gib, with_joint=True)
+    opts = SearchOptions(memory_budget_gib=budget_gib, params=PARAMS, zero_bubble=False)  # over 1F1B plans
     if not np.isfinite(expected):
         with pytest.raises(Exception, match="no plan fits"):
             search(model, cluster, B, opts, with_baselines=False)
         return
     res = search(model, cluster, B, opts, with_baselines=False)
-    assert res.estimate.step_time_s == pytest.approx(expected, rel=1e-9)
-    assert joint <= expected * (1 + 1e-12) and expected <= joint * 1.01
+    # The partition DP minimises the closed form; its best partitions are re-priced by simulation, so the
+    # search is never below the simulated brute force, and on these cases within 3.5% of it (exact on 5 of 7).
+    assert expected * (1 - 1e-9) <= res.estimate.step_time_s <= expected * 1.035
+    assert joint <= closed * (1 + 1e-12) and closed <= joint * 1.01
     again = estimate_plan(res.plan, model, PARAMS)
     assert again.step_time_s == res.estimate.step_time_s
     assert again.fits

@@ -9,6 +9,9 @@ micro-batch size. With a pipeline's strategies fixed, its time is a closed form 
 terms; o: ``CostParams.slot_overhead_s``). ``allocate`` finds integers m_j with sum_j mbs_j m_j = B that minimise max_j T_j(m_j)
 exactly: bisection on the bottleneck over the sorted candidate times, each probe a reachable-sum
 DP. Faster pipelines thus get larger shares, in proportion to their speed as far as integers allow.
+T(m) is the closed form (``cost_models.pipeline.pipeline_time``), not the simulated schedule that
+prices plans: the shares it gives are a proposal, which the realiser keeps only when ``estimate_plan``
+scores it faster than the shares it started from.
 """
 
 from __future__ import annotations

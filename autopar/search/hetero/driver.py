@@ -1,8 +1,9 @@
 """search_heterogeneous: the planner for mixed GPU types or uneven networks.
 
 1. Start shapes from the hierarchical partition (graph_partition): 1..MAX_PIPELINES pipelines, one
-   or two stages per node piece, stages ordered along fast links. The plan's ``search.partitioner``
-   says whether METIS or the greedy cut grouped the pipelines (pymetis is optional).
+   or two stages per node piece, stages ordered along fast links (a single pipeline in reverse order
+   too). The plan's ``search.partitioner`` says whether METIS or the greedy cut grouped the pipelines
+   (pymetis is optional).
 2. Each shape is realised (realise.py: per-stage tables, exact layer split per pipeline, batch shares
    by speed) with fast screening tables (one micro-batch size per pipeline, the best guess), and the
    LOCAL_STARTS best are improved by local search (local_search.py).
@@ -100,6 +101,9 @@ def plan_search(model: ModelSpec, cluster: Cluster, B: int, opts: SearchOptions,
     starts: list[Candidate] = []
     cuts: Counter = Counter()
     shapes = list(initial_shapes(cluster, min(MAX_PIPELINES, cluster.num_devices, B), max_stages, cuts))
+    # A single pipeline's stages in reverse too: the simulated schedule's fill and drain favour the heavy
+    # (or slow) stage first or last depending on the stages, not always memory-rich first.
+    shapes += [rev for rev in ((s[0][::-1],) for s in shapes if len(s) == 1) if rev not in shapes]
     bar = progress_bar(len(shapes), opts.progress, "shapes", "shape")
     for shape in shapes:
         if deadline is not None and time.perf_counter() > deadline and starts:

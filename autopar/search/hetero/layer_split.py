@@ -3,8 +3,10 @@
 Each stage has its own StageContext (its GPU type, size, links and memory), so a stage table
 ``C[a, b]``, the least per-micro-batch cost of layers a..b-1 on that stage with the best per-layer
 (tp, zero, ckpt, sp) under *that* stage's memory, comes from the same frontier DP and ``layer_costs``
-as the homogeneous search. ``best_partition`` then splits the layers exactly for the given tables:
-the slowest stage gets fewer layers, the small-memory stage only what fits.
+as the homogeneous search. ``best_partition`` then splits the layers for the given tables, exactly
+under the closed form: the slowest stage gets fewer layers, the small-memory stage only what fits.
+The split is then priced as ``estimate_plan`` prices a pipeline (``estimate_pipeline``: its schedule
+table simulated), and that is the time the splits and micro-batch sizes are compared by.
 
 Tables are cached by stage *kind* (GPU types, devices per node, links, memory budget): stages on
 equal nodes share them. ``buckets`` thins the frontiers for fast screening: points whose memory falls
@@ -21,9 +23,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from autopar.cluster.cluster import Cluster
-from autopar.estimate import StageContext, device_budget_bytes, stage_link
+from autopar.estimate import CostCache, StageContext, device_budget_bytes, stage_link
+from autopar.estimate.pipeline import estimate_pipeline
 from autopar.modelspec.spec import ModelSpec
-from autopar.plan.schema import Stage, StageLayer
+from autopar.plan.schema import Pipeline, Stage, StageLayer
 from autopar.search.frontier import Frontier, RangeTrie, pareto_by_group
 from autopar.search.hetero.candidates import candidates_at, score_kind
 from autopar.search.homogeneous import layer_signatures
@@ -88,7 +91,7 @@ class PipelineSplit:
     stages: list[Devices]
     micro_batch_size: int
     num_microbatches: int
-    time: float  # the pipeline's step time, summed as ``pipeline_time`` sums it
+    time: float  # the pipeline's step time as ``estimate_pipeline`` gives it (its schedule simulated)
     bounds: list[int]
     layers: list[list[StageLayer]] = field(default_factory=list)
     key: tuple = ()  # equal for pipelines of equal kinds, links and batching (same split, same rate)
@@ -128,6 +131,7 @@ class LayerSplitter:
         self._best: dict = {}
         self.builds = 0
         self.candidates = 0
+        self.costs = CostCache()  # per-layer costs of the splits priced
 
     # -- stage kinds and tables ----------------------------------------------------------------
     def kind(self, devices: Devices) -> tuple:
@@ -304,7 +308,7 @@ class LayerSplitter:
                               [t.S for t in tabs])
         if part is None or not np.isfinite(part.step_time):
             return None
-        res = PipelineSplit(list(stages), mbs, m, part.step_time, part.bounds)
+        res = PipelineSplit(list(stages), mbs, m, part.step_time, part.bounds)  # time: re-priced below
         for i, tab in enumerate(tabs):
             a, b = part.bounds[i], part.bounds[i + 1]
             node = tab.node_of[(a, b)]
@@ -312,6 +316,8 @@ class LayerSplitter:
             picks = tab.trie.trace(node, point)
             res.layers.append([StageLayer(self.model.layers[j].name, tab.cands[self.sigs[j]].strategies[picks[j - a]])
                                for j in range(a, b)])
+        pipe = Pipeline(mbs * m, mbs, m, res.plan_stages())
+        res.time = estimate_pipeline(pipe, self.model, self.cluster, self.opts.schedule, self.opts.params, self.costs)[1]
         return res
 
     def least_memory_ratio(self, stages: list[Devices], mbs: int, m: int) -> float:

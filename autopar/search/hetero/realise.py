@@ -143,7 +143,9 @@ class Realiser:
                 continue
             again = self.splitter.split(sp.stages, sp.micro_batch_size, m) if self.resplit else None
             pipes.append(again or PipelineSplit(sp.stages, sp.micro_batch_size, m, float("nan"), sp.bounds, sp.layers))
-        return self.score(shape, pipes) or self.score(shape, nominal)
+        # ``allocate`` balances the closed form; the estimate (the schedules simulated) has the last word.
+        scored = [c for c in (self.score(shape, pipes), self.score(shape, nominal)) if c is not None]
+        return min(scored, key=lambda c: c.time, default=None)
 
     def rate(self, sp: PipelineSplit) -> PipelineRate:
         """FB_i, ST_i and p2p of a split pipeline (its strategies fixed) for ``allocate``."""

@@ -83,9 +83,10 @@ def check_returned(res, own_time: float) -> None:
         assert res.plan.stages == slow[0].stages
 
 
-@pytest.mark.parametrize("inter", [1.0, 25.0])
+@pytest.mark.parametrize("inter", [5.0, 25.0])
 def test_never_worse_than_its_baselines(inter):
-    # compute-bound enough that every device is worth using
+    # compute-bound enough that every device is worth using (at 1 GB/s, with every micro-batch's send on
+    # the simulated 1F1B chain, the two fast GPUs alone are faster: exhaustive search agrees)
     c, mdl, B = mixed(inter), model(blocks=4, h=1024, s=1024), 16
     res = search(mdl, c, B, opts())
     check_plan(res, mdl, B)
