@@ -105,7 +105,7 @@ def test_a_crossed_table_deadlocks_the_simulation():
 def test_zb_h1_bubble_is_the_papers(p, m):
     """F = B = W = 1 (1F1B's backward 2), no p2p, m >= p: ZB-H1's step is m (F + B + W) plus the bubble
     (p - 1)(F + B - W) = p - 1 (Qi et al. 2024, section 3.1), a third of 1F1B's (p - 1)(F + B + W)."""
-    zb = simulate_step(schedule_table("zb-h1", p, m), [1.0] * p, [1.0] * p, [0.0] * p, [1.0] * p)
+    zb = simulate_step(schedule_table("zb-h1", p, m), [1.0] * p, [1.0] * p, [0.0] * p, wgt_s=[1.0] * p)
     one = simulate_step(schedule_table("1f1b", p, m), [1.0] * p, [2.0] * p, [0.0] * p)
     assert zb == 3 * m + (p - 1)
     assert one == 3 * m + 3 * (p - 1)
@@ -128,7 +128,7 @@ def test_zb_h1_table_splits_1f1b_and_holds_its_stage_0_peak_everywhere(p, m):
 
 def test_zb_h1_with_free_w_is_1f1b_with_the_shorter_backward():
     p, m = 4, 8
-    free = simulate_step(schedule_table("zb-h1", p, m), [1.0] * p, [1.0] * p, [0.0] * p, [0.0] * p)
+    free = simulate_step(schedule_table("zb-h1", p, m), [1.0] * p, [1.0] * p, [0.0] * p, wgt_s=[0.0] * p)
     assert free == simulate_step(schedule_table("1f1b", p, m), [1.0] * p, [1.0] * p, [0.0] * p)
 
 

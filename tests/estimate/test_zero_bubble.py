@@ -12,7 +12,8 @@ from autopar.estimate.zero_bubble import zero_bubble_inflight
 from autopar.modelspec.load import load_model
 from autopar.plan.schema import ModelRef, Pipeline, Plan, Stage, StageLayer, Strategy
 from cost_models import CostParams
-from cost_models.pipeline_schedules import schedule_table, simulate_step
+from cost_models.pipeline import stage_work
+from cost_models.pipeline_schedules import schedule_table, simulate_schedule
 from cost_models.zero_bubble import weight_grad_time
 
 MODEL = load_model("llama2-7b", 4096)  # 34 units: embed, 32 blocks, head
@@ -40,8 +41,10 @@ def test_the_step_is_the_table_simulated_with_b_and_w_split():
         wgt.append(sum(weight_grad_time(MODEL.layers[index[ly.name]], ly.strategy, ctx) for ly in st.layers))
     assert all(0 < w < se.bwd_s for w, se in zip(wgt, stages))
     fwd = [se.fwd_s for se in stages]
-    bwd = [se.cost_per_microbatch_s - se.fwd_s - w for se, w in zip(stages, wgt)]  # slot overhead 0
-    want = simulate_step(schedule_table("zb-h1", 4, 8), fwd, bwd, [se.p2p_s for se in stages], wgt)
+    # B: the rest of the stage's work (slot overhead 0); the step tail once, after the stage's last slot
+    bwd = [stage_work(se.cost_per_microbatch_s, se.step_s, 8) - se.fwd_s - w for se, w in zip(stages, wgt)]
+    want = simulate_schedule(schedule_table("zb-h1", 4, 8), fwd, bwd, [se.p2p_s for se in stages],
+                             tails=[se.step_s for se in stages], wgt_s=wgt).step_s
     assert est.step_time_s == pytest.approx(want, rel=1e-12)
 
 

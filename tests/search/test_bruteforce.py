@@ -138,15 +138,18 @@ def brute_force(model, cluster, B, budget_gib, params=PARAMS, with_joint=False):
 def test_search_matches_brute_force(budget_gib, inter_gbps):
     model, cluster, B = gpt_like(blocks=2), small_cluster(inter_gbps=inter_gbps), 8
     expected, closed, joint = brute_force(model, cluster, B, budget_gib, with_joint=True)
-    opts = SearchOptions(memory_budget_gib=budget_gib, params=PARAMS, zero_bubble=False)  # over 1F1B plans
+    opts = SearchOptions(memory_budget_gib=budget_gib, params=PARAMS, zero_bubble=False,
+                         virtual_stages=())  # over 1F1B plans, as the brute force
     if not np.isfinite(expected):
         with pytest.raises(Exception, match="no plan fits"):
             search(model, cluster, B, opts, with_baselines=False)
         return
     res = search(model, cluster, B, opts, with_baselines=False)
-    # The partition DP minimises the closed form; its best partitions are re-priced by simulation, so the
-    # search is never below the simulated brute force, and on these cases within 3.5% of it (exact on 5 of 7).
-    assert expected * (1 - 1e-9) <= res.estimate.step_time_s <= expected * 1.035
+    # The partition DP minimises the closed form; its best partitions are re-priced by simulation, within 3.5%
+    # of the simulated brute force on these cases. The brute force takes each stage's least-cost strategies,
+    # the simulated optimum only up to how a cost splits into forward and backward (zero_overlap moves time
+    # between them at equal cost), so the search may undercut it a little: by 1% at most here.
+    assert expected * 0.99 <= res.estimate.step_time_s <= expected * 1.035
     assert joint <= closed * (1 + 1e-12) and closed <= joint * 1.01
     again = estimate_plan(res.plan, model, PARAMS)
     assert again.step_time_s == res.estimate.step_time_s
