@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from numpy.typing import ArrayLike
 
 from cost_models import communication as comm
-from cost_models.pipeline_schedules import Simulation, schedule_table, simulate_schedule
+from cost_models.pipeline_schedules import Simulation, cached_structure, simulate_schedule
 
 
 def boundary_p2p_time(boundary_bytes: ArrayLike, micro_batch_size: int, bw: float, lat: float) -> ArrayLike:
@@ -87,10 +87,11 @@ def simulate_pipeline(schedule: str, num_microbatches: int, costs: Sequence[floa
     p = len(costs) // v
     split = [action_times(c, f, s, m, slot_overhead_s) for c, f, s in zip(costs, fwds, steps)]
     tails = [sum(steps[g] for g in range(s, p * v, p)) for s in range(p)]
-    table = schedule_table(schedule, p, m, v)
+    table, structure = cached_structure(schedule, p, m, v)
     wgt = list(wgts) if wgts is not None else None
     bwd = [b - (wgt[g] if wgt else 0.0) for g, (_, b) in enumerate(split)]
-    return simulate_schedule(table, [f for f, _ in split], bwd, list(sends), tails=tails, wgt_s=wgt, record=record)
+    return simulate_schedule(table, [f for f, _ in split], bwd, list(sends), tails=tails, wgt_s=wgt, record=record,
+                             structure=structure)
 
 
 def simulated_pipeline_time(schedule: str, num_microbatches: int, costs: Sequence[float], fwds: Sequence[float],

@@ -30,6 +30,7 @@ two cannot drift. This module is pure: no autopar, no torch.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -127,6 +128,52 @@ def inflight_profile(actions: Sequence[Action], virtual_stages: int = 1) -> list
             live[c] -= 1
     return out
 
+Structure = tuple  # (micro-batches, links, per stage per slot: (terms, deps, outs)): see table_structure
+
+
+def table_structure(table: Sequence[Sequence[Sequence[Action]]], G: int) -> Structure:
+    """What ``simulate_schedule`` needs of a table whatever the times: per slot its actions as (kind 0 F / 1 B
+    / 2 W, virtual stage g), the keys of the outputs it waits for, and its outputs as (key, link, 0: activations
+    on ``p2p_s[g]`` / 1: gradients on ``bwd_p2p_s[g]``, g); links numbered per (stage, receiving stage)."""
+    p = len(table)
+    last = G - 1
+    m = 1 + max((k for slots in table for slot in slots for _, k, _ in slot), default=0)
+    links: dict[tuple[int, int], int] = {}
+    shape = []
+    for s, slots in enumerate(table):
+        rows = []
+        for slot in slots:
+            terms, deps, outs = [], [], []
+            for kind, k, c in slot:
+                g = c * p + s
+                if kind == "W":
+                    terms.append((2, g))
+                    continue
+                if kind == "F":
+                    terms.append((0, g))
+                    if g > 0:
+                        deps.append(k * G + g - 1)
+                    to, d, dg = (g + 1, 0, g) if g < last else (-1, 0, 0)
+                else:
+                    terms.append((1, g))
+                    if g < last:
+                        deps.append((m + k) * G + g + 1)
+                    to, d, dg = (g - 1, 1, g - 1) if g > 0 else (-1, 1, 0)
+                link = -1 if to < 0 else links.setdefault((s, to % p), len(links))
+                outs.append((((kind == "B") * m + k) * G + g, link, d, dg))
+            rows.append((tuple(terms), tuple(deps), tuple(outs)))
+        shape.append(tuple(rows))
+    return m, len(links), tuple(shape)
+
+
+@functools.lru_cache(maxsize=32)
+def cached_structure(schedule: str, num_stages: int, num_microbatches: int, virtual_stages: int = 1,
+                     ) -> tuple[list, Structure]:
+    """(``schedule_table``, ``table_structure``) of these sizes, built once: a search simulates the same table
+    at many stage times. Callers must not modify the table."""
+    table = schedule_table(schedule, num_stages, num_microbatches, virtual_stages)
+    return table, table_structure(table, num_stages * virtual_stages)
+
 
 class Simulation(NamedTuple):
     """What ``simulate_schedule`` found: the step, and when each slot ran and each output travelled."""
@@ -140,7 +187,7 @@ class Simulation(NamedTuple):
 def simulate_schedule(table: Sequence[Sequence[Sequence[Action]]], fwd_s: Sequence[float], bwd_s: Sequence[float],
                       p2p_s: Sequence[float], *, bwd_p2p_s: Sequence[float] | None = None,
                       tails: Sequence[float] | None = None, wgt_s: Sequence[float] | None = None,
-                      record: bool = False) -> Simulation:
+                      record: bool = False, structure: Structure | None = None) -> Simulation:
     """Run every stage's slots (``schedule_table``) as the runtime runs them: a slot starts when its stage
     is free and every input of the slot has arrived; its actions run back to back; its outputs leave when
     the slot ends, each on the link from its stage to the receiving stage, which carries one transfer at
@@ -154,46 +201,18 @@ def simulate_schedule(table: Sequence[Sequence[Sequence[Action]]], fwd_s: Sequen
     ends when every stage has run its tail. ``wgt_s[g]``: a W action's time (tables with W only, ``zb-h1``:
     their ``bwd_s`` is then the B part); a W needs nothing but its stage and sends nothing. ``record``:
     also return each slot's (start, end) and each transfer's (leave, arrive) (else ``slots`` and ``sends``
-    are empty). Raises RuntimeError on a deadlock.
+    are empty). ``structure``: ``table_structure(table, len(fwd_s))`` when the caller has it (``cached_structure``:
+    the same table simulated at many times builds it once). Raises RuntimeError on a deadlock.
     """
     p = len(table)
     G = len(fwd_s)
-    last = G - 1
     back = p2p_s if bwd_p2p_s is None else bwd_p2p_s
     tails = [0.0] * p if tails is None else tails
-    m = 1 + max((k for slots in table for slot in slots for _, k, _ in slot), default=0)
-
-    def key(kind: str, k: int, g: int) -> int:
-        return ((kind == "B") * m + k) * G + g
-
-    # Per stage and slot: (duration, keys of its inputs, outputs as (key, link, delay)); links numbered.
-    links: dict[tuple[int, int], int] = {}
-    plan = []
-    for s, slots in enumerate(table):
-        rows = []
-        for slot in slots:
-            dur, deps, outs = 0.0, [], []
-            for kind, k, c in slot:
-                g = c * p + s
-                if kind == "W":
-                    dur += wgt_s[g]
-                    continue
-                if kind == "F":
-                    dur += fwd_s[g]
-                    if g > 0:
-                        deps.append(key("F", k, g - 1))
-                    to, delay = (g + 1, p2p_s[g]) if g < last else (-1, 0.0)
-                else:
-                    dur += bwd_s[g]
-                    if g < last:
-                        deps.append(key("B", k, g + 1))
-                    to, delay = (g - 1, back[g - 1]) if g > 0 else (-1, 0.0)
-                link = -1 if to < 0 else links.setdefault((s, to % p), len(links))
-                outs.append((key(kind, k, g), link, delay))
-            rows.append((dur, deps, outs))
-        plan.append(rows)
+    m, nlinks, shape = structure if structure is not None else table_structure(table, G)
+    seconds = (fwd_s, bwd_s, wgt_s)
+    delays = (p2p_s, back)
     arrived = [-1.0] * (2 * m * G)
-    link_free = [0.0] * len(links)
+    link_free = [0.0] * nlinks
     pos, clock = [0] * p, [0.0] * p
     times: list[list[tuple[float, float]]] = [[] for _ in range(p)]
     leaves: dict[int, float] = {}
@@ -201,9 +220,9 @@ def simulate_schedule(table: Sequence[Sequence[Sequence[Action]]], fwd_s: Sequen
     while remaining:
         moved = False
         for s in range(p):
-            rows, i, t = plan[s], pos[s], clock[s]
+            rows, i, t = shape[s], pos[s], clock[s]
             while i < len(rows):
-                dur, deps, outs = rows[i]
+                terms, deps, outs = rows[i]
                 start = t
                 for d in deps:
                     a = arrived[d]
@@ -212,13 +231,16 @@ def simulate_schedule(table: Sequence[Sequence[Sequence[Action]]], fwd_s: Sequen
                     if a > start:
                         start = a
                 else:
+                    dur = 0.0  # summed first, then added: the slot's time exactly as its actions' sum
+                    for kind, g in terms:
+                        dur += seconds[kind][g]
                     t = start + dur
-                    for out, link, delay in outs:
+                    for out, link, d, g in outs:
                         if link < 0:
                             arrived[out] = t
                             continue
                         leave = t if t > link_free[link] else link_free[link]
-                        link_free[link] = arrived[out] = leave + delay
+                        link_free[link] = arrived[out] = leave + delays[d][g]
                         if record:
                             leaves[out] = leave
                     if record:
