@@ -30,10 +30,17 @@ class Unit:
 
 @dataclass(frozen=True)
 class Strat:
+    """A strategy as the cost model reads it: every field of ``autopar.plan.schema.Strategy``."""
+
     tp: int = 1
     zero: int = 0
     ckpt: str = "none"
     sp: bool = False
+    ep: int = 1
+    reshard: bool = True
+    zero_overlap: bool = False
+    cp: int = 1
+    async_tp: bool = False
 
 
 def links(size: int) -> GroupLinks:

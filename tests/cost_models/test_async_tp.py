@@ -1,7 +1,7 @@
 """Async TP in the cost model: SP's collectives hidden behind the unit's matmuls up to ``async_tp_overlap``,
 the boundary gather, one step in tp and the decomposition's HBM copy exposed (hand values, no autopar)."""
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -12,20 +12,12 @@ from cost_models import CostParams
 from cost_models import communication as comm
 from cost_models.async_tp import async_tp_exposed
 from cost_models.layer import layer_costs
-from tests.cost_models.fakes import BW, HBM, LAT, OneNodeStage, Unit
+from tests.cost_models.fakes import BW, HBM, LAT, OneNodeStage, Strat, Unit
 
 P = CostParams(eff_max=0.5, layer_overhead_s=1e-4, overlap_sync=0.0, overlap_zero3=0.0, act_traffic=0.0)
 U = Unit()
 EXACT = {"rel": 1e-12}
 
-
-@dataclass(frozen=True)
-class Strat:
-    tp: int = 1
-    zero: int = 0
-    ckpt: str = "none"
-    sp: bool = False
-    async_tp: bool = False
 
 
 def _hand(overlap: float, bwd_factor: float):

@@ -14,7 +14,7 @@ from cost_models.communication import alltoall_time
 from cost_models.layer import layer_costs, transient_bytes
 from cost_models.memory import model_state_bytes
 from cost_models.moe import alltoall_seconds
-from tests.cost_models.fakes import BW, LAT, OneNodeStage, Unit
+from tests.cost_models.fakes import BW, LAT, OneNodeStage, Strat, Unit
 
 MOE = MoESpec(num_experts=8, top_k=2, expert_params=800_000, expert_flops=6e8, dispatch_bytes=2e5,
               expert_act_bytes=2e6)
@@ -26,14 +26,6 @@ class MoEUnit(Unit):
     tp_params: int = 900_000
     moe: MoESpec | None = MOE
 
-
-@dataclass(frozen=True)
-class Strat:
-    tp: int = 1
-    zero: int = 0
-    ckpt: str = "none"
-    sp: bool = False
-    ep: int = 1
 
 
 def costs(unit, strategies, stage):

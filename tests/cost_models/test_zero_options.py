@@ -1,14 +1,13 @@
 """ZeRO-3 ``reshard: false`` and ZeRO-1/2 ``zero_overlap`` priced by cost_models/zero_options.py, against
 hand-computed values on a plain stage (no autopar)."""
 
-from dataclasses import dataclass
 
 import pytest
 
 from cost_models import CostParams
 from cost_models import communication as comm
 from cost_models.layer import layer_costs
-from tests.cost_models.fakes import BW, HBM, LAT, OneNodeStage, Unit
+from tests.cost_models.fakes import BW, HBM, LAT, OneNodeStage, Strat, Unit
 
 EXACT = {"rel": 1e-12}
 U = Unit()
@@ -17,15 +16,6 @@ AG = comm.allgather_time(1e6 * 2, 4, BW, LAT)  # bf16 parameters over dp 4
 RS = comm.allgather_time(1e6 * 4, 4, BW, LAT) + 3 * 0.75 * 4e6 / HBM  # fp32 gradients, reduced
 OPT = 1e6 / 4 * 36 / HBM  # the optimizer over the owned quarter
 
-
-@dataclass(frozen=True)
-class Strat:
-    tp: int = 1
-    zero: int = 0
-    ckpt: str = "none"
-    sp: bool = False
-    reshard: bool = True
-    zero_overlap: bool = False
 
 
 def _stage(**params) -> OneNodeStage:
