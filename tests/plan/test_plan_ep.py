@@ -14,6 +14,7 @@ from autopar.plan.io import dump_plan_yaml, plan_from_dict, plan_to_dict
 from autopar.plan.rules import ModelFacts, UnitFacts, plan_rules
 from autopar.plan.schema import ModelRef, Pipeline, Plan, Stage, StageLayer, Strategy
 from autopar.plan.validate import plan_problems
+from tests.export.test_export_moe import mixtral_plan
 
 
 def moe_model() -> ModelSpec:
@@ -84,19 +85,6 @@ def test_bad_ep_in_a_file_names_the_entry(value):
         plan_from_dict(d)
     assert e.value.field == "pipelines[0].stages[0].layers[1].ep"
 
-
-def mixtral_plan(tmp_path, ep: int = 8):
-    """Mixtral 8x7B on one stage of 32 H100, every block with expert parallel ``ep``, written to a file."""
-    from autopar.cluster.parse import load_cluster
-    from autopar.modelspec import from_zoo
-    from autopar.plan.io import save_plan
-
-    m = from_zoo("mixtral-8x7b")
-    layers = [StageLayer(ly.name, Strategy(zero=1, ckpt="full" if ly.moe else "none", ep=ep if ly.moe else 1))
-              for ly in m.layers]
-    plan = Plan(ModelRef(m.name, m.seq_len, m.num_layers, m.source), load_cluster("4x8xH100"), 128,
-                [Pipeline(128, 32, 4, [Stage(list(range(32)), layers)])])
-    return save_plan(plan, tmp_path / f"mixtral-ep{ep}.yaml")
 
 
 def test_validate_and_estimate_an_moe_plan_on_the_command_line(tmp_path, capsys):
