@@ -22,15 +22,19 @@ cp 1, 2, 4, 8 and 16 (autopar/search/context_parallel.py) and prints what each g
 
 from __future__ import annotations
 
+import sys
 import time
+from pathlib import Path
 
 from autopar.cluster.parse import load_cluster
 from autopar.estimate import estimate_plan
 from autopar.modelspec.zoo import from_zoo
-from autopar.plan.precision import precision_params
-from autopar.plan.schema import ModelRef, Pipeline, Plan, Stage, StageLayer, Strategy
+from autopar.plan.schema import Plan, Strategy
 from autopar.plan.validate import validate_plan
 from autopar.search import SearchOptions, search
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # frontier_plans beside this file, however it is loaded
+from frontier_plans import layout_plan  # noqa: E402  (Meta's layout, one builder for the 8K and 128K plans)
 
 SEQ, TP, CP, PP = 131072, 8, 16, 16
 SEQS_PER_DP = 16  # sequences per DP replica per step (Table 4's batch size / DP)
@@ -40,23 +44,7 @@ CKPT_ORDER = ("none", "selective", "op", "full")  # least recompute first
 
 def llama3_405b_128k_plan(v: int = 1, ckpt: str = "selective", dp: int = 8) -> Plan:
     """Meta's 128K layout of llama3-405b as a Plan: pp 16 x v chunks, tp 8 x cp 16 x ``dp`` per stage."""
-    model = from_zoo("llama3-405b", SEQ)
-    units, chunks = model.layers, PP * v
-    per = len(units) // chunks
-    assert per * chunks == len(units), (len(units), chunks)
-    width = TP * CP * dp
-    stages = []
-    for k in range(chunks):
-        layers = [StageLayer(u.name, Strategy(tp=TP, cp=CP, zero=1, ckpt=ckpt if u.kind == "block" else "none"))
-                  for u in units[k * per:(k + 1) * per]]
-        s = k % PP
-        stages.append(Stage(devices=list(range(s * width, (s + 1) * width)), layers=layers))
-    cluster = load_cluster(f"{PP * width // 8}x8xH100")
-    pipe = Pipeline(batch_share=dp * SEQS_PER_DP, micro_batch_size=dp, num_microbatches=SEQS_PER_DP,
-                    stages=stages, virtual_stages=v)
-    return Plan(model=ModelRef(model.name, model.seq_len, model.num_layers, model.source), cluster=cluster,
-                global_batch_size=dp * SEQS_PER_DP, pipelines=[pipe], schedule="interleaved" if v > 1 else "1f1b",
-                search={"cost_params": precision_params(cluster.precision).to_dict()})
+    return layout_plan(from_zoo("llama3-405b", SEQ), PP, dp, SEQS_PER_DP, v, Strategy(tp=TP, cp=CP, zero=1, ckpt=ckpt))
 
 
 def variants() -> list[dict]:

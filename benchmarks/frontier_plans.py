@@ -10,8 +10,9 @@ Models" (arXiv 2407.21783, section 3.3.2):
 
 with interleaved pipeline stages (the paper does not publish v; every v that cuts the layers evenly is
 written here and the fastest that fits is "Meta's plan"), one sequence per micro-batch, FSDP that does
-not reshard after forward (parameters gathered once per step: ZeRO-2's memory and traffic, which is
-what these plans use), and the first and last stage one block short so the embedding and the head take
+not reshard after forward and reduces gradients once per step (torch's pipelining turns FSDP's gradient
+sync off for all but the last micro-batch: parameters and gradients whole during the step, optimizer
+state sharded, i.e. ZeRO-1's memory and traffic, which is what these plans use), and the first and last stage one block short so the embedding and the head take
 their places: 126 blocks + embedding + head = 128 units = 16 stages x 8. The paper does not say which
 activations were recomputed: each plan is tried with every checkpointing mode, the least recompute that
 fits is kept. The table's TFLOPs/GPU is measured; autopar's predicted TFLOPs/GPU are printed beside it.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from autopar.cluster.parse import load_cluster
@@ -40,22 +42,23 @@ CKPT_ORDER = ("none", "selective", "op", "full")  # least recompute first
 SEARCH_TARGET_S = 60.0
 
 
-def meta_plan(model: ModelSpec, gpus: int, tp: int, pp: int, dp: int, seqs_per_dp: int, v: int, ckpt: str) -> Plan:
+def layout_plan(model: ModelSpec, pp: int, dp: int, seqs_per_dp: int, v: int, block: Strategy) -> Plan:
     """Meta's layout for llama3-405b: pp x v chunks of equal unit counts (embedding and head count as a
-    unit each), chunk k on stage k mod pp, tp x dp devices per stage (tp fastest), ZeRO-2, sp on,
-    one sequence per micro-batch per DP rank."""
+    unit each), chunk k on stage k mod pp, tp x cp x dp devices per stage (tp fastest, ``block``'s tp and
+    cp), every unit with ``block``'s strategy (its checkpointing on the blocks only), one sequence per
+    micro-batch per DP rank, on H100 nodes of 8."""
     units = model.layers
     chunks = pp * v
     per = len(units) // chunks
     assert per * chunks == len(units), (len(units), chunks)
-    width = tp * dp
+    width = block.tp * block.cp * dp
     stages = []
     for k in range(chunks):
-        layers = [StageLayer(u.name, Strategy(tp=tp, zero=1, sp=True, ckpt=ckpt if u.kind == "block" else "none"))
+        layers = [StageLayer(u.name, block if u.kind == "block" else replace(block, ckpt="none"))
                   for u in units[k * per:(k + 1) * per]]
         s = k % pp
         stages.append(Stage(devices=list(range(s * width, (s + 1) * width)), layers=layers))
-    cluster = load_cluster(f"{gpus // 8}x8xH100")
+    cluster = load_cluster(f"{pp * width // 8}x8xH100")
     pipe = Pipeline(batch_share=dp * seqs_per_dp, micro_batch_size=dp, num_microbatches=seqs_per_dp,
                     stages=stages, virtual_stages=v)
     return Plan(model=ModelRef(model.name, model.seq_len, model.num_layers, model.source), cluster=cluster,
@@ -70,7 +73,7 @@ def best_meta_plan(model: ModelSpec, gpus: int, tp: int, pp: int, dp: int, seqs:
         if (len(model.layers) // pp) % v or (v > 1 and seqs % pp):
             continue
         for ckpt in CKPT_ORDER:
-            plan = meta_plan(model, gpus, tp, pp, dp, seqs, v, ckpt)
+            plan = layout_plan(model, pp, dp, seqs, v, Strategy(tp=tp, zero=1, sp=True, ckpt=ckpt))
             validate_plan(plan, model)
             est = estimate_plan(plan, model)
             tried.append({"virtual_stages": v, "ckpt": ckpt, "step_time_s": est.step_time_s, "mfu": est.mfu,
@@ -89,7 +92,7 @@ def main() -> None:
     for gpus, tp, pp, dp, seq, seqs, meas_tflops, meas_mfu in META_405B:
         model = from_zoo("llama3-405b", seq)
         plan, est, tried = best_meta_plan(model, gpus, tp, pp, dp, seqs)
-        cluster = load_cluster(f"{gpus // 8}x8xH100")
+        cluster = plan.cluster
         t0 = time.perf_counter()
         res = search(model, cluster, dp * seqs, SearchOptions(), with_baselines=False)
         took = time.perf_counter() - t0

@@ -16,9 +16,10 @@ The assumption, per micro-batch and per pass (forward; backward with its recompu
   stays exposed.
 * The rest hides behind at most ``overlap`` (``CostParams.async_tp_overlap``) of the time of the
   unit's matmuls (its forward FLOPs less the attention core, at the layer's efficiency; backward runs
-  twice those, plus the forward's again where recomputation reruns them). Below 1 because the chunked
-  matmuls run slower than one large matmul (wave quantisation, launch gaps) and compete for memory
-  bandwidth with the transfers.
+  twice those, plus the forward's again where recomputation reruns them). 1 by default (the ideal
+  decomposition); measured runs put it below 1 because the chunked matmuls run slower than one large
+  matmul (wave quantisation, launch gaps) and compete for memory bandwidth with the transfers:
+  ``autopar calibrate`` fits it.
 * The decomposition moves the gathered / scattered activations through HBM once more (written to and
   read from the symmetric-memory buffer): ``2 * core bytes / hbm_bw``, always exposed.
 
