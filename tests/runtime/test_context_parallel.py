@@ -70,19 +70,28 @@ def _train(rank, world, model, plan, x, y, loss_fn=None):
 
 def _reference(model, x, y):
     from autopar.models.hf import units_view
-    from autopar.runtime.stage import cross_entropy
 
     torch.manual_seed(0)
     m = units_view(_build(model))  # HF: its units view, the same weights and logits (tests/runtime/test_hf.py)
+    losses, _ = _adamw_steps(m, x, y)
+    return losses, {k: v.detach().clone() for k, v in m.named_parameters()}
+
+
+def _adamw_steps(m, x, y, max_norm: float | None = None) -> tuple[list[float], float | None]:
+    """STEPS AdamW steps of one process on (x, y): the losses, and the last total gradient norm when clipped."""
+    from autopar.runtime.stage import cross_entropy
+
     opt = adamw(list(m.parameters()))
-    losses = []
+    losses, norm = [], None
     for _ in range(STEPS):
         loss = cross_entropy(m(x), y)
         opt.zero_grad()
         loss.backward()
+        if max_norm is not None:
+            norm = torch.nn.utils.clip_grad_norm_(m.parameters(), max_norm).item()
         opt.step()
         losses.append(loss.item())
-    return losses, {k: v.detach().clone() for k, v in m.named_parameters()}
+    return losses, norm
 
 
 def _block(n: int, **s):
@@ -104,15 +113,22 @@ PLANS = {  # name -> (model, pipelines)
     "cp2_tp2_zero3_llama": ("llama", [(4, 2, [([0, 1, 2, 3], same(GPT_UNITS, cp=2, tp=2, zero=3))])]),
     "cp2_dp2_zero2_op_gpt": ("gpt", [(4, 2, [([0, 1, 2, 3], same(GPT_UNITS, cp=2, zero=2, ckpt="op"))])]),
     "cp2_zero1_full_llama": ("llama", [(4, 2, [([0, 1, 2, 3], same(GPT_UNITS, cp=2, zero=1, ckpt="full"))])]),
+    # with the ZeRO options (distributed-optimizer overlap; FSDP without resharding after forward)
+    "cp2_zero1_overlap_llama": ("llama", [(4, 2, [([0, 1, 2, 3], same(GPT_UNITS, cp=2, zero=1, zero_overlap=True))])]),
+    "cp2_zero3_noreshard_gpt": ("gpt", [(4, 2, [([0, 1], same(GPT_UNITS, cp=2, zero=3, reshard=False, ckpt="selective"))])]),
 }
 
 
-@pytest.mark.parametrize("name", sorted(PLANS))
+@pytest.mark.parametrize("name", sorted(PLANS) + ["cp2_pp2_llama_zb-h1"])
 def test_context_parallel_matches_one_process(name):
-    model, pipelines = PLANS[name]
+    """Every plan of PLANS, and cp 2 on the zero-bubble schedule (B and W of split sequences)."""
+    base = name.removesuffix("_zb-h1")
+    model, pipelines = PLANS[base]
     if model == "hf-llama":
         pytest.importorskip("transformers")
     plan = _plan(pipelines)
+    if name != base:
+        plan.schedule = "zb-h1"
     x, y = _data()
     got = run_distributed(_train, plan.world_size, model, plan, x, y)
     ref_losses, ref_state = _reference(model, x, y)
@@ -204,15 +220,7 @@ def test_cp_with_clipping_and_eval_step(name):
     got = run_distributed(_train_clipped, 4, plan, x, y, name != "interleaved")
     torch.manual_seed(0)
     m = MODELS["llama"][0]()
-    opt = adamw(list(m.parameters()))
-    losses = []
-    for _ in range(STEPS):
-        loss = cross_entropy(m(x), y)
-        opt.zero_grad()
-        loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(m.parameters(), 0.5).item()
-        opt.step()
-        losses.append(loss.item())
+    losses, norm = _adamw_steps(m, x, y, max_norm=0.5)
     with torch.no_grad():
         final = cross_entropy(m(x), y).item()
     for got_losses, grad_norm, eval_loss, state in got:

@@ -111,12 +111,14 @@ INTERLEAVED = {"ep2_interleaved": [(2, 4, [([0, 1], [(E, {})]), ([2, 3], [(L0, {
 def _make(name: str):
     if name in INTERLEAVED:
         return make_plan(INTERLEAVED[name], schedule="interleaved", virtual_stages=2)
+    if name.endswith("_zb-h1"):  # the zero-bubble schedule: the EP exchange's backward split into B and W
+        return make_plan(PLANS[name.removesuffix("_zb-h1")], schedule="zb-h1")
     return make_plan(PLANS[name])
 
 
 CLIP = 0.5  # below the norms of these steps: clipping acts
 CASES = [("ep2_dp2", "mixtral", None), ("ep2_dp4", "mixtral", CLIP), ("ep4_dp4", "mixtral", None),
-         ("ep2_pp2", "mixtral", CLIP), ("ep2_dp4_zero1", "mixtral", CLIP), ("ep2_dp4_zero2_ckpt", "mixtral", None),
+         ("ep2_pp2", "mixtral", CLIP), ("ep2_pp2_zb-h1", "mixtral", CLIP), ("ep2_dp4_zero1", "mixtral", CLIP), ("ep2_dp4_zero2_ckpt", "mixtral", None),
          ("ep2_dp4_zero3", "mixtral", CLIP), ("ep2_dp2_zero3", "mixtral", CLIP),
          ("ep2_two_pipelines", "mixtral", CLIP), ("ep2_interleaved", "mixtral", None),
          ("ep2_zero3_two_pipelines", "mixtral", CLIP), ("ep2_dp2", "qwen2_moe", None)]
