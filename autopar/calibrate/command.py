@@ -24,7 +24,8 @@ def add_parser(sub) -> None:
     c.add_argument("--cases", help="only these case ids (comma-separated)")
     c.add_argument("--group", help="only the runs of this group (same model, batch and cluster)")
     c.add_argument("--fit", help=f"fields to fit, comma-separated (default {','.join(DEFAULT_FIT)}; "
-                   f"fittable: {', '.join(r.name for r in FITTABLE)})")
+                   f"fittable: {', '.join(r.name for r in FITTABLE)}), or 'auto': those of them the runs identify "
+                   "that forward selection keeps (each must lower the leave-one-out error)")
     c.add_argument("--folds", type=int_at_least("--folds", 2), default=5, help="cross-validation folds (leave-one-out up to 8 runs)")
     c.add_argument("--json", action="store_true", help="one JSON object on stdout")
     c.set_defaults(func=cmd_calibrate)
@@ -36,24 +37,40 @@ def cmd_calibrate(args) -> int:
     from autopar.calibrate.document import calibration_doc, summary
     from autopar.calibrate.fit import fit, jacobian, predict, refusals
     from autopar.calibrate.inputs import load_inputs
-    from autopar.calibrate.score import cross_validate, scores
+    from autopar.calibrate.score import cross_validate, identifiable, scores
+    from autopar.calibrate.select import select_rows
+    from autopar.errors import AutoparError
     from autopar.profile.io import save_profile
     from cost_models import CostParams
 
-    rows = choose(args.fit)
+    auto = args.fit == "auto"
+    rows = list(FITTABLE) if auto else choose(args.fit)
     cases = [c.strip() for c in args.cases.split(",") if c.strip()] if args.cases else None
     inputs = load_inputs(args.runs, cases, args.group)
     runs, start = inputs.runs, CostParams()  # the fitted fields start at the defaults (or their row's start)
-    bad = refusals(jacobian(runs, rows, start), rows)
-    if bad:
-        raise bad[0]
-    done = fit(runs, rows, start)
-    cv = cross_validate(runs, rows, start, args.folds)
+    selection = None
+    if auto:  # the fields the runs identify, then those that predict held-out runs (calibrate.select)
+        ok, _ = identifiable(runs, rows, start)
+        selection = select_rows(runs, ok, start) if ok else None
+        if selection is None or not selection.rows:
+            raise AutoparError("--fit auto", "no field lowers these runs' leave-one-out error",
+                               "add runs that differ in what the fields price (see --help), or name fields")
+        chosen = selection.rows
+    else:
+        bad = refusals(jacobian(runs, rows, start), rows)
+        if bad:
+            raise bad[0]
+        chosen = rows
+    done = fit(runs, chosen, start)
+    cv = cross_validate(runs, rows, start, args.folds, auto=auto)  # auto: selection again inside every fold
     default_s = [float(x) for x in predict(runs, {})]
     groups, measured = [r.group for r in runs], [r.measured_s for r in runs]
     figures = {"default": scores(groups, default_s, measured), "in_sample": scores(groups, done.predicted_s, measured),
                "cv": scores(groups, cv.predicted_s, measured)}
-    doc = calibration_doc(inputs, rows, start, default_s, done, cv, figures)
+    doc = calibration_doc(inputs, chosen, start, default_s, done, cv, figures)
+    if selection is not None:
+        doc["selection"] = {"chosen": [r.name for r in selection.rows], "press": selection.press,
+                            "stopped": selection.stopped}
     out = save_profile(doc, args.output)
     if args.json:
         print(json.dumps({"calibration": str(out), "cost_params": doc["cost_params"], "figures": figures,

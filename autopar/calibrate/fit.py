@@ -45,7 +45,7 @@ def predict(runs: list[CalRun], fitted: dict[str, float]) -> np.ndarray:
     return evaluate(runs, fitted)[0]
 
 
-def _residuals(runs: list[CalRun], rows: list[Fittable], u) -> np.ndarray:
+def residuals(runs: list[CalRun], rows: list[Fittable], u) -> np.ndarray:
     """The time residuals (if a time row is fitted), then the memory residuals of the runs that publish
     a peak (if a memory row is)."""
     t, mem = evaluate(runs, values(rows, u))
@@ -62,7 +62,7 @@ def jacobian(runs: list[CalRun], rows: list[Fittable], start: CostParams) -> np.
     """d residual / d fit coordinate at the start point (``start``'s values, or the rows' own starts;
     forward differences, stepping into the bounds)."""
     u0 = np.array(start_u(rows, start))
-    r0 = _residuals(runs, rows, u0)
+    r0 = residuals(runs, rows, u0)
     cols = []
     for j, row in enumerate(rows):
         lo, hi = row.bounds_u
@@ -70,7 +70,7 @@ def jacobian(runs: list[CalRun], rows: list[Fittable], start: CostParams) -> np.
         h = h if u0[j] + h <= hi else -h
         u = u0.copy()
         u[j] += h
-        cols.append((_residuals(runs, rows, u) - r0) / h)
+        cols.append((residuals(runs, rows, u) - r0) / h)
     return np.stack(cols, axis=1)
 
 
@@ -119,7 +119,7 @@ def fit(runs: list[CalRun], rows: list[Fittable], start: CostParams, max_nfev: i
     def fun(u: np.ndarray) -> np.ndarray:
         key = tuple(float(x) for x in u)
         if key not in memo:
-            memo[key] = _residuals(runs, rows, u)
+            memo[key] = residuals(runs, rows, u)
         return memo[key]
 
     lo, hi = (np.array(b) for b in zip(*(row.bounds_u for row in rows)))

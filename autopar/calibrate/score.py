@@ -19,6 +19,7 @@ from scipy.stats import spearmanr
 
 from autopar.calibrate.fit import fit, jacobian, predict, refusals
 from autopar.calibrate.inputs import CalRun
+from autopar.calibrate.select import select_rows
 from autopar.calibrate.table import Fittable
 from cost_models import CostParams
 
@@ -80,19 +81,29 @@ class CrossValidation:
     notes: list[str] = field(default_factory=list)
 
 
-def fit_identifiable(runs: list[CalRun], rows: list[Fittable], start: CostParams) -> tuple[dict[str, float], list[str]]:
-    """The fields of the rows ``runs`` identify, fitted to them; a note per row left out (not fitted)."""
+def fit_identifiable(runs: list[CalRun], rows: list[Fittable], start: CostParams,
+                     auto: bool = False) -> tuple[dict[str, float], list[str]]:
+    """The fields of the rows ``runs`` identify, fitted to them; a note per row left out (not fitted).
+    ``auto``: only those forward selection keeps (``select.select_rows``: the fields that predict held-out
+    runs), with a note naming them and why selection stopped."""
     ok, notes = identifiable(runs, rows, start)
+    if ok and auto:
+        sel = select_rows(runs, ok, start)
+        notes.append(f"selected {', '.join(r.name for r in sel.rows) or 'no field'} of {len(ok)} identifiable "
+                     f"(held-out squared log error {' -> '.join(f'{x:.3g}' for x in sel.press)}): {sel.stopped}")
+        return sel.values, notes
     return (fit(runs, ok, start).values if ok else {}), notes
 
 
-def cross_validate(runs: list[CalRun], rows: list[Fittable], start: CostParams, k: int = 5) -> CrossValidation:
-    """Every run predicted by a fit on the other runs (see the module docstring)."""
+def cross_validate(runs: list[CalRun], rows: list[Fittable], start: CostParams, k: int = 5,
+                   auto: bool = False) -> CrossValidation:
+    """Every run predicted by a fit on the other runs (see the module docstring; ``auto``: each fold selects
+    its fields itself, ``fit_identifiable``)."""
     pred = [0.0] * len(runs)
     cv = CrossValidation(pred)
     for j, held in enumerate(folds(len(runs), k)):
         train = [r for i, r in enumerate(runs) if i not in held]
-        fitted, notes = fit_identifiable(train, rows, start)
+        fitted, notes = fit_identifiable(train, rows, start, auto)
         cv.notes += [f"fold {j + 1}: {n}" for n in notes]
         for i, p in zip(held, predict([runs[i] for i in held], fitted)):
             pred[i] = float(p)
