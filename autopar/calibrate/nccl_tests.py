@@ -228,7 +228,8 @@ def read_nccl_tests(spec: str) -> list[NcclTable]:
         raise AutoparError("--nccl-tests", f"cannot read {path}: {e.strerror or e}", "give the file nccl-tests wrote") from None
     runs = parse_text(text, path)
     if not runs or not any(r.rows for r in runs):
-        raise AutoparError(f"{path} rows", "holds no nccl-tests table (no size count type redop ... rows)", FIX)
+        raise AutoparError(f"{path} rows", "holds no nccl-tests table (no size count type redop ... rows)",
+                           FIX + " (RUNS go before --nccl-tests: autopar calibrate RUNS --nccl-tests FILE)")
     tables = [_table(r, path, collective) for r in runs]
     counts = sorted({t.ranks for t in tables})
     if len(counts) > 1:

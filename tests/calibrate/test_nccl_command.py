@@ -74,6 +74,8 @@ def test_a_plan_searched_with_it_validates_when_the_file_is_gone(network, tmp_pa
     path = _plan(tmp_path, "2x4xA100-40G", capsys, "--profile", str(network))
     assert load_planned(path).plan.cluster.inter_bw_gbps == pytest.approx(
         yaml.safe_load(network.read_text())["communication"]["inter_link"]["bw_gbps"])
+    assert main(["validate", path]) == 0 and main(["estimate", path]) == 0  # its recorded calibration is here
+    capsys.readouterr()
     doc = yaml.safe_load(open(path))
     doc["search"]["profile"]["path"] = str(tmp_path / "gone.yaml")
     open(path, "w").write(yaml.safe_dump(doc))
@@ -121,6 +123,7 @@ def test_runs_and_tables_together(tmp_path, capsys):
     (["calibrate", "--nccl-tests", str(DATA / "sendrecv_perf_a100_no_devices.txt"), "-o", "x.yaml"], "devices: lists no"),
     (["calibrate", "--nccl-tests", OCI, "--cluster", "2x8xH100", "-o", "x.yaml"], "--cluster: has H100"),
     (["calibrate", "--nccl-tests", OCI, "--gpu", "RTX5090x", "-o", "x.yaml"], "--gpu: unknown GPU type"),
+    (["calibrate", "--nccl-tests", OCI, str(DATA.parent / "synthetic.py"), "-o", "x.yaml"], "RUNS go before"),
 ])
 def test_bad_input_exits_2_with_one_line(argv, field, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
