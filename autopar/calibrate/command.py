@@ -2,7 +2,9 @@
 
 Load the runs (``inputs.load_inputs``), choose the fields (``table.choose``), refuse fields the runs
 cannot identify, fit, cross-validate, then write the calibration whole and print (or ``--json``) its
-figures. Every refusal comes before anything is written.
+figures. Every refusal comes before anything is written. ``--nccl-tests FILE...`` (``nccl_doc``): the
+measured collectives and links, alone (a calibration of those only) or applied to the runs before the
+fit and kept beside the fitted fields.
 """
 
 from __future__ import annotations
@@ -17,12 +19,12 @@ from autopar.fields import int_at_least
 def add_parser(sub) -> None:
     """The ``calibrate`` sub-command on the CLI's sub-parsers."""
     c = sub.add_parser("calibrate", help="fit cost parameters to measured step times (use with --profile)",
-                       description="Fit cost parameters to measured runs; write a calibration that "
-                       "search/estimate accept with --profile.")
+                       description="Fit cost parameters to measured runs and/or collectives measured by "
+                       "nccl-tests; write a calibration that search/estimate accept with --profile.")
     c.add_argument("runs", nargs="*", metavar="RUNS", help="autopar-measured/1 files, or autopar-runs/1 files "
                    "(a list of {plan, measured_s})")
     c.add_argument("--nccl-tests", nargs="+", default=[], metavar="FILE", help="nccl-tests outputs (all_reduce_perf, "
-                   "all_gather_perf, reduce_scatter_perf, alltoall_perf, sendrecv_perf; COLLECTIVE=FILE where the "
+                   "all_gather_perf, reduce_scatter_perf, alltoall_perf, sendrecv_perf; all_reduce=FILE etc. where the "
                    "output does not name it): measured collectives and links into the calibration")
     c.add_argument("--cluster", help="with --nccl-tests: the cluster (preset, inline spec or file) whose links the "
                    "measurements are compared with (default: the catalogue's for the GPU they ran on)")
