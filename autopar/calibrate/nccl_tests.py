@@ -136,8 +136,10 @@ def _row(tokens: list[str], cols: list[str], where: str) -> Row:
             vals.append(None)
             continue
         t = _num(tokens[ti], where, "time (us)")
+        if t <= 0:
+            raise AutoparError(f"{where} time (us)", f"is {tokens[ti]}: no collective takes no time", FIX)
         alg = _num(tokens[ti + 1], where, "algbw (GB/s)")
-        if t > 0 and abs(int(size) / 1e3 / t - alg) > 0.006 + 0.02 * alg:
+        if abs(int(size) / 1e3 / t - alg) > 0.006 + 0.02 * alg:
             raise AutoparError(f"{where} algbw", f"is {alg:g} GB/s but size / time is {int(size) / 1e3 / t:.4g}: "
                                "the columns are out of line", FIX)
         vals.append(t * 1e-6)
@@ -176,11 +178,15 @@ def parse_text(text: str, path: str = "<text>") -> list[_Run]:
                 raise AutoparError(f"{where} time", "the column header names no time column", FIX)
         elif m := _AVG.match(line):
             run.avg = float(m.group(1))
-        elif not line.startswith("#") and run.columns is not None:
+        elif not line.startswith("#"):
             tokens = line.split()
-            t_at, op_at = run.columns.index("type"), run.columns.index("redop")
+            cols = run.columns or ["size", "count", "type", "redop"]
+            t_at, op_at = cols.index("type"), cols.index("redop")
             if len(tokens) > op_at and tokens[t_at] in TYPES and tokens[op_at] in OPS:
-                row = _row(tokens, run.columns, where)
+                if run.columns is None:
+                    raise AutoparError(f"{where} size", "a table row comes before any column header "
+                                       "(# size count type redop ...)", FIX)
+                row = _row(tokens, cols, where)
                 run.rows.append(Row(row.size, row.time_s, row.inplace_s, no))
     return [r for r in runs if not r.empty()]
 

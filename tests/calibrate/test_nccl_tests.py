@@ -76,6 +76,9 @@ def test_refusals_name_the_file_and_the_field(tmp_path):
     assert "cputime: the run reports CPU time" in _refused(tmp_path, text.replace("   time   algbw", "cputime   algbw"))
     mixed = text.replace("device  7 [0000:f1:00] NVIDIA GeForce RTX 5090", "device  7 [0000:f1:00] NVIDIA RTX A6000")
     assert "device: mixes GPU types" in _refused(tmp_path, mixed)
+    headless = "\n".join("#" if line.startswith("#       size") else line for line in text.splitlines())
+    assert ":23 size: a table row comes before any column header" in _refused(tmp_path, headless)
+    assert ":32 time (us): is 0.00" in _refused(tmp_path, text.replace(row, row.replace("36.29", " 0.00")))
 
 
 def test_a_published_table_without_its_device_lines_is_refused():
