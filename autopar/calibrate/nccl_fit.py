@@ -181,7 +181,7 @@ def calibrate_tables(tables: list[NcclTable], reference: Links, hbm_gbps: float)
         cal.comm_fit.append([c, n, alpha, beta])
         cal.comm_fit_rms[(c, n)] = rms
         for f in members:
-            f.applied = f"comm_fit row ({c}, {n} GPUs): {alpha * 1e6:.3g} us + {1 / beta / 1e9:.4g} GB/s"
+            f.applied = f"comm_fit row ({c}, {n} GPUs): {alpha * 1e6:.3g} us + bytes / {1 / beta / 1e9:.4g} GB/s"
     intra = [f for f in fits if f.table.n_nodes == 1 and f.table.collective not in FIT_COLLECTIVES]
     if intra:
         bw, lat, rms = _fit_link([f.table for f in intra], reference, False, hbm_gbps)
