@@ -41,15 +41,16 @@ def reference(tables: list[NcclTable], cluster: str | None, gpu: str | None) -> 
     tables measured is not the cluster's, or is unknown and neither ``--gpu`` nor ``--cluster`` names it."""
     names = sorted({t.gpu for t in tables})
     canon = {n: catalogue.lookup(n) for n in names}
+    if cluster is not None and gpu is not None:
+        raise AutoparError("--gpu", "and --cluster both name the GPU", "give one of them (the cluster names its GPU)")
     if cluster is not None:
         cl = load_cluster(cluster)
         types = sorted({nd.gpu.name for nd in cl.nodes})
         if len(types) > 1:
             raise AutoparError("--cluster", f"{cl.describe()} mixes {', '.join(types)}",
                                "compare the measurements with a cluster of the GPU they ran on")
-        want = catalogue.lookup(gpu) if gpu is not None else None
         for n, c in canon.items():
-            if (c is not None and c != types[0]) or (want is not None and want != types[0]):
+            if c is not None and c != types[0]:
                 raise AutoparError("--cluster", f"has {types[0]} but the tables measured {n}"
                                    f"{f' ({c})' if c else ''}", "give the cluster the measurements ran on")
         nd = cl.nodes[0]

@@ -123,6 +123,10 @@ def test_runs_and_tables_together(tmp_path, capsys):
     (["calibrate", "--nccl-tests", str(DATA / "sendrecv_perf_a100_no_devices.txt"), "-o", "x.yaml"], "devices: lists no"),
     (["calibrate", "--nccl-tests", OCI, "--cluster", "2x8xH100", "-o", "x.yaml"], "--cluster: has H100"),
     (["calibrate", "--nccl-tests", OCI, "--gpu", "RTX5090x", "-o", "x.yaml"], "--gpu: unknown GPU type"),
+    (["calibrate", "--nccl-tests", OCI, "--gpu", "A100-40G", "--cluster", "2x8xA100-40G", "-o", "x.yaml"],
+     "--gpu: and --cluster both name the GPU"),
+    (["calibrate", "--gpu", "A100-40G", "-o", "x.yaml"], "calibrate: has nothing to fit"),
+    (["calibrate", str(DATA.parent / "synthetic.py"), "--gpu", "A100-40G", "-o", "x.yaml"], "--gpu: only applies"),
     (["calibrate", "--nccl-tests", OCI, str(DATA.parent / "synthetic.py"), "-o", "x.yaml"], "RUNS go before"),
 ])
 def test_bad_input_exits_2_with_one_line(argv, field, tmp_path, capsys, monkeypatch):
