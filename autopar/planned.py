@@ -140,8 +140,8 @@ def check_stored_params(plan: Plan, profile: Profile | None = None) -> str:
         at_precision(plan.cluster, stored, plan.precision, profiled=_machine(record))  # a profiled plan: bf16
         prof = profile if profile is not None and profile.sha256 == record.get("sha256") else _recorded_profile(record)
         if prof is None:
-            _check_cluster_source(plan, None, measured=True)
             kind = "calibration" if record.get("kind") == "calibration" else "profile"
+            _check_cluster_source(plan, None, measured=True, network=kind == "calibration")
             return (f"note: {kind} {record.get('path', '?')} (sha256 {str(record.get('sha256'))[:12]}) is not here: "
                     "the plan's cost parameters were checked for range only (pass --profile to re-check them)")
         expected = apply_profile(plan.cluster, precision_params(plan.precision), prof)[1]
@@ -167,10 +167,11 @@ def _first_difference(a: object, b: object, path: str) -> str | None:
     return None if _same(a, b) else f"{path}: stored {a!r:.40}, rebuilt {b!r:.40}"
 
 
-def _check_cluster_source(plan: Plan, profile: Profile | None, measured: bool = False) -> None:
+def _check_cluster_source(plan: Plan, profile: Profile | None, measured: bool = False, network: bool = False) -> None:
     """A plan's cluster named by a preset or an inline spec (not a file, which may change) must be what
     that name gives now (after the recorded ``profile``); ``measured``: a profiled plan whose profile is
-    not here, whose measured figures (peak, HBM and intra-node link) are then taken as stored."""
+    not here, whose measured figures (peak, HBM and intra-node link; with ``network``, a calibration's,
+    the network too: nccl-tests may have measured it) are then taken as stored."""
     name = plan.cluster.name
     if not name or name.lower().endswith((".yaml", ".yml", ".json")) or os.sep in name or os.path.exists(name):
         return
@@ -184,6 +185,8 @@ def _check_cluster_source(plan: Plan, profile: Profile | None, measured: bool = 
         rebuilt = replace(rebuilt, nodes=[replace(r, gpu=replace(r.gpu, tflops=s.gpu.tflops, hbm_gbps=s.gpu.hbm_gbps),
                                                   intra_bw_gbps=s.intra_bw_gbps, intra_lat_us=s.intra_lat_us)
                                           for r, s in zip(rebuilt.nodes, plan.cluster.nodes)])
+        if network:
+            rebuilt = replace(rebuilt, inter_bw_gbps=plan.cluster.inter_bw_gbps, inter_lat_us=plan.cluster.inter_lat_us)
     stored, fresh = plan.cluster.to_dict(), rebuilt.to_dict()
     stored.pop("meta", None)
     fresh.pop("meta", None)

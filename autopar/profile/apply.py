@@ -11,8 +11,9 @@
   estimate`` reproduces the search's numbers without the file (the cluster' and cost parameters are
   stored in the plan anyway); ``model_from_record`` applies it again.
 
-A calibration (``Profile.kind == "calibration"``) replaces CostParams fields only: the cluster and the
-model stay as they are, the cluster's GPU types must be among those it was fitted on, and its record
+A calibration (``Profile.kind == "calibration"``) replaces CostParams fields (and, where it measured
+them with nccl-tests, the intra-node link of every node and the network, ``with_links``, the one path
+a profile's link takes too): the model stays as it is, the cluster's GPU types must be among those it was fitted on, and its record
 in a plan names it (path, sha256, GPU types) without any model numbers.
 
 Anything that does not match (another model or sequence length, a device type the cluster lacks, a
@@ -54,8 +55,23 @@ def check_cluster(cluster: Cluster, profile: Profile) -> None:
                            f"run `autopar profile --nproc {need}` on this machine")
 
 
+def with_links(cluster: Cluster, link: dict | None = None, inter_link: dict | None = None, gpu=None) -> Cluster:
+    """``cluster`` with a measured intra-node ``link`` ({bw_gbps, lat_us}) on every node, a measured
+    ``inter_link`` as its network, and ``gpu(node.gpu)`` as each node's GPU (``gpu``: None keeps it)."""
+    if inter_link and (cluster.bw_matrix_gbps is not None or cluster.lat_matrix_us is not None):
+        raise AutoparError("calibration.communication.inter_link", f"is one link for every node pair but cluster "
+                           f"{cluster.describe()} gives a matrix of them", "use a cluster without bw/lat matrices")
+    intra = {"intra_bw_gbps": float(link["bw_gbps"]), "intra_lat_us": float(link["lat_us"])} if link else {}
+    nodes = [replace(nd, gpu=gpu(nd.gpu) if gpu else nd.gpu, **intra) for nd in cluster.nodes]
+    inter = (float(inter_link["bw_gbps"]), float(inter_link["lat_us"])) if inter_link else (
+        cluster.inter_bw_gbps, cluster.inter_lat_us)
+    return Cluster(nodes=nodes, inter_bw_gbps=inter[0], inter_lat_us=inter[1], bw_matrix_gbps=cluster.bw_matrix_gbps,
+                   lat_matrix_us=cluster.lat_matrix_us, name=cluster.name, meta=dict(cluster.meta))
+
+
 def _apply_calibration(cluster: Cluster, params: CostParams, calibration: Profile) -> tuple[Cluster, CostParams]:
-    """(cluster, params with the calibration's fitted fields): the cluster's GPU types must be fitted ones."""
+    """(cluster with the calibration's measured links, if any; params with its fitted fields): the
+    cluster's GPU types must be fitted ones."""
     fitted_on = list(calibration["gpus"])
     other = sorted({nd.gpu.name for nd in cluster.nodes} - set(fitted_on))
     if other:
@@ -63,6 +79,9 @@ def _apply_calibration(cluster: Cluster, params: CostParams, calibration: Profil
                            f"{cluster.describe()} has {', '.join(other)}",
                            f"calibrate on measured runs of {', '.join(other)} (autopar calibrate)")
     fitted = {k: v for k, v in calibration["cost_params"].items() if k in PARAM_FIELDS}
+    links = calibration.get("communication") or {}
+    if links.get("link") or links.get("inter_link"):
+        cluster = with_links(cluster, links.get("link"), links.get("inter_link"))
     return cluster, replace(params, **fitted)
 
 
@@ -73,15 +92,8 @@ def apply_profile(cluster: Cluster, params: CostParams, profile: Profile) -> tup
         return _apply_calibration(cluster, params, profile)
     check_cluster(cluster, profile)
     comp = profile["compute"]
-    link = profile["communication"].get("link")
-    nodes = []
-    for nd in cluster.nodes:
-        gpu = replace(nd.gpu, tflops=float(comp["peak_tflops"]), hbm_gbps=float(comp["hbm_gbps"]), sustained=1.0)
-        extra = {"intra_bw_gbps": float(link["bw_gbps"]), "intra_lat_us": float(link["lat_us"])} if link else {}
-        nodes.append(replace(nd, gpu=gpu, **extra))
-    new_cluster = Cluster(nodes=nodes, inter_bw_gbps=cluster.inter_bw_gbps, inter_lat_us=cluster.inter_lat_us,
-                          bw_matrix_gbps=cluster.bw_matrix_gbps, lat_matrix_us=cluster.lat_matrix_us,
-                          name=cluster.name, meta=dict(cluster.meta))
+    new_cluster = with_links(cluster, profile["communication"].get("link"), gpu=lambda g: replace(
+        g, tflops=float(comp["peak_tflops"]), hbm_gbps=float(comp["hbm_gbps"]), sustained=1.0))
     # Measured unit times include their memory-bound kernels: a profile written before act_traffic
     # existed must not have them added again.
     measured = {"act_traffic": 0.0, **{k: v for k, v in profile["cost_params"].items() if k in PARAM_FIELDS}}

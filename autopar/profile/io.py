@@ -19,7 +19,9 @@ accepts: it only replaces CostParams fields, fitted to measured runs of the GPU 
 
     format: autopar-calibration/1
     gpus: [<catalogue GPU name>, ...]
-    cost_params: the fitted CostParams fields
+    cost_params: the fitted CostParams fields (comm_fit rows from nccl-tests tables of one host)
+    communication: {link: {bw_gbps, lat_us}, inter_link: {bw_gbps, lat_us}}  (optional, nccl-tests: the
+                   measured intra-node link and network; cost_params may then be empty)
     (runs, base_params, cv, in_sample, fit: how it was fitted and how well it predicts held-out runs)
 
 ``load_profile`` reads both (one reader, dispatching on the version key: ``autopar_profile`` or
@@ -135,7 +137,11 @@ def check_calibration(doc) -> None:
         as_str(g, f"calibration.gpus[{i}]", fix=CALIBRATION_FIX)
     fitted = read_cost_params(top.req_mapping("cost_params"), "calibration.cost_params", CALIBRATION_FIX,
                               partial=True)
-    if not fitted:
+    links = top.sub("communication") if "communication" in top.doc else None  # measured links (nccl-tests)
+    for key in (k for k in ("link", "inter_link") if links is not None and k in links.doc):
+        links.sub(key).req_num("bw_gbps", gt=0)
+        links.sub(key).req_num("lat_us", ge=0)
+    if not fitted and not (links is not None and {"link", "inter_link"} & set(links.doc)):
         raise AutoparError("calibration.cost_params", "is empty", CALIBRATION_FIX)
 
 

@@ -125,6 +125,12 @@ CALIBRATION_EDITS = {  # a calibration given as --profile
     "cost-overhead-inf": setter(f"{CP}.layer_overhead_s", float("inf")),
     "cost-unknown-field": setter(f"{CP}.turbo", 1.0),
     "fitted-on-other-gpus": setter("gpus", ["V100-32G"]),
+    # the measured links of autopar calibrate --nccl-tests
+    "communication-a-list": setter("communication", [1]),
+    "communication-inter-bw-zero": setter("communication", {"inter_link": {"bw_gbps": 0, "lat_us": 5}}),
+    "communication-link-lat-negative": setter("communication", {"link": {"bw_gbps": 10, "lat_us": -1}}),
+    "communication-link-bw-missing": setter("communication", {"link": {"lat_us": 1}}),
+    "communication-empty-and-cost-params-empty": lambda doc: doc.update(cost_params={}, communication={}),
 }
 
 
