@@ -87,14 +87,15 @@ def _nearest(runs: list[CalRun], i: int) -> list[CalRun]:
     return [runs[j] for j in others[:CAL_MAX]]
 
 
-def calibrated(rs: RunSet) -> dict[str, dict]:
-    """Per scored run: its held-out calibrated prediction and how it was fitted (see the module docstring)."""
+def calibrated(rs: RunSet, select: bool = False) -> dict[str, dict]:
+    """Per scored run: its held-out calibrated prediction and how it was fitted (see the module docstring;
+    ``select``: only the fields forward selection keeps, ``autopar calibrate --fit auto``)."""
     runs = [CalRun(r.case_id, r.plan, r.model, float(r.measured_s), r.group, rs.name, plan_cost_params(r.plan),
                    r.measured_memory_gib) for r in rs.runs]
     rows, start, out = list(FITTABLE), CostParams(), {}
 
     def score_with(train: list[CalRun], test: list[CalRun], how: str) -> None:
-        fitted, notes = fit_identifiable(train, rows, start)
+        fitted, notes = fit_identifiable(train, rows, start, auto=select)
         for run, p, mem in zip(test, *evaluate(test, fitted)):
             out[run.case_id] = {"predicted_s": float(p), "memory_gib": float(mem), "how": how,
                                 "trained_on": len(train), "fitted": fitted, "notes": notes}
@@ -131,10 +132,10 @@ def _cal_stats(cases: list[dict], only_groups: bool = False) -> dict:
     return out
 
 
-def score(rs: RunSet) -> dict:
+def score(rs: RunSet, select: bool = False) -> dict:
     """The figures of one source: per case, per group and for the whole source."""
     cases = []
-    cal = calibrated(rs)
+    cal = calibrated(rs, select)
     by_group = {}  # a failed run is judged under a fit of its group's runs (none of them is itself)
     for cid, held in cal.items():
         by_group.setdefault(next(r.group for r in rs.runs if r.case_id == cid), held["fitted"])
@@ -264,8 +265,13 @@ def targets(results: list[dict]) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-o", "--output", default=str(HERE / "results" / "measured_fidelity.json"))
+    ap.add_argument("--only", help="only these sources (file stems, comma-separated): a quick look; "
+                    "the committed results cover them all")
+    ap.add_argument("--select", action="store_true", help="fit only the fields forward selection keeps "
+                    "(autopar calibrate --fit auto) instead of every field the training runs identify")
     args = ap.parse_args()
-    results = [score(load_runs(p)) for p in measured_files()]
+    only = set(args.only.split(",")) if args.only else None
+    results = [score(load_runs(p), args.select) for p in measured_files() if only is None or p.stem in only]
     for r in results:  # repository-relative: the results file must not name this machine's folders
         r["path"] = os.path.relpath(r["path"], HERE.parent)
     print(table(results))
