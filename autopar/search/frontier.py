@@ -61,20 +61,26 @@ class RangeTrie:
         if parent < 0:
             new_m, new_t, new_s = m.copy(), c.copy(), cand.costs.step.copy()
             new_l, pp, st = lay.copy(), np.full(len(c), -1), np.arange(len(c))
+            self.points_examined += len(new_t)
+            ok = new_m <= self.mem_cap
+            new_m, new_t, new_l, pp, st, new_s = new_m[ok], new_t[ok], new_l[ok], pp[ok], st[ok], new_s[ok]
+            keep = pareto_by_group(new_l, new_m, new_t)
         else:
             pf = self.nodes[parent]
             sw = self.switch[pf.sig][pf.layout][:, lay]  # P x S
             new_t = (pf.time[:, None] + (c[None, :] + sw)).ravel()
             new_m = (pf.mem[:, None] + m[None, :]).ravel()
-            new_s = (pf.step[:, None] + cand.costs.step[None, :]).ravel()
-            P, S = len(pf.time), len(c)
-            pp = np.repeat(np.arange(P), S)
-            st = np.tile(np.arange(S), P)
-            new_l = np.tile(lay, P)
-        self.points_examined += len(new_t)
-        ok = new_m <= self.mem_cap
-        new_m, new_t, new_l, pp, st, new_s = new_m[ok], new_t[ok], new_l[ok], pp[ok], st[ok], new_s[ok]
-        keep = pareto_by_group(new_l, new_m, new_t)
+            self.points_examined += len(new_t)
+            S = len(c)
+            ok = np.flatnonzero(new_m <= self.mem_cap)  # the points (parent point, strategy) kept: flat indices
+            pp, st = np.divmod(ok, S)
+            new_m, new_t, new_l = new_m[ok], new_t[ok], lay[st]
+            # Points that keep the parent's layout pay no switch: they dominate most of the others.
+            keep = pareto_with_reference(new_l, new_m, new_t, pf.layout[pp] == new_l)
+            pp, st = pp[keep], st[keep]
+            new_s = pf.step[pp] + cand.costs.step[st]
+            self.nodes.append(Frontier(new_m[keep], new_t[keep], new_l[keep], pp, st, parent, sig, new_s))
+            return len(self.nodes) - 1
         self.nodes.append(Frontier(new_m[keep], new_t[keep], new_l[keep], pp[keep], st[keep], parent, sig,
                                    new_s[keep]))
         return len(self.nodes) - 1
@@ -103,20 +109,22 @@ class RangeTrie:
         return out[::-1]
 
 
-def pareto_by_group(group: np.ndarray, mem: np.ndarray, time: np.ndarray) -> np.ndarray:
+def pareto_by_group(group: np.ndarray, mem: np.ndarray, time: np.ndarray, span: float | None = None) -> np.ndarray:
     """Indices of points not dominated (in mem and time) by another point of the same group.
 
     Ties keep the first point. Result is sorted by (group, mem). One vectorised pass: after sorting
     by (group, mem, time), a point survives when it is faster than every earlier point of its group;
     shifting each group's times below the previous group's makes one running minimum reset at
-    group boundaries.
+    group boundaries. ``span``: the shift's unit, ``max(time) - min(time) + 1`` of these points by
+    default (``pareto_with_reference`` passes the figure of the whole set it filtered).
     """
     n = len(mem)
     if n == 0:
         return np.zeros(0, dtype=int)
     order = np.lexsort((time, mem, group))
     g, t = group[order], time[order]
-    span = float(t.max() - t.min()) + 1.0
+    if span is None:
+        span = float(t.max() - t.min()) + 1.0
     shifted = t - g * (2.0 * span)
     prev_min = np.minimum.accumulate(np.r_[np.inf, shifted[:-1]])
     new_group = np.r_[True, g[1:] != g[:-1]]
@@ -134,6 +142,38 @@ def pareto_by_group(group: np.ndarray, mem: np.ndarray, time: np.ndarray) -> np.
     if len(out) > MAX_POINTS_PER_LAYOUT * 8:
         out = _thin(out, group, mem)
     return out
+
+
+def pareto_with_reference(group: np.ndarray, mem: np.ndarray, time: np.ndarray, ref: np.ndarray) -> np.ndarray:
+    """``pareto_by_group(group, mem, time)``, the same indices in the same order, sorting fewer points.
+
+    The frontier of the points ``ref`` selects (a subset, sorted once) drops first every point one of
+    its points precedes in ``pareto_by_group``'s order (group, mem, time, index) with a time no larger:
+    mem <= and time <, or mem < and time <=. Such a point is not kept, and every later point keeps its
+    running minimum (its dominator is earlier and no slower), so the survivors' frontier, computed with
+    the whole set's shift ``span``, is the whole set's frontier exactly, ties and rounding included.
+    """
+    n = len(mem)
+    if n == 0:
+        return np.zeros(0, dtype=int)
+    span = float(time.max() - time.min()) + 1.0
+    ridx = np.flatnonzero(ref)
+    if len(ridx) == 0 or len(ridx) == n:
+        return pareto_by_group(group, mem, time, span)
+    rk = ridx[pareto_by_group(group[ridx], mem[ridx], time[ridx])]  # per group: mem rising, time falling
+    rg = group[rk]
+    bounds = np.flatnonzero(np.r_[True, rg[1:] != rg[:-1], True])
+    drop = np.zeros(n, dtype=bool)
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        rm, rt = mem[rk[a:b]], time[rk[a:b]]
+        pts = np.flatnonzero(group == rg[a])
+        pm, pt = mem[pts], time[pts]
+        le = np.searchsorted(rm, pm, side="right") - 1  # the fastest reference point with mem <= the point's
+        lt = np.searchsorted(rm, pm, side="left") - 1  # ... with mem < the point's
+        hit = ((le >= 0) & (rt[np.maximum(le, 0)] < pt)) | ((lt >= 0) & (rt[np.maximum(lt, 0)] <= pt))
+        drop[pts[hit]] = True
+    rest = np.flatnonzero(~drop)
+    return rest[pareto_by_group(group[rest], mem[rest], time[rest], span)]
 
 
 def _thin(idx: np.ndarray, group: np.ndarray, mem: np.ndarray) -> np.ndarray:
