@@ -68,18 +68,13 @@ class RangeTrie:
         else:
             pf = self.nodes[parent]
             sw = self.switch[pf.sig][pf.layout][:, lay]  # P x S
-            new_t = (pf.time[:, None] + (c[None, :] + sw)).ravel()
-            new_m = (pf.mem[:, None] + m[None, :]).ravel()
-            self.points_examined += len(new_t)
-            S = len(c)
-            ok = np.flatnonzero(new_m <= self.mem_cap)  # the points (parent point, strategy) kept: flat indices
-            pp, st = np.divmod(ok, S)
-            new_m, new_t, new_l = new_m[ok], new_t[ok], lay[st]
-            # Points that keep the parent's layout pay no switch: they dominate most of the others.
-            keep = pareto_with_reference(new_l, new_m, new_t, pf.layout[pp] == new_l)
-            pp, st = pp[keep], st[keep]
+            T = pf.time[:, None] + (c[None, :] + sw)
+            M = pf.mem[:, None] + m[None, :]
+            self.points_examined += T.size
+            flat = product_frontier(T, M, pf.layout, lay, self.mem_cap)
+            pp, st = np.divmod(flat, len(c))
             new_s = pf.step[pp] + cand.costs.step[st]
-            self.nodes.append(Frontier(new_m[keep], new_t[keep], new_l[keep], pp, st, parent, sig, new_s))
+            self.nodes.append(Frontier(M.ravel()[flat], T.ravel()[flat], lay[st], pp, st, parent, sig, new_s))
             return len(self.nodes) - 1
         self.nodes.append(Frontier(new_m[keep], new_t[keep], new_l[keep], pp[keep], st[keep], parent, sig,
                                    new_s[keep]))
@@ -116,7 +111,7 @@ def pareto_by_group(group: np.ndarray, mem: np.ndarray, time: np.ndarray, span: 
     by (group, mem, time), a point survives when it is faster than every earlier point of its group;
     shifting each group's times below the previous group's makes one running minimum reset at
     group boundaries. ``span``: the shift's unit, ``max(time) - min(time) + 1`` of these points by
-    default (``pareto_with_reference`` passes the figure of the whole set it filtered).
+    default (``product_frontier`` passes the figure of the whole set it filtered).
     """
     n = len(mem)
     if n == 0:
@@ -144,36 +139,47 @@ def pareto_by_group(group: np.ndarray, mem: np.ndarray, time: np.ndarray, span: 
     return out
 
 
-def pareto_with_reference(group: np.ndarray, mem: np.ndarray, time: np.ndarray, ref: np.ndarray) -> np.ndarray:
-    """``pareto_by_group(group, mem, time)``, the same indices in the same order, sorting fewer points.
+def product_frontier(T: np.ndarray, M: np.ndarray, row_layout: np.ndarray, col_layout: np.ndarray,
+                     mem_cap: float) -> np.ndarray:
+    """The frontier of the points (i, j) of ``T``, ``M`` (P x S: time and memory of parent point i extended by
+    strategy j) within ``mem_cap``, grouped by ``col_layout[j]``: flat indices i * S + j, exactly
+    ``pareto_by_group`` of those points in flat order (the same points in the same order), sorting fewer.
 
-    The frontier of the points ``ref`` selects (a subset, sorted once) drops first every point one of
-    its points precedes in ``pareto_by_group``'s order (group, mem, time, index) with a time no larger:
-    mem <= and time <, or mem < and time <=. Such a point is not kept, and every later point keeps its
-    running minimum (its dominator is earlier and no slower), so the survivors' frontier, computed with
-    the whole set's shift ``span``, is the whole set's frontier exactly, ties and rounding included.
+    Per layout l, the points of parents already in layout l (no switch) are sorted first; their frontier
+    drops every point of layout l it precedes in ``pareto_by_group``'s order (group, mem, time, index)
+    with a time no larger: mem <= and time <, or mem < and time <=. Such a point is never kept and no
+    later point's running minimum moves, so the survivors' frontier, computed with the whole set's shift
+    (``span``), is the whole set's, ties and rounding included. Queries run column by column: within a
+    strategy and a parent layout, memory rises with the parent, which keeps the binary searches local.
     """
-    n = len(mem)
-    if n == 0:
+    P, S = T.shape
+    ok = M <= mem_cap
+    if not ok.any():
         return np.zeros(0, dtype=int)
-    span = float(time.max() - time.min()) + 1.0
-    ridx = np.flatnonzero(ref)
-    if len(ridx) == 0 or len(ridx) == n:
-        return pareto_by_group(group, mem, time, span)
-    rk = ridx[pareto_by_group(group[ridx], mem[ridx], time[ridx])]  # per group: mem rising, time falling
-    rg = group[rk]
-    bounds = np.flatnonzero(np.r_[True, rg[1:] != rg[:-1], True])
-    drop = np.zeros(n, dtype=bool)
-    for a, b in zip(bounds[:-1], bounds[1:]):
-        rm, rt = mem[rk[a:b]], time[rk[a:b]]
-        pts = np.flatnonzero(group == rg[a])
-        pm, pt = mem[pts], time[pts]
-        le = np.searchsorted(rm, pm, side="right") - 1  # the fastest reference point with mem <= the point's
-        lt = np.searchsorted(rm, pm, side="left") - 1  # ... with mem < the point's
-        hit = ((le >= 0) & (rt[np.maximum(le, 0)] < pt)) | ((lt >= 0) & (rt[np.maximum(lt, 0)] <= pt))
-        drop[pts[hit]] = True
-    rest = np.flatnonzero(~drop)
-    return rest[pareto_by_group(group[rest], mem[rest], time[rest], span)]
+    tv = T[ok]
+    span = float(tv.max() - tv.min()) + 1.0
+    survivors = []
+    for lv in np.unique(col_layout):
+        cols = np.flatnonzero(col_layout == lv)
+        Tl, Ml, okl = T[:, cols], M[:, cols], ok[:, cols]
+        rows = row_layout == lv
+        rok = okl[rows]
+        keep_l = okl
+        if rok.any():
+            rm, rt = Ml[rows][rok], Tl[rows][rok]
+            stair = pareto_by_group(np.zeros(len(rm), dtype=int), rm, rt)  # memory rising, time falling
+            Rm, Rt = rm[stair], rt[stair]
+            qm, qt = Ml.T.ravel(), Tl.T.ravel()  # column by column
+            le = np.searchsorted(Rm, qm, side="right") - 1  # the fastest reference point with mem <= the point's
+            le0 = np.maximum(le, 0)
+            lt = le - (Rm[le0] == qm)  # ... with mem < the point's
+            hit = ((le >= 0) & (Rt[le0] < qt)) | ((lt >= 0) & (Rt[np.maximum(lt, 0)] <= qt))
+            keep_l = okl & ~hit.reshape(len(cols), P).T
+        r, j = np.nonzero(keep_l)
+        survivors.append(r * S + cols[j])
+    idx = np.sort(np.concatenate(survivors))
+    keep = pareto_by_group(col_layout[idx % S], M.ravel()[idx], T.ravel()[idx], span)
+    return idx[keep]
 
 
 def _thin(idx: np.ndarray, group: np.ndarray, mem: np.ndarray) -> np.ndarray:
