@@ -145,12 +145,13 @@ def product_frontier(T: np.ndarray, M: np.ndarray, row_layout: np.ndarray, col_l
     strategy j) within ``mem_cap``, grouped by ``col_layout[j]``: flat indices i * S + j, exactly
     ``pareto_by_group`` of those points in flat order (the same points in the same order), sorting fewer.
 
-    Per layout l, the points of parents already in layout l (no switch) are sorted first; their frontier
-    drops every point of layout l it precedes in ``pareto_by_group``'s order (group, mem, time, index)
-    with a time no larger: mem <= and time <, or mem < and time <=. Such a point is never kept and no
-    later point's running minimum moves, so the survivors' frontier, computed with the whole set's shift
-    (``span``), is the whole set's, ties and rounding included. Queries run column by column: within a
-    strategy and a parent layout, memory rises with the parent, which keeps the binary searches local.
+    Per layout, a staircase of the points of parents already in that layout (no switch) drops every
+    point it dominates (``_dominated``), then a staircase of what is left drops more. A dropped point
+    has a point of its group before it in ``pareto_by_group``'s order (group, mem, time, index) with a
+    time no larger, so it is never kept and no later point's running minimum moves: the survivors'
+    frontier, computed with the whole set's shift (``span``), is the whole set's, ties and rounding
+    included. Points are visited column by column: along a strategy, memory rises with the parent
+    within each parent layout, which keeps the binary searches local.
     """
     P, S = T.shape
     ok = M <= mem_cap
@@ -161,25 +162,41 @@ def product_frontier(T: np.ndarray, M: np.ndarray, row_layout: np.ndarray, col_l
     survivors = []
     for lv in np.unique(col_layout):
         cols = np.flatnonzero(col_layout == lv)
-        Tl, Ml, okl = T[:, cols], M[:, cols], ok[:, cols]
-        rows = row_layout == lv
-        rok = okl[rows]
-        keep_l = okl
-        if rok.any():
-            rm, rt = Ml[rows][rok], Tl[rows][rok]
-            stair = pareto_by_group(np.zeros(len(rm), dtype=int), rm, rt)  # memory rising, time falling
-            Rm, Rt = rm[stair], rt[stair]
-            qm, qt = Ml.T.ravel(), Tl.T.ravel()  # column by column
-            le = np.searchsorted(Rm, qm, side="right") - 1  # the fastest reference point with mem <= the point's
-            le0 = np.maximum(le, 0)
-            lt = le - (Rm[le0] == qm)  # ... with mem < the point's
-            hit = ((le >= 0) & (Rt[le0] < qt)) | ((lt >= 0) & (Rt[np.maximum(lt, 0)] <= qt))
-            keep_l = okl & ~hit.reshape(len(cols), P).T
-        r, j = np.nonzero(keep_l)
+        qm, qt = M[:, cols].T.ravel(), T[:, cols].T.ravel()  # column by column
+        live = ok[:, cols].T.ravel()
+        ref = live & np.tile(row_layout == lv, len(cols))
+        if ref.any():
+            live &= ~_dominated(*_staircase(qm[ref], qt[ref]), qm, qt)
+        left = np.flatnonzero(live)
+        left = left[~_dominated(*_staircase(qm[left], qt[left]), qm[left], qt[left])]
+        j, r = np.divmod(left, P)
         survivors.append(r * S + cols[j])
     idx = np.sort(np.concatenate(survivors))
     keep = pareto_by_group(col_layout[idx % S], M.ravel()[idx], T.ravel()[idx], span)
     return idx[keep]
+
+
+def _staircase(mem: np.ndarray, time: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Points of (``mem``, ``time``) with memory strictly rising and time strictly falling, such that the last
+    one with memory <= x (or < x) is as fast as any point with memory <= x (< x)."""
+    if len(mem) == 0:
+        return mem, time
+    o = np.argsort(mem)
+    m, t = mem[o], time[o]
+    first = t < np.minimum.accumulate(np.r_[np.inf, t[:-1]])  # faster than every point before it
+    m, t = m[first], t[first]
+    last = np.r_[m[1:] != m[:-1], True]  # of equal memory, the last (the fastest)
+    return m[last], t[last]
+
+
+def _dominated(Rm: np.ndarray, Rt: np.ndarray, qm: np.ndarray, qt: np.ndarray) -> np.ndarray:
+    """Per query point: whether a staircase point has mem <= and time <, or mem < and time <=."""
+    if len(Rm) == 0:
+        return np.zeros(len(qm), dtype=bool)
+    le = np.searchsorted(Rm, qm, side="right") - 1  # the fastest staircase point with mem <= the point's
+    le0 = np.maximum(le, 0)
+    lt = le - (Rm[le0] == qm)  # ... with mem < the point's
+    return ((le >= 0) & (Rt[le0] < qt)) | ((lt >= 0) & (Rt[np.maximum(lt, 0)] <= qt))
 
 
 def _thin(idx: np.ndarray, group: np.ndarray, mem: np.ndarray) -> np.ndarray:
