@@ -89,6 +89,23 @@ def spec_layers(model: ModelSpec, index: dict[str, int], names: list[str]) -> li
 def estimate_pipeline(pipe: Pipeline, model: ModelSpec, cluster: Cluster, schedule: str, params: CostParams,
                       cache: CostCache | None = None) -> tuple[list[StageEstimate], float]:
     """Per-stage estimates of one pipeline and its step time (before any cross-pipeline sync)."""
+    out = pipeline_stages(pipe, model, cluster, schedule, params, cache)
+    return out, pipeline_time(out, pipe.num_microbatches, params, schedule)
+
+
+def step_lower_bound(stages: list[StageEstimate], num_microbatches: int, params: CostParams) -> float:
+    """A lower bound of ``pipeline_time`` (1F1B or GPipe, no virtual stages) of these stages, to rounding:
+    every stage runs its m forwards and m backwards (``action_times``: w + o per micro-batch) one after
+    another, then its tail, so the step is at least max over stages of m (w + o) + s. Sends, waits and
+    link queues only add. Callers compare it with a relative margin (the simulation sums in another order)."""
+    m, o = num_microbatches, params.slot_overhead_s
+    return max((m * (pipe_model.stage_work(st.cost_per_microbatch_s, st.step_s, m) + o) + st.step_s
+                for st in stages), default=0.0)
+
+
+def pipeline_stages(pipe: Pipeline, model: ModelSpec, cluster: Cluster, schedule: str, params: CostParams,
+                    cache: CostCache | None = None) -> list[StageEstimate]:
+    """Per-stage estimates of one pipeline (``estimate_pipeline`` without the step time)."""
     cache = cache if cache is not None else CostCache()
     index = model.index()
     p = len(pipe.stages)
@@ -104,4 +121,4 @@ def estimate_pipeline(pipe: Pipeline, model: ModelSpec, cluster: Cluster, schedu
             p2p = _p2p_over(context_link(ctx, ctxs[i + 1]), layers[-1].boundary_bytes, pipe.micro_batch_size)
         out.append(StageEstimate(list(ctx.devices), [ly.name for ly in st.layers], cost, fwd, bwd, step, k, peak, p2p,
                                  group=ctx.group))
-    return out, pipeline_time(out, pipe.num_microbatches, params, schedule)
+    return out

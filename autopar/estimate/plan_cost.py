@@ -16,7 +16,7 @@ from autopar.estimate.cache import CostCache
 from autopar.estimate.context import device_budget_bytes
 from autopar.estimate.cross_pipeline import cross_pipeline_sync_time
 from autopar.estimate.interleaved import estimate_any
-from autopar.estimate.pipeline import StageEstimate
+from autopar.estimate.pipeline import StageEstimate, pipeline_stages, pipeline_time, step_lower_bound
 from autopar.modelspec.spec import ModelSpec
 from autopar.plan.schema import Plan
 from cost_models import CostParams
@@ -105,6 +105,28 @@ def estimate_plan(plan: Plan, model: ModelSpec, params: CostParams | None = None
     if len(plan.pipelines) > 1:
         step = step + cross_pipeline_sync_time(plan, model, params, pipes, times, cache)
     return finish_estimate(plan, model, pipes, times, step)
+
+
+BOUND_MARGIN = 1e-9  # relative: far above the rounding between step_lower_bound and the simulated sum
+
+
+def estimate_plan_if_faster(plan: Plan, model: ModelSpec, params: CostParams, cache: CostCache,
+                            than: float) -> PlanEstimate | None:
+    """``estimate_plan(plan, model, params, cache)`` when the plan fits and may be faster than ``than`` seconds;
+    None when it does not fit, or when its step time is proven >= ``than`` (``step_lower_bound``, for a single
+    1F1B or GPipe pipeline without virtual stages), without simulating its schedule. A caller that keeps
+    the fastest fitting plan (strictly faster) keeps the very plan and estimate it would keep otherwise."""
+    pipe = plan.pipelines[0]
+    if len(plan.pipelines) > 1 or pipe.virtual_stages > 1 or plan.schedule not in ("1f1b", "gpipe"):
+        est = estimate_plan(plan, model, params, cache)
+        return est if est.fits else None
+    stages = pipeline_stages(pipe, model, plan.cluster, plan.schedule, params, cache)
+    if not finish_estimate(plan, model, [stages], [1.0], 1.0).fits:  # fits reads memory only, not the step
+        return None
+    if step_lower_bound(stages, pipe.num_microbatches, params) * (1.0 - BOUND_MARGIN) >= than:
+        return None
+    t = pipeline_time(stages, pipe.num_microbatches, params, plan.schedule)
+    return finish_estimate(plan, model, [stages], [t], t)  # estimate_plan's figures: max([t]) = t, one pipeline
 
 
 def finish_estimate(plan: Plan, model: ModelSpec, pipes: list[list[StageEstimate]], times: list[float],

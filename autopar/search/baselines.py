@@ -10,7 +10,8 @@ from collections.abc import Iterator
 
 from autopar.cluster.cluster import Cluster
 from autopar.errors import AutoparError
-from autopar.estimate import CostCache, PlanEstimate, estimate_plan
+from autopar.estimate import CostCache, PlanEstimate
+from autopar.estimate.plan_cost import estimate_plan_if_faster
 from autopar.modelspec.spec import CKPT_MODES, ModelSpec
 from autopar.plan.schema import ModelRef, Pipeline, Plan, Stage, StageLayer, Strategy
 from autopar.search.options import SearchOptions
@@ -119,10 +120,12 @@ def baselines(model: ModelSpec, cluster: Cluster, B: int, opts: SearchOptions, c
                 plan = _uniform_plan(model, B, opts, cluster, stages, m, name)
                 if not _divides(plan):
                     continue
-                est = estimate_plan(plan, model, opts.params, cache)
+                # The family's best so far bounds the plan: one that cannot beat it is not simulated.
+                than = best[name][1].step_time_s if best[name] is not None else float("inf")
+                est = estimate_plan_if_faster(plan, model, opts.params, cache, than)
             except AutoparError:
                 continue
-            if est.fits and (best[name] is None or est.step_time_s < best[name][1].step_time_s):
+            if est is not None and est.fits and (best[name] is None or est.step_time_s < best[name][1].step_time_s):
                 best[name] = (plan, est)
     bar.close()
     for v in best.values():

@@ -61,20 +61,21 @@ class RangeTrie:
         if parent < 0:
             new_m, new_t, new_s = m.copy(), c.copy(), cand.costs.step.copy()
             new_l, pp, st = lay.copy(), np.full(len(c), -1), np.arange(len(c))
+            self.points_examined += len(new_t)
+            ok = new_m <= self.mem_cap
+            new_m, new_t, new_l, pp, st, new_s = new_m[ok], new_t[ok], new_l[ok], pp[ok], st[ok], new_s[ok]
+            keep = pareto_by_group(new_l, new_m, new_t)
         else:
             pf = self.nodes[parent]
             sw = self.switch[pf.sig][pf.layout][:, lay]  # P x S
-            new_t = (pf.time[:, None] + (c[None, :] + sw)).ravel()
-            new_m = (pf.mem[:, None] + m[None, :]).ravel()
-            new_s = (pf.step[:, None] + cand.costs.step[None, :]).ravel()
-            P, S = len(pf.time), len(c)
-            pp = np.repeat(np.arange(P), S)
-            st = np.tile(np.arange(S), P)
-            new_l = np.tile(lay, P)
-        self.points_examined += len(new_t)
-        ok = new_m <= self.mem_cap
-        new_m, new_t, new_l, pp, st, new_s = new_m[ok], new_t[ok], new_l[ok], pp[ok], st[ok], new_s[ok]
-        keep = pareto_by_group(new_l, new_m, new_t)
+            T = pf.time[:, None] + (c[None, :] + sw)
+            M = pf.mem[:, None] + m[None, :]
+            self.points_examined += T.size
+            flat = product_frontier(T, M, pf.layout, lay, self.mem_cap)
+            pp, st = np.divmod(flat, len(c))
+            new_s = pf.step[pp] + cand.costs.step[st]
+            self.nodes.append(Frontier(M.ravel()[flat], T.ravel()[flat], lay[st], pp, st, parent, sig, new_s))
+            return len(self.nodes) - 1
         self.nodes.append(Frontier(new_m[keep], new_t[keep], new_l[keep], pp[keep], st[keep], parent, sig,
                                    new_s[keep]))
         return len(self.nodes) - 1
@@ -103,20 +104,22 @@ class RangeTrie:
         return out[::-1]
 
 
-def pareto_by_group(group: np.ndarray, mem: np.ndarray, time: np.ndarray) -> np.ndarray:
+def pareto_by_group(group: np.ndarray, mem: np.ndarray, time: np.ndarray, span: float | None = None) -> np.ndarray:
     """Indices of points not dominated (in mem and time) by another point of the same group.
 
     Ties keep the first point. Result is sorted by (group, mem). One vectorised pass: after sorting
     by (group, mem, time), a point survives when it is faster than every earlier point of its group;
     shifting each group's times below the previous group's makes one running minimum reset at
-    group boundaries.
+    group boundaries. ``span``: the shift's unit, ``max(time) - min(time) + 1`` of these points by
+    default (``product_frontier`` passes the figure of the whole set it filtered).
     """
     n = len(mem)
     if n == 0:
         return np.zeros(0, dtype=int)
     order = np.lexsort((time, mem, group))
     g, t = group[order], time[order]
-    span = float(t.max() - t.min()) + 1.0
+    if span is None:
+        span = float(t.max() - t.min()) + 1.0
     shifted = t - g * (2.0 * span)
     prev_min = np.minimum.accumulate(np.r_[np.inf, shifted[:-1]])
     new_group = np.r_[True, g[1:] != g[:-1]]
@@ -134,6 +137,66 @@ def pareto_by_group(group: np.ndarray, mem: np.ndarray, time: np.ndarray) -> np.
     if len(out) > MAX_POINTS_PER_LAYOUT * 8:
         out = _thin(out, group, mem)
     return out
+
+
+def product_frontier(T: np.ndarray, M: np.ndarray, row_layout: np.ndarray, col_layout: np.ndarray,
+                     mem_cap: float) -> np.ndarray:
+    """The frontier of the points (i, j) of ``T``, ``M`` (P x S: time and memory of parent point i extended by
+    strategy j) within ``mem_cap``, grouped by ``col_layout[j]``: flat indices i * S + j, exactly
+    ``pareto_by_group`` of those points in flat order (the same points in the same order), sorting fewer.
+
+    Per layout, a staircase of the points of parents already in that layout (no switch) drops every
+    point it dominates (``_dominated``), then a staircase of what is left drops more. A dropped point
+    has a point of its group before it in ``pareto_by_group``'s order (group, mem, time, index) with a
+    time no larger, so it is never kept and no later point's running minimum moves: the survivors'
+    frontier, computed with the whole set's shift (``span``), is the whole set's, ties and rounding
+    included. Points are visited column by column: along a strategy, memory rises with the parent
+    within each parent layout, which keeps the binary searches local.
+    """
+    P, S = T.shape
+    ok = M <= mem_cap
+    if not ok.any():
+        return np.zeros(0, dtype=int)
+    tv = T[ok]
+    span = float(tv.max() - tv.min()) + 1.0
+    survivors = []
+    for lv in np.unique(col_layout):
+        cols = np.flatnonzero(col_layout == lv)
+        qm, qt = M[:, cols].T.ravel(), T[:, cols].T.ravel()  # column by column
+        live = ok[:, cols].T.ravel()
+        ref = live & np.tile(row_layout == lv, len(cols))
+        if ref.any():
+            live &= ~_dominated(*_staircase(qm[ref], qt[ref]), qm, qt)
+        left = np.flatnonzero(live)
+        left = left[~_dominated(*_staircase(qm[left], qt[left]), qm[left], qt[left])]
+        j, r = np.divmod(left, P)
+        survivors.append(r * S + cols[j])
+    idx = np.sort(np.concatenate(survivors))
+    keep = pareto_by_group(col_layout[idx % S], M.ravel()[idx], T.ravel()[idx], span)
+    return idx[keep]
+
+
+def _staircase(mem: np.ndarray, time: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Points of (``mem``, ``time``) with memory strictly rising and time strictly falling, such that the last
+    one with memory <= x (or < x) is as fast as any point with memory <= x (< x)."""
+    if len(mem) == 0:
+        return mem, time
+    o = np.argsort(mem)
+    m, t = mem[o], time[o]
+    first = t < np.minimum.accumulate(np.r_[np.inf, t[:-1]])  # faster than every point before it
+    m, t = m[first], t[first]
+    last = np.r_[m[1:] != m[:-1], True]  # of equal memory, the last (the fastest)
+    return m[last], t[last]
+
+
+def _dominated(Rm: np.ndarray, Rt: np.ndarray, qm: np.ndarray, qt: np.ndarray) -> np.ndarray:
+    """Per query point: whether a staircase point has mem <= and time <, or mem < and time <=."""
+    if len(Rm) == 0:
+        return np.zeros(len(qm), dtype=bool)
+    le = np.searchsorted(Rm, qm, side="right") - 1  # the fastest staircase point with mem <= the point's
+    le0 = np.maximum(le, 0)
+    lt = le - (Rm[le0] == qm)  # ... with mem < the point's
+    return ((le >= 0) & (Rt[le0] < qt)) | ((lt >= 0) & (Rt[np.maximum(lt, 0)] <= qt))
 
 
 def _thin(idx: np.ndarray, group: np.ndarray, mem: np.ndarray) -> np.ndarray:

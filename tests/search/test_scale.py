@@ -79,8 +79,8 @@ def test_the_time_budget_bounds_the_baselines(monkeypatch):
     from autopar.search import baselines as bl
 
     calls = []
-    real = bl.estimate_plan
-    monkeypatch.setattr(bl, "estimate_plan", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = bl.estimate_plan_if_faster
+    monkeypatch.setattr(bl, "estimate_plan_if_faster", lambda *a, **k: calls.append(1) or real(*a, **k))
     m, c = from_zoo("llama2-7b"), load_cluster("2x8xA100")
     full = bl.baselines(m, c, 64, SearchOptions())
     n_full = len(calls)
