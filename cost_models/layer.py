@@ -31,6 +31,7 @@ from cost_models.collectives import Collectives, GroupLinks
 from cost_models.compute import compute_time, memory_bound_time
 from cost_models.context_parallel import cp_array, cp_comm_times, cp_kept_bytes, cp_transient_bytes
 from cost_models.memory import model_state_bytes
+from cost_models.memory_terms import loss_extra_bytes
 from cost_models.params import CostParams
 from cost_models.zero_options import (
     gathered_bytes,
@@ -347,11 +348,13 @@ def transient_bytes(layer: Layer, stage: Stage, strategy: Strategy) -> float:
     Its full activations of one micro-batch share (recompute under checkpointing, and the
     activation gradients of backward; times ``act_mem_factor``, as saved activations), and under ZeRO-3 two unsharded copies of its TP shard of the
     parameters (the gathered layer and the prefetched next one; one with ``reshard: false``, zero_options). Without ZeRO-3 the parameters are
-    resident and counted in the model states: a TP-8 layer of a 1T model holds no extra copy.
+    resident and counted in the model states: a TP-8 layer of a 1T model holds no extra copy. A unit with a loss
+    adds the logits copies its backward holds beyond those (``memory_terms.loss_extra_bytes``).
     """
     b_local = stage.micro_batch_size * strategy.tp / stage.n
     act = layer.saved_bytes("none", strategy.tp, strategy.sp) * b_local * stage.params.act_mem_factor
     act += cp_transient_bytes(layer, strategy.tp, getattr(strategy, "cp", 1), b_local) * stage.params.act_mem_factor
+    act += loss_extra_bytes(layer, strategy.tp, strategy.ckpt, b_local) * stage.params.act_mem_factor
     if strategy.zero != 3 or strategy.tp >= stage.n:  # ZeRO-3 without data parallelism gathers nothing
         return act
     copies = transient_copies(strategy)  # reshard: false holds its own gathered copy in its model states

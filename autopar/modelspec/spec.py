@@ -94,6 +94,9 @@ class LayerSpec:
     kv_bytes:        bytes per sample of the unit's K and V at KV-head width: what context parallel
                      all-gathers (cost_models/context_parallel.py); 0: taken as 2 x boundary_bytes
                      for a unit with an attention core.
+    loss_bytes:      bytes per sample of the fp32 logits the loss reads on this unit (an LM head:
+                     s*V*4, vocabulary-parallel under TP); 0: no loss here. The loss's backward holds
+                     several copies (cost_models/memory_terms.py).
     """
 
     name: str
@@ -113,10 +116,12 @@ class LayerSpec:
     op: OpSaved | None = None
     moe: MoESpec | None = None
     kv_bytes: float = 0.0
+    loss_bytes: float = 0.0
 
     def __post_init__(self) -> None:
         for f in ("params", "tp_params", "flops", "attn_core_flops", "act_tp_bytes", "act_seq_bytes",
-                  "act_attn_bytes", "boundary_bytes", "tp_comm_bytes", "tp_collectives", "kv_bytes"):
+                  "act_attn_bytes", "boundary_bytes", "tp_comm_bytes", "tp_collectives", "kv_bytes",
+                  "loss_bytes"):
             if getattr(self, f) < 0:
                 raise AutoparError(f"layer {self.name}.{f}", f"is negative ({getattr(self, f)})",
                                    "give a count or size of at least 0")
