@@ -154,8 +154,8 @@ class LayerSpec:
             return (self.act_tp_bytes + self.act_attn_bytes) / tp + self.act_seq_bytes / seq_div
         if ckpt == "selective":
             return self.act_tp_bytes / tp + self.act_seq_bytes / seq_div
-        if ckpt == "full":
-            return self.boundary_bytes / seq_div
+        if ckpt == "full":  # the loss runs after the checkpointed forward: its saved logits stay
+            return self.boundary_bytes / seq_div + self.loss_bytes / tp
         if ckpt == "op":
             return self.op_facts().saved_bytes(tp, sp)
         raise AutoparError("ckpt", f"unknown mode {ckpt!r}", f"use one of {', '.join(CKPT_MODES)}")
