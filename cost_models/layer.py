@@ -31,6 +31,7 @@ from cost_models.collectives import Collectives, GroupLinks
 from cost_models.compute import compute_time, memory_bound_time
 from cost_models.context_parallel import cp_array, cp_comm_times, cp_kept_bytes, cp_transient_bytes
 from cost_models.memory import model_state_bytes
+from cost_models.memory_terms import loss_extra_bytes
 from cost_models.params import CostParams
 from cost_models.zero_options import (
     gathered_bytes,
@@ -347,11 +348,13 @@ def transient_bytes(layer: Layer, stage: Stage, strategy: Strategy) -> float:
     Its full activations of one micro-batch share (recompute under checkpointing, and the
     activation gradients of backward; times ``act_mem_factor``, as saved activations), and under ZeRO-3 two unsharded copies of its TP shard of the
     parameters (the gathered layer and the prefetched next one; one with ``reshard: false``, zero_options). Without ZeRO-3 the parameters are
-    resident and counted in the model states: a TP-8 layer of a 1T model holds no extra copy.
+    resident and counted in the model states: a TP-8 layer of a 1T model holds no extra copy. A unit with a loss
+    adds the logits copies its backward holds beyond those (``memory_terms.loss_extra_bytes``).
     """
     b_local = stage.micro_batch_size * strategy.tp / stage.n
     act = layer.saved_bytes("none", strategy.tp, strategy.sp) * b_local * stage.params.act_mem_factor
     act += cp_transient_bytes(layer, strategy.tp, getattr(strategy, "cp", 1), b_local) * stage.params.act_mem_factor
+    act += loss_extra_bytes(layer, strategy.tp, b_local, stage.params.loss_copies) * stage.params.act_mem_factor
     if strategy.zero != 3 or strategy.tp >= stage.n:  # ZeRO-3 without data parallelism gathers nothing
         return act
     copies = transient_copies(strategy)  # reshard: false holds its own gathered copy in its model states
@@ -360,7 +363,22 @@ def transient_bytes(layer: Layer, stage: Stage, strategy: Strategy) -> float:
     return act + copies * float(shard_params(layer, np.array([float(strategy.tp)]))[0]) * stage.params.param_bytes
 
 
-def transient_bound(layer: Layer, stage: Stage, strategies: list[Strategy]) -> float:
+def transient_bound(layer: Layer, stage: Stage, strategies: list[Strategy], priced: np.ndarray | None = None) -> float:
     """The most ``transient_bytes`` any of ``strategies`` needs: what a search reserves for the layer
-    before it has chosen, so every plan it accepts fits under the plan's own estimate too."""
-    return max((transient_bytes(layer, stage, s) for s in strategies), default=0.0)
+    before it has chosen, so every plan it accepts fits under the plan's own estimate too. ``priced``:
+    bytes per strategy the search adds to that strategy's own memory instead (``loss_excess``), taken
+    off each strategy's transient before the maximum."""
+    less = np.zeros(len(strategies)) if priced is None else priced
+    return max((transient_bytes(layer, stage, s) - float(x) for s, x in zip(strategies, less)), default=0.0)
+
+
+def loss_excess(layer: Layer, stage: Stage, strategies: list[Strategy]) -> np.ndarray:
+    """Per strategy, the loss's logits copies in its transient (``memory_terms.loss_extra_bytes``) above
+    the least of ``strategies``: the part of a head's transient that varies with the strategy (PyTorch's
+    cross entropy holds 3 copies at tp 1, 4 under loss parallel). A search prices it in the strategy's
+    own memory and reserves the rest (``transient_bound`` with ``priced``): its plan still fits under
+    its estimate, and a reservation sized for the tp > 1 strategies does not reject a tp 1 plan."""
+    b = np.array([stage.micro_batch_size * s.tp / stage.n for s in strategies], dtype=float)
+    extra = np.array([loss_extra_bytes(layer, s.tp, float(x), stage.params.loss_copies) for s, x in zip(strategies, b)],
+                     dtype=float) * stage.params.act_mem_factor
+    return extra - extra.min() if len(extra) else extra

@@ -65,6 +65,10 @@ class CostParams:
         mixed sizes cannot be reused (fragmentation) and the framework makes activation-sized
         temporaries the layer formulas do not name. 1 by default (the lean count); ``autopar calibrate``
         fits it, with ``reserve_gib``, from published peak memory (``calibrate.table``, target memory).
+    loss_copies: logits-sized tensors the loss's backward holds per rank at its peak, in units of the fp32
+        logits a unit's ``loss_bytes`` states (``memory_terms.loss_copies``); 0: PyTorch's ``F.cross_entropy``
+        on fp32 logits (what autopar's runtime and torchtitan run): 3, 4 under TP loss parallel. Megatron-LM's
+        in-place vocab-parallel cross entropy holds 1.5 (``memory_terms``).
     act_traffic: HBM bytes the memory-bound kernels of a layer (norms, activations, softmax, dropout,
         residual adds, their gradients) move per byte of activations the layer saves for backward,
         forward and backward together (a third in forward, two thirds in backward, like FLOPs). Each
@@ -114,6 +118,7 @@ class CostParams:
     async_tp_overlap: float = 1.0
     reserve_gib: float = 1.0
     act_mem_factor: float = 1.0
+    loss_copies: float = 0.0
     act_traffic: float = 3.0
     slot_overhead_s: float = 0.0
     eff_by_kind: tuple = ()

@@ -94,6 +94,9 @@ class LayerSpec:
     kv_bytes:        bytes per sample of the unit's K and V at KV-head width: what context parallel
                      all-gathers (cost_models/context_parallel.py); 0: taken as 2 x boundary_bytes
                      for a unit with an attention core.
+    loss_bytes:      bytes per sample of the fp32 logits the loss reads on this unit (an LM head:
+                     s*V*4, vocabulary-parallel under TP); 0: no loss here. The loss's backward holds
+                     several copies (cost_models/memory_terms.py).
     """
 
     name: str
@@ -113,10 +116,12 @@ class LayerSpec:
     op: OpSaved | None = None
     moe: MoESpec | None = None
     kv_bytes: float = 0.0
+    loss_bytes: float = 0.0
 
     def __post_init__(self) -> None:
         for f in ("params", "tp_params", "flops", "attn_core_flops", "act_tp_bytes", "act_seq_bytes",
-                  "act_attn_bytes", "boundary_bytes", "tp_comm_bytes", "tp_collectives", "kv_bytes"):
+                  "act_attn_bytes", "boundary_bytes", "tp_comm_bytes", "tp_collectives", "kv_bytes",
+                  "loss_bytes"):
             if getattr(self, f) < 0:
                 raise AutoparError(f"layer {self.name}.{f}", f"is negative ({getattr(self, f)})",
                                    "give a count or size of at least 0")
@@ -149,8 +154,8 @@ class LayerSpec:
             return (self.act_tp_bytes + self.act_attn_bytes) / tp + self.act_seq_bytes / seq_div
         if ckpt == "selective":
             return self.act_tp_bytes / tp + self.act_seq_bytes / seq_div
-        if ckpt == "full":
-            return self.boundary_bytes / seq_div
+        if ckpt == "full":  # the loss runs after the checkpointed forward: its saved logits stay
+            return self.boundary_bytes / seq_div + self.loss_bytes / tp
         if ckpt == "op":
             return self.op_facts().saved_bytes(tp, sp)
         raise AutoparError("ckpt", f"unknown mode {ckpt!r}", f"use one of {', '.join(CKPT_MODES)}")

@@ -21,7 +21,8 @@ Conventions (stated once, used by every formula below):
   buffers) are left out; index tensors (int64 token / position / type ids) are counted.
 * The loss sits on the head unit: its logits are kept in fp32 for the cross entropy (s*V*4 bytes,
   vocab-parallel under TP). The head's ``boundary_bytes`` is its input (s*h*dtype): its output goes
-  to the loss on the same stage, and that input is what full checkpointing keeps.
+  to the loss on the same stage, and that input is what full checkpointing keeps. ``loss_bytes``
+  states those logits (the loss's backward holds several copies: cost_models/memory_terms.py).
 * Tied embeddings: the shared matrix is counted once, in ``embed``; the head's params then hold only
   its own tensors (``meta["tied_embeddings"]`` tells the cost model a last stage keeps a copy).
 * Op-level selective checkpointing (ckpt ``op``, torchtitan's policy; ``op_policy.py``): a block's
@@ -220,7 +221,7 @@ def _head_lm(x: _Shape) -> LayerSpec:
     return LayerSpec("head", "head", params=x.norm + own, tp_params=own, flops=2.0 * s * h * V,
                      act_tp_bytes=s * V * STATS_BYTES, act_seq_bytes=2 * s * h * d, boundary_bytes=s * h * d,
                      tp_divisors=(V,), tp_comm_bytes=s * h * d, tp_collectives=1,
-                     tp_plan=f"{x.e['tp_family']}.head")
+                     tp_plan=f"{x.e['tp_family']}.head", loss_bytes=s * V * STATS_BYTES)
 
 
 def _head_mlm(x: _Shape) -> LayerSpec:
@@ -230,7 +231,7 @@ def _head_mlm(x: _Shape) -> LayerSpec:
     return LayerSpec("head", "head", params=h * h + h + x.norm + own, tp_params=own,
                      flops=2.0 * s * h * (h + V), act_tp_bytes=s * V * STATS_BYTES, act_seq_bytes=4 * s * h * d,
                      boundary_bytes=s * h * d, tp_divisors=(V,), tp_comm_bytes=s * h * d, tp_collectives=1,
-                     tp_plan=f"{x.e['tp_family']}.head")
+                     tp_plan=f"{x.e['tp_family']}.head", loss_bytes=s * V * STATS_BYTES)
 
 
 def _head_cls(x: _Shape) -> LayerSpec:
