@@ -15,10 +15,11 @@ import yaml
 from autopar.errors import AutoparError
 from autopar.fields import Fields, as_list
 from autopar.measured.cluster import UnknownGPU, cluster_for_case
+from autopar.measured.framework import Framework, check_state_bytes, read_framework
 from autopar.measured.model import model_from_config
 from autopar.measured.plan import build_plan, chunk_sizes, read_shape, stage_sizes
 from autopar.measured.runs import Run, RunSet, Skip
-from autopar.plan.precision import DEFAULT, NAMES, activation_bytes
+from autopar.plan.precision import DEFAULT, NAMES, activation_bytes, precision_params
 from autopar.plan.validate import plan_problems
 
 FORMAT = "autopar-measured/1"
@@ -103,7 +104,7 @@ def _per_case_int(c: Fields, top: Fields, key: str) -> int:
     raise AutoparError(c.at(key), "is missing (the file gives it per case)", f"add '{key}:' to the case")
 
 
-def _case(c: Fields, top: Fields, strict: bool, cache: dict) -> Run | Skip:
+def _case(c: Fields, top: Fields, strict: bool, cache: dict, framework: Framework) -> Run | Skip:
     cid = c.doc["id"]
     status = c.opt_str("status", "ok", choices=STATUSES)
     if status in ("inexpressible", "suspect"):
@@ -146,7 +147,10 @@ def _case(c: Fields, top: Fields, strict: bool, cache: dict) -> Run | Skip:
         cluster = cluster.at_precision(precision)
     except AutoparError as err:  # the GPU has no peak for it: name the case
         raise AutoparError(c.at("precision_mode"), f"{err.field}: {err.problem}", err.fix) from err
-    plan = build_plan(shape, sizes, model, cluster)
+    stated = framework.overrides(precision)
+    if stated:
+        check_state_bytes({**precision_params(precision).to_dict(), **stated}, top.at("framework"))
+    plan = build_plan(shape, sizes, model, cluster, stated)
     problems = plan_problems(plan, model)
     if problems:
         if strict:
@@ -171,6 +175,8 @@ def load_runs(path: str | Path, *, strict: bool = False) -> RunSet:
     if not model.has("precision_mode") and any(not (isinstance(r, dict) and {"precision", "precision_mode"} & set(r))
                                                for r in cases):  # say once what the cases that state none assume
         rs.notes += _precision(model, Fields({}, model.path))[1]
+    framework = read_framework(top)
+    rs.notes += framework.note()
     cache: dict = {}
     seen: set[str] = set()
     for i, raw in enumerate(cases):
@@ -178,7 +184,7 @@ def load_runs(path: str | Path, *, strict: bool = False) -> RunSet:
         if cid in seen:
             raise AutoparError(f"{top.at('cases')}[{i}].id", f"duplicate case id {cid!r}", "give every case its own id")
         seen.add(cid)
-        out = _case(Fields(raw, f"{path.name}:case {cid}"), top, strict, cache)
+        out = _case(Fields(raw, f"{path.name}:case {cid}"), top, strict, cache, framework)
         if isinstance(out, Skip):
             rs.skipped.append(out)
         else:

@@ -112,9 +112,10 @@ def chunk_sizes(f: Fields, model: ModelSpec, shape: Shape, stage_units: list[int
     return sizes
 
 
-def build_plan(shape: Shape, sizes: list[int], model: ModelSpec, cluster: Cluster) -> Plan:
+def build_plan(shape: Shape, sizes: list[int], model: ModelSpec, cluster: Cluster, stated: dict | None = None) -> Plan:
     """The one-pipeline Plan of ``shape`` with ``sizes`` units per chunk on ``cluster`` (one chunk per stage
-    unless ``shape.virtual_stages`` > 1: then chunk k runs on stage k mod pp)."""
+    unless ``shape.virtual_stages`` > 1: then chunk k runs on stage k mod pp). Its cost parameters are the
+    precision's defaults with ``stated`` over them (the file's ``framework``, ``measured.framework``)."""
     width = shape.tp * shape.cp * shape.dp
     stages, first = [], 0
     for k, size in enumerate(sizes):
@@ -130,4 +131,4 @@ def build_plan(shape: Shape, sizes: list[int], model: ModelSpec, cluster: Cluste
                     num_microbatches=shape.num_microbatches, stages=stages, virtual_stages=shape.virtual_stages)
     return Plan(model=ModelRef(model.name, model.seq_len, model.num_layers, model.source), cluster=cluster,
                 global_batch_size=shape.global_batch_size, pipelines=[pipe], schedule=shape.schedule,
-                search={"cost_params": precision_params(cluster.precision).to_dict()})
+                search={"cost_params": {**precision_params(cluster.precision).to_dict(), **(stated or {})}})

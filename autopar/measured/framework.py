@@ -1,0 +1,77 @@
+"""``framework``: what a measured file states about the software its runs used, as cost parameters.
+
+Published runs ran on their own framework, whose memory differs from autopar's runtime (PyTorch's
+cross entropy, Megatron-style fp32 main gradients): Megatron-LM's in-place vocabulary-parallel cross
+entropy holds 1.5 logits copies at its backward, not PyTorch's 3-4; DeepSpeed's BF16 optimizer keeps the
+bf16 gradients beside a full fp32 accumulation buffer. Such facts are read from the framework's code,
+never fitted to the runs, so a file may state them with their origin::
+
+    framework:
+      name: Megatron-DeepSpeed (bigscience fork), DeepSpeed BF16_Optimizer
+      source: where each value comes from (repository, path, commit)
+      cost_params: {loss_copies: 1.5}          # any CostParams fields, every case
+      by_precision:                            # more fields for the cases at one precision
+        bf16: {grad_bytes: 6, state_bytes: 20}
+
+Every value is checked as a plan's ``cost_params`` is (``read_cost_params``); the loader puts them on
+each case's plan over the precision's defaults (``measured.plan.build_plan``), so the file's runs are
+estimated, scored and calibrated with them. Without the block nothing changes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from autopar.errors import AutoparError
+from autopar.fields import Fields
+from autopar.plan.cost_params import read_cost_params
+from cost_models.precision import NAMES
+
+KEYS = ("name", "source", "cost_params", "by_precision")
+FIX = "give framework: {name, source, cost_params: {field: value}, by_precision: {bf16: {field: value}}}"
+
+
+@dataclass(frozen=True)
+class Framework:
+    """The cost parameters a measured file states for its framework: ``common`` for every case,
+    ``by_precision[p]`` over them for the cases at precision ``p``."""
+
+    name: str = ""
+    common: dict = field(default_factory=dict)
+    by_precision: dict = field(default_factory=dict)
+
+    def overrides(self, precision: str) -> dict:
+        """The stated fields for a case at ``precision``."""
+        return {**self.common, **self.by_precision.get(precision, {})}
+
+    def note(self) -> list[str]:
+        """One note for the run set when the file states anything."""
+        if not (self.common or self.by_precision):
+            return []
+        parts = [", ".join(f"{k} {v}" for k, v in self.common.items())] if self.common else []
+        parts += [f"{p}: " + ", ".join(f"{k} {v}" for k, v in d.items()) for p, d in self.by_precision.items()]
+        return [f"framework {self.name}: " + "; ".join(parts)]
+
+
+def read_framework(top: Fields) -> Framework:
+    """The file's ``framework`` block (an empty Framework when it has none); AutoparError naming the field."""
+    if not top.has("framework"):
+        return Framework()
+    f = top.sub("framework", kind="framework", keys=KEYS)
+    name = f.req_str("name", fix=FIX)
+    f.req_str("source", fix="say where each stated value comes from (repository, path, commit)")
+    common = read_cost_params(f.raw("cost_params", {}), f.at("cost_params"), FIX, partial=True)
+    by = f.sub("by_precision", keys=NAMES) if f.has("by_precision") else None
+    by_precision = {p: read_cost_params(by.raw(p), by.at(p), FIX, partial=True) for p in by.doc} if by else {}
+    if not (common or any(by_precision.values())):
+        raise AutoparError(f.at("cost_params"), "states no cost parameter", FIX)
+    return Framework(name, common, by_precision)
+
+
+def check_state_bytes(values: dict, where: str) -> None:
+    """Refuse byte counts whose optimizer part (``state_bytes - param_bytes - grad_bytes``) is negative."""
+    opt = values["state_bytes"] - values["param_bytes"] - values["grad_bytes"]
+    if opt < 0:
+        raise AutoparError(where, f"state_bytes {values['state_bytes']} is below param_bytes {values['param_bytes']} + "
+                           f"grad_bytes {values['grad_bytes']}", "state_bytes counts parameter, gradient and "
+                           "optimizer bytes: raise it with grad_bytes")

@@ -1,0 +1,82 @@
+"""A measured file's ``framework`` block: the framework's stated cost parameters on every case's plan."""
+
+from __future__ import annotations
+
+import pytest
+
+from autopar.errors import AutoparError
+from autopar.estimate import estimate_plan, plan_cost_params
+from autopar.measured import load_runs
+
+from .measured_testlib import write
+
+SOURCE = "example/framework optimizer.py @ 0000000"
+
+
+def _framework(**block):
+    def edit(doc):
+        doc["framework"] = {"name": "example", "source": SOURCE, **block}
+    return edit
+
+
+def _by_id(rs):
+    return {r.case_id: r for r in rs.runs + rs.failed}
+
+
+def test_without_the_block_nothing_changes(tmp_path):
+    run = _by_id(load_runs(write(tmp_path)))["pp2"]
+    assert plan_cost_params(run.plan).loss_copies == 0.0
+
+
+def test_by_precision_adds_gradient_bytes_on_its_cases_only(tmp_path):
+    plain = _by_id(load_runs(write(tmp_path, name="plain.yaml")))
+
+    def edit(doc):
+        _framework(by_precision={"fp16": {"grad_bytes": 4, "state_bytes": 22}})(doc)
+        doc["cases"][1]["precision_mode"] = "bf16"  # tp2-even: not the stated precision
+
+    rs = load_runs(write(tmp_path, edit))
+    got = _by_id(rs)
+    assert rs.notes[-1] == "framework example: fp16: grad_bytes 4, state_bytes 22"
+    assert plan_cost_params(got["pp2"].plan).grad_bytes == 4
+    assert plan_cost_params(got["tp2-even"].plan).grad_bytes == 4  # bf16's own row: fp32 gradients
+    assert plan_cost_params(got["tp2-even"].plan).state_bytes == 18
+    # pp2 runs ZeRO 0 at tp 1: its first stage (embedding and blocks) holds 2 more bytes per parameter.
+    run = got["pp2"]
+    before = estimate_plan(plain["pp2"].plan, plain["pp2"].model).pipelines[0][0]
+    after = estimate_plan(run.plan, run.model).pipelines[0][0]
+    params = sum(ly.params for ly in run.model.layers if ly.name in after.layers)
+    assert after.memory_bytes - before.memory_bytes == pytest.approx(2 * params, rel=1e-9)
+
+
+def test_megatron_cross_entropy_holds_less_at_the_head(tmp_path):
+    plain = _by_id(load_runs(write(tmp_path, name="plain.yaml")))["pp2"]
+    run = _by_id(load_runs(write(tmp_path, _framework(cost_params={"loss_copies": 1.5}))))["pp2"]
+    last = estimate_plan(run.plan, run.model).pipelines[0][-1]
+    last_plain = estimate_plan(plain.plan, plain.model).pipelines[0][-1]
+    assert plan_cost_params(run.plan).loss_copies == 1.5
+    assert last.memory_bytes < last_plain.memory_bytes
+    first = estimate_plan(run.plan, run.model).pipelines[0][0]
+    assert first.memory_bytes == estimate_plan(plain.plan, plain.model).pipelines[0][0].memory_bytes
+
+
+@pytest.mark.parametrize("block, start", [
+    ({"cost_params": {"loss_copies": 1.5}, "source": None}, "tiny.yaml:framework.source: is missing"),
+    ({"cost_params": {"loss_copy": 1.5}}, "tiny.yaml:framework.cost_params.loss_copy: is not a cost_params field"),
+    ({"cost_params": {"loss_copies": -1}}, "tiny.yaml:framework.cost_params.loss_copies: must be >= 0"),
+    ({"by_precision": {"fp12": {"grad_bytes": 6}}}, "tiny.yaml:framework.by_precision.fp12: is not a known field"),
+    ({"cost_params": {}}, "tiny.yaml:framework.cost_params: states no cost parameter"),
+    ({"by_precision": {"fp16": {"grad_bytes": 19}}}, "tiny.yaml:framework: state_bytes 20 is below param_bytes 2 + "
+                                                     "grad_bytes 19"),
+])
+def test_bad_block_is_one_line_naming_the_field(tmp_path, block, start):
+    def edit(doc):
+        _framework(**block)(doc)
+        if block.get("source", SOURCE) is None:
+            del doc["framework"]["source"]
+
+    with pytest.raises(AutoparError) as info:
+        load_runs(write(tmp_path, edit))
+    msg = str(info.value)
+    assert "\n" not in msg
+    assert msg.startswith(start), msg
