@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from autopar.errors import AutoparError
 from autopar.fields import Fields
 from autopar.plan.cost_params import read_cost_params
-from cost_models.precision import NAMES
+from autopar.plan.precision import NAMES
 
 KEYS = ("name", "source", "cost_params", "by_precision")
 FIX = "give framework: {name, source, cost_params: {field: value}, by_precision: {bf16: {field: value}}}"
