@@ -12,6 +12,8 @@ never fitted to the runs, so a file may state them with their origin::
       cost_params: {loss_copies: 1.5}          # any CostParams fields, every case
       by_precision:                            # more fields for the cases at one precision
         bf16: {grad_bytes: 6, state_bytes: 20}
+      by_flag:                                 # more for the cases with a flag set (compile: true)
+        compile: {loss_copies: 1}
 
 Every value is checked as a plan's ``cost_params`` is (``read_cost_params``); the loader puts them on
 each case's plan over the precision's defaults (``measured.plan.build_plan``), so the file's runs are
@@ -27,29 +29,38 @@ from autopar.fields import Fields
 from autopar.plan.cost_params import read_cost_params
 from autopar.plan.precision import NAMES
 
-KEYS = ("name", "source", "cost_params", "by_precision")
-FIX = "give framework: {name, source, cost_params: {field: value}, by_precision: {bf16: {field: value}}}"
+KEYS = ("name", "source", "cost_params", "by_precision", "by_flag")
+FLAGS = ("compile",)  # case flags whose framework behaviour a file may state (torchtitan compiles its loss)
+FIX = ("give framework: {name, source, cost_params: {field: value}, by_precision: {bf16: {field: value}}, "
+       "by_flag: {compile: {field: value}}}")
 
 
 @dataclass(frozen=True)
 class Framework:
     """The cost parameters a measured file states for its framework: ``common`` for every case,
-    ``by_precision[p]`` over them for the cases at precision ``p``."""
+    ``by_precision[p]`` over them for the cases at precision ``p``, ``by_flag[f]`` over those for the cases
+    with flag ``f`` set."""
 
     name: str = ""
     common: dict = field(default_factory=dict)
     by_precision: dict = field(default_factory=dict)
+    by_flag: dict = field(default_factory=dict)
 
-    def overrides(self, precision: str) -> dict:
-        """The stated fields for a case at ``precision``."""
-        return {**self.common, **self.by_precision.get(precision, {})}
+    def overrides(self, precision: str, flags: set[str] | frozenset = frozenset()) -> dict:
+        """The stated fields for a case at ``precision`` with ``flags`` set."""
+        out = {**self.common, **self.by_precision.get(precision, {})}
+        for f in FLAGS:
+            if f in flags:
+                out.update(self.by_flag.get(f, {}))
+        return out
 
     def note(self) -> list[str]:
         """One note for the run set when the file states anything."""
-        if not (self.common or self.by_precision):
+        if not (self.common or self.by_precision or self.by_flag):
             return []
         parts = [", ".join(f"{k} {v}" for k, v in self.common.items())] if self.common else []
-        parts += [f"{p}: " + ", ".join(f"{k} {v}" for k, v in d.items()) for p, d in self.by_precision.items()]
+        parts += [f"{p}: " + ", ".join(f"{k} {v}" for k, v in d.items())
+                  for p, d in {**self.by_precision, **self.by_flag}.items()]
         return [f"framework {self.name}: " + "; ".join(parts)]
 
 
@@ -63,9 +74,11 @@ def read_framework(top: Fields) -> Framework:
     common = read_cost_params(f.raw("cost_params", {}), f.at("cost_params"), FIX, partial=True)
     by = f.sub("by_precision", keys=NAMES) if f.has("by_precision") else None
     by_precision = {p: read_cost_params(by.raw(p), by.at(p), FIX, partial=True) for p in by.doc} if by else {}
-    if not (common or any(by_precision.values())):
+    fl = f.sub("by_flag", keys=FLAGS) if f.has("by_flag") else None
+    by_flag = {k: read_cost_params(fl.raw(k), fl.at(k), FIX, partial=True) for k in fl.doc} if fl else {}
+    if not (common or any(by_precision.values()) or any(by_flag.values())):
         raise AutoparError(f.at("cost_params"), "states no cost parameter", FIX)
-    return Framework(name, common, by_precision)
+    return Framework(name, common, by_precision, by_flag)
 
 
 def check_state_bytes(values: dict, where: str) -> None:

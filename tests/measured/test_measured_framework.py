@@ -80,3 +80,21 @@ def test_bad_block_is_one_line_naming_the_field(tmp_path, block, start):
     msg = str(info.value)
     assert "\n" not in msg
     assert msg.startswith(start), msg
+
+
+def test_by_flag_applies_to_the_cases_with_the_flag(tmp_path):
+    def edit(doc):
+        _framework(cost_params={"loss_copies": 3}, by_flag={"compile": {"loss_copies": 1}})(doc)
+        doc["cases"][0]["compile"] = True  # pp2 compiled, tp2-even not
+
+    rs = load_runs(write(tmp_path, edit))
+    got = _by_id(rs)
+    assert plan_cost_params(got["pp2"].plan).loss_copies == 1
+    assert plan_cost_params(got["tp2-even"].plan).loss_copies == 3
+    assert rs.notes[-1] == "framework example: loss_copies 3.0; compile: loss_copies 1.0"
+
+
+def test_unknown_flag_is_refused(tmp_path):
+    with pytest.raises(AutoparError) as info:
+        load_runs(write(tmp_path, _framework(by_flag={"float8": {"loss_copies": 1}})))
+    assert str(info.value).startswith("tiny.yaml:framework.by_flag.float8: is not a known field")
