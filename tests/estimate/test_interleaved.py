@@ -9,9 +9,10 @@ from autopar.estimate import estimate_plan
 from autopar.estimate.cache import CostCache
 from autopar.estimate.interleaved import estimate_interleaved
 from autopar.modelspec.load import load_model
-from autopar.plan.schema import ModelRef, Pipeline, Plan, Stage, StageLayer, Strategy
+from autopar.plan.schema import Plan, Strategy
 from cost_models import CostParams
 from cost_models.pipeline_schedules import schedule_table, simulate_schedule
+from tests.estimate.even_plan import even_pipeline_plan
 
 MODEL = load_model("llama2-7b", 4096)  # 34 units: embed, 32 blocks, head
 CLUSTER = load_cluster("2x8xA100-80G")
@@ -24,12 +25,7 @@ def simulate_step(*args, **kwargs) -> float:
 
 def _plan(p: int, v: int, m: int, gbs: int = 64) -> Plan:
     """``p`` stages of 16 / p devices (tp 2, zero 1), the units cut into p * v near-equal chunks."""
-    n = CLUSTER.num_devices // p
-    units = [StageLayer(ly.name, Strategy(tp=2, zero=1)) for ly in MODEL.layers]
-    cuts = [round(i * len(units) / (p * v)) for i in range(p * v + 1)]
-    stages = [Stage(list(range((k % p) * n, (k % p + 1) * n)), units[cuts[k]:cuts[k + 1]]) for k in range(p * v)]
-    return Plan(ModelRef(MODEL.name, MODEL.seq_len, MODEL.num_layers, MODEL.source), CLUSTER, gbs,
-                [Pipeline(gbs, gbs // m, m, stages, virtual_stages=v)], schedule="interleaved" if v > 1 else "1f1b")
+    return even_pipeline_plan(MODEL, CLUSTER, p, m, Strategy(tp=2, zero=1), "interleaved" if v > 1 else "1f1b", gbs, v)
 
 
 def test_the_step_is_the_table_simulated_with_the_chunks_own_times():

@@ -8,9 +8,10 @@ import pytest
 from autopar.cluster import load_cluster
 from autopar.estimate import estimate_plan
 from autopar.modelspec.load import load_model
-from autopar.plan.schema import ModelRef, Pipeline, Plan, Stage, StageLayer, Strategy
+from autopar.plan.schema import Plan, Strategy
 from cost_models.pipeline import pipeline_time
 from cost_models.pipeline_schedules import schedule_table, simulate_schedule
+from tests.estimate.even_plan import even_pipeline_plan
 
 MODEL = load_model("gpt3-1.3b", 2048)
 GEO = load_cluster("geo-us-3region")  # 48 devices in three zones, slow links between zones
@@ -18,12 +19,7 @@ GEO = load_cluster("geo-us-3region")  # 48 devices in three zones, slow links be
 
 def _plan(schedule: str, p: int = 6, m: int = 16, gbs: int = 128) -> Plan:
     """``p`` stages of 48 / p devices in device order (so stages cross zones), dp only, near-equal units."""
-    n = GEO.num_devices // p
-    units = [StageLayer(ly.name, Strategy(tp=1, zero=1)) for ly in MODEL.layers]
-    cuts = [round(i * len(units) / p) for i in range(p + 1)]
-    stages = [Stage(list(range(i * n, (i + 1) * n)), units[cuts[i]:cuts[i + 1]]) for i in range(p)]
-    return Plan(ModelRef(MODEL.name, MODEL.seq_len, MODEL.num_layers, MODEL.source), GEO, gbs,
-                [Pipeline(gbs, gbs // m, m, stages)], schedule=schedule)
+    return even_pipeline_plan(MODEL, GEO, p, m, Strategy(tp=1, zero=1), schedule, gbs)
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])

@@ -10,11 +10,12 @@ from autopar.estimate import estimate_plan
 from autopar.estimate.context import StageContext
 from autopar.estimate.zero_bubble import zero_bubble_inflight
 from autopar.modelspec.load import load_model
-from autopar.plan.schema import ModelRef, Pipeline, Plan, Stage, StageLayer, Strategy
+from autopar.plan.schema import Plan, Strategy
 from cost_models import CostParams
 from cost_models.pipeline import stage_work
 from cost_models.pipeline_schedules import schedule_table, simulate_schedule
 from cost_models.zero_bubble import weight_grad_time
+from tests.estimate.even_plan import even_pipeline_plan
 
 MODEL = load_model("llama2-7b", 4096)  # 34 units: embed, 32 blocks, head
 CLUSTER = load_cluster("2x8xA100-80G")
@@ -22,12 +23,7 @@ CLUSTER = load_cluster("2x8xA100-80G")
 
 def _plan(p: int, m: int, schedule: str, gbs: int = 64) -> Plan:
     """``p`` stages of 16 / p devices (tp 2, zero 1), the units cut into p near-equal runs."""
-    n = CLUSTER.num_devices // p
-    units = [StageLayer(ly.name, Strategy(tp=2, zero=1)) for ly in MODEL.layers]
-    cuts = [round(i * len(units) / p) for i in range(p + 1)]
-    stages = [Stage(list(range(k * n, (k + 1) * n)), units[cuts[k]:cuts[k + 1]]) for k in range(p)]
-    return Plan(ModelRef(MODEL.name, MODEL.seq_len, MODEL.num_layers, MODEL.source), CLUSTER, gbs,
-                [Pipeline(gbs, gbs // m, m, stages)], schedule=schedule)
+    return even_pipeline_plan(MODEL, CLUSTER, p, m, Strategy(tp=2, zero=1), schedule, gbs)
 
 
 def test_the_step_is_the_table_simulated_with_b_and_w_split():

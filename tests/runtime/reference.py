@@ -97,3 +97,19 @@ def assert_matches_reference(build: Callable[[], nn.Module], plan: Plan | str | 
         torch.testing.assert_close(state[name], ref, atol=tol, rtol=tol, msg=lambda m, n=name: f"{n}: {m}")
         worst = max(worst, (state[name] - ref).abs().max().item())
     return {"losses": losses[0], "ref_losses": ref_losses, "max_param_diff": worst}
+
+
+def _wrap_outcome(rank: int, world: int, build: Callable[[], nn.Module], plan: Plan) -> str:
+    from autopar.errors import AutoparError
+    from autopar.runtime.wrap import wrap
+
+    try:
+        wrap(build(), plan, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1))
+    except AutoparError as e:
+        return str(e)
+    return "wrapped"
+
+
+def wrap_outcomes(build: Callable[[], nn.Module], plan: Plan) -> list[str]:
+    """Per rank of ``plan``: the AutoparError ``wrap(build(), plan)`` raises there, or "wrapped"."""
+    return run_distributed(_wrap_outcome, plan.world_size, build, plan)

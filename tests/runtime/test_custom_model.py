@@ -10,10 +10,9 @@ from torch import nn
 
 from autopar.errors import AutoparError
 from autopar.plan.compact import make_plan
-from autopar.runtime.local_ranks import run_distributed
 from autopar.units import units
 from tests.runtime.cases import float_data, mse, same
-from tests.runtime.reference import assert_matches_reference
+from tests.runtime.reference import assert_matches_reference, wrap_outcomes
 
 pytestmark = pytest.mark.dist
 
@@ -126,17 +125,6 @@ def test_what_discovery_cannot_follow_is_named(model, problem):
         assert _FIX in str(err.value)
 
 
-def _refused(rank, world):
-    from autopar.runtime import wrap
-
-    plan = make_plan([(4, 2, [([0], same(NAMES[:3])), ([1], same(NAMES[3:]))])])
-    try:
-        wrap(Glue(), plan, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1))
-    except AutoparError as e:
-        return str(e)
-    return "wrapped"
-
-
 def test_a_model_wrap_cannot_follow_is_refused_on_every_rank():
-    out = run_distributed(_refused, 2)
+    out = wrap_outcomes(Glue, make_plan([(4, 2, [([0], same(NAMES[:3])), ([1], same(NAMES[3:]))])]))
     assert out[0] == out[1] and out[0].startswith("model: Glue.forward runs call_function 'mul' after unit encoder.1")

@@ -16,7 +16,7 @@ from autopar.plan.compact import make_plan
 from autopar.runtime.local_ranks import run_distributed
 from autopar.units import units
 from tests.runtime.cases import same
-from tests.runtime.reference import assert_matches_reference
+from tests.runtime.reference import assert_matches_reference, reference_train
 
 pytestmark = pytest.mark.dist
 
@@ -167,16 +167,7 @@ def test_synced_batchnorm_under_torch_compile():
     single-process losses."""
     x, y = images()
     out = run_distributed(_compiled, 2, make_plan(PLANS["dp2"]), x, y, timeout_s=300)
-    torch.manual_seed(0)
-    ref = ResNet()
-    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
-    expected = []
-    for _ in range(2):
-        loss = ce(ref(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        expected.append(loss.item())
+    expected, _ = reference_train(ResNet, x, y, steps=2, lr=0.1, loss_fn=ce)
     assert out[0] == out[1]
     torch.testing.assert_close(torch.tensor(out[0]), torch.tensor(expected), atol=1e-5, rtol=1e-5)
 

@@ -8,11 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autopar.errors import AutoparError
 from autopar.plan.compact import make_plan
-from autopar.runtime.local_ranks import run_distributed
 from tests.runtime.cases import GPT_UNITS, same
-from tests.runtime.reference import assert_matches_reference
+from tests.runtime.reference import assert_matches_reference, wrap_outcomes
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.dist
@@ -44,20 +42,10 @@ def test_t5_trains_like_single_process(plan):
     assert_matches_reference(hf_t5, make_plan(PLANS[plan], schedule=schedule), x, y)
 
 
-def _wrap_bart(rank, world):
-    from autopar.runtime import wrap
+def test_bart_is_refused_on_every_rank():
     from tests.models.test_hf_seq2seq import bart
 
-    plan = make_plan([(4, 2, [([0, 1], same(GPT_UNITS))])])
-    try:
-        wrap(bart(), plan, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1))
-    except AutoparError as e:
-        return str(e)
-    return "wrapped"
-
-
-def test_bart_is_refused_on_every_rank():
-    out = run_distributed(_wrap_bart, 2)
+    out = wrap_outcomes(bart, make_plan([(4, 2, [([0, 1], same(GPT_UNITS))])]))
     assert out[0] == out[1]
     assert out[0].startswith("model: transformers model type 'bart' (BartForConditionalGeneration) is an "
                              "encoder-decoder")
