@@ -148,9 +148,10 @@ def _case(c: Fields, top: Fields, strict: bool, cache: dict, framework: Framewor
     except AutoparError as err:  # the GPU has no peak for it: name the case
         raise AutoparError(c.at("precision_mode"), f"{err.field}: {err.problem}", err.fix) from err
     stated = framework.overrides(precision, {k for k in FLAGS if c.raw(k, False) is True})
+    cost_params = {**precision_params(precision).to_dict(), **stated}  # the file's framework over the defaults
     if stated:
-        check_state_bytes({**precision_params(precision).to_dict(), **stated}, top.at("framework"))
-    plan = build_plan(shape, sizes, model, cluster, stated)
+        check_state_bytes(cost_params, top.at("framework"))
+    plan = build_plan(shape, sizes, model, cluster, cost_params)
     problems = plan_problems(plan, model)
     if problems:
         if strict:

@@ -2,7 +2,8 @@
 (with ``virtual_stages`` v > 1, Megatron's interleaved 1F1B: pp x v model chunks, chunk k on stage k mod pp).
 
 The plan is at the precision of its cluster (``Cluster.at_precision``), and records the default cost
-parameters at that precision, so ``estimate_plan(plan, model)`` estimates it as ``autopar estimate`` would.
+parameters at that precision (with the file's ``framework`` facts over them, ``measured.framework``), so
+``estimate_plan(plan, model)`` estimates it as ``autopar estimate`` would.
 
 Devices are numbered as Megatron and AMP rank them (tp fastest, then cp, then dp, then pp), so stage k
 holds devices ``k*w ... (k+1)*w - 1``, w = tp*cp*dp. Every unit runs ``Strategy(tp, zero, ckpt, sp, cp)``, with the
@@ -22,7 +23,6 @@ from autopar.cluster.cluster import Cluster
 from autopar.errors import AutoparError
 from autopar.fields import Fields, as_int
 from autopar.modelspec.spec import CKPT_MODES, ModelSpec
-from autopar.plan.precision import precision_params
 from autopar.plan.schema import ModelRef, Pipeline, Plan, Stage, StageLayer, Strategy
 
 
@@ -112,10 +112,10 @@ def chunk_sizes(f: Fields, model: ModelSpec, shape: Shape, stage_units: list[int
     return sizes
 
 
-def build_plan(shape: Shape, sizes: list[int], model: ModelSpec, cluster: Cluster, stated: dict | None = None) -> Plan:
+def build_plan(shape: Shape, sizes: list[int], model: ModelSpec, cluster: Cluster, cost_params: dict) -> Plan:
     """The one-pipeline Plan of ``shape`` with ``sizes`` units per chunk on ``cluster`` (one chunk per stage
-    unless ``shape.virtual_stages`` > 1: then chunk k runs on stage k mod pp). Its cost parameters are the
-    precision's defaults with ``stated`` over them (the file's ``framework``, ``measured.framework``)."""
+    unless ``shape.virtual_stages`` > 1: then chunk k runs on stage k mod pp), recording ``cost_params``
+    (the precision's defaults with the file's ``framework`` over them: ``load._case``)."""
     width = shape.tp * shape.cp * shape.dp
     stages, first = [], 0
     for k, size in enumerate(sizes):
@@ -131,4 +131,4 @@ def build_plan(shape: Shape, sizes: list[int], model: ModelSpec, cluster: Cluste
                     num_microbatches=shape.num_microbatches, stages=stages, virtual_stages=shape.virtual_stages)
     return Plan(model=ModelRef(model.name, model.seq_len, model.num_layers, model.source), cluster=cluster,
                 global_batch_size=shape.global_batch_size, pipelines=[pipe], schedule=shape.schedule,
-                search={"cost_params": {**precision_params(cluster.precision).to_dict(), **(stated or {})}})
+                search={"cost_params": cost_params})
