@@ -378,6 +378,8 @@ def loss_excess(layer: Layer, stage: Stage, strategies: list[Strategy]) -> np.nd
     cross entropy holds 3 copies at tp 1, 4 under loss parallel). A search prices it in the strategy's
     own memory and reserves the rest (``transient_bound`` with ``priced``): its plan still fits under
     its estimate, and a reservation sized for the tp > 1 strategies does not reject a tp 1 plan."""
+    if not getattr(layer, "loss_bytes", 0.0):  # every unit but a head: nothing, without a loop per strategy
+        return np.zeros(len(strategies))
     b = np.array([stage.micro_batch_size * s.tp / stage.n for s in strategies], dtype=float)
     extra = np.array([loss_extra_bytes(layer, s.tp, float(x), stage.params.loss_copies) for s, x in zip(strategies, b)],
                      dtype=float) * stage.params.act_mem_factor
