@@ -80,11 +80,3 @@ def read_framework(top: Fields) -> Framework:
         raise AutoparError(f.at("cost_params"), "states no cost parameter", FIX)
     return Framework(name, common, by_precision, by_flag)
 
-
-def check_state_bytes(values: dict, where: str) -> None:
-    """Refuse byte counts whose optimizer part (``state_bytes - param_bytes - grad_bytes``) is negative."""
-    opt = values["state_bytes"] - values["param_bytes"] - values["grad_bytes"]
-    if opt < 0:
-        raise AutoparError(where, f"state_bytes {values['state_bytes']} is below param_bytes {values['param_bytes']} + "
-                           f"grad_bytes {values['grad_bytes']}", "state_bytes counts parameter, gradient and "
-                           "optimizer bytes: raise it with grad_bytes")

@@ -15,10 +15,11 @@ import yaml
 from autopar.errors import AutoparError
 from autopar.fields import Fields, as_list
 from autopar.measured.cluster import UnknownGPU, cluster_for_case
-from autopar.measured.framework import FLAGS, Framework, check_state_bytes, read_framework
+from autopar.measured.framework import FLAGS, Framework, read_framework
 from autopar.measured.model import model_from_config
 from autopar.measured.plan import build_plan, chunk_sizes, read_shape, stage_sizes
 from autopar.measured.runs import Run, RunSet, Skip
+from autopar.plan.cost_params import check_state_bytes
 from autopar.plan.precision import DEFAULT, NAMES, activation_bytes, precision_params
 from autopar.plan.validate import plan_problems
 

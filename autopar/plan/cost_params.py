@@ -106,4 +106,16 @@ def read_cost_params(doc: object, path: str, fix: str, *, partial: bool = False)
         else:
             out[name] = {"eff_by_kind": _eff_by_kind, "comm_fit": _comm_fit, "state_table": _state_table}[name](
                 value, at, fix)
+    if all(k in out for k in ("state_bytes", "param_bytes", "grad_bytes")):
+        check_state_bytes(out, top.at("state_bytes"))
     return out
+
+
+def check_state_bytes(values: dict, where: str) -> None:
+    """Refuse byte counts whose optimizer part (``state_bytes - param_bytes - grad_bytes``) is negative."""
+    opt = values["state_bytes"] - values["param_bytes"] - values["grad_bytes"]
+    if opt < 0:
+        raise AutoparError(where, f"state_bytes {values['state_bytes']} is below param_bytes {values['param_bytes']} + "
+                           f"grad_bytes {values['grad_bytes']}", "state_bytes counts parameter, gradient and "
+                           "optimizer bytes: raise it with grad_bytes")
+

@@ -57,6 +57,10 @@ def _zero_two_byte_counts(doc):  # the issue's example: 560 GiB/device made to l
     doc["search"]["cost_params"].update(state_bytes=1, param_bytes=1)
 
 
+def _shrink_two_byte_counts(doc):  # the same cut, with counts that hold together (no optimizer state)
+    doc["search"]["cost_params"].update(state_bytes=5, param_bytes=1)
+
+
 def _other_zero(doc):  # whatever stage the search picked for layers.1, another one
     layer = doc["pipelines"][0]["stages"][0]["layers"][1]
     layer["zero"] = 0 if layer["zero"] else 3
@@ -161,6 +165,12 @@ def test_tampered_plan_is_refused_by_estimate_and_launch(cmd, case, docs, tmp_pa
 
 def test_the_issues_examples_name_tampering(docs, tmp_path, capsys, monkeypatch):
     line = check_refused(lambda d, s: ["validate", edited(d, s.plan, _zero_two_byte_counts)], docs, tmp_path,
+                         capsys, monkeypatch)
+    assert "search.cost_params.state_bytes: state_bytes 1 is below param_bytes 1 + grad_bytes 4" in line
+
+
+def test_byte_counts_cut_consistently_are_named_tampering(docs, tmp_path, capsys, monkeypatch):
+    line = check_refused(lambda d, s: ["validate", edited(d, s.plan, _shrink_two_byte_counts)], docs, tmp_path,
                          capsys, monkeypatch)
     assert "plan.search.cost_params: differ from this autopar's defaults" in line and "tampered" in line
 
