@@ -13,6 +13,11 @@ doing the same work on the same cluster: model shape and heads, sequence length,
 * out of memory: of the ``failed`` cases (did not run), how many the model says do not fit
   (``est.fits`` false), and how many plans that did run it predicts not to fit.
 
+Noise ceiling (``autopar.calibrate.noise``), for a source that measured a configuration more than once
+(runs of one group with the same plan whose cases differ only in what the measurement adds: id, date,
+section and line, time, published figures): the pooled spread of those re-measurements, and the Spearman
+and regret a model predicting every run's true time exactly would score against measurements that noisy.
+
 Calibrated, held out (``autopar.calibrate``, fitting every field of its table, ``FITTABLE``, that the
 training runs identify; the others keep their defaults): a group of 4+ runs is fitted on
 at most 8 of its runs (9+: 8 spread over the group, the others scored; 4-8: leave-one-out within the
@@ -37,8 +42,11 @@ import statistics
 from dataclasses import replace
 from pathlib import Path
 
+import yaml
+
 from autopar.calibrate import FITTABLE, CalRun, fit_identifiable, scores
 from autopar.calibrate.fit import evaluate
+from autopar.calibrate.noise import ceiling, replicate_sd
 from autopar.calibrate.score import mape_of_ratios
 from autopar.estimate import estimate_plan, plan_cost_params
 from autopar.measured import RunSet, load_runs
@@ -49,6 +57,8 @@ SHARED = Path(__file__).resolve().parents[2] / "shared" / "measured"
 DATA = HERE / "data"
 CAL_MAX, CAL_GROUP = 8, 4  # fit on at most 8 runs; groups of 4+ are calibrated on their own runs
 TARGETS = {"mape": 0.12, "spearman": 0.9, "regret": 1.03}
+# what one measurement of a configuration adds to its case: cases equal apart from these measured one configuration
+MEASUREMENT_KEYS = {"id", "date", "section", "source_line", "measured_s", "published", "status"}
 
 
 def measured_files() -> list[Path]:
@@ -173,11 +183,40 @@ def score(rs: RunSet, select: bool = False) -> dict:
                              "ran": sum(c["status"] == "ok" for c in judged),
                              "ran_said_oom": sum(c["status"] == "ok" and not c["calibrated_fits"] for c in judged)}
     src["memory"] = _memory_stats(cases)
+    src["noise"] = _noise(rs, cases)
     src["calibrated"] = _cal_stats(cases)
     src["calibrated_groups_of_4"] = _cal_stats(cases, only_groups=True)
     return {"name": rs.name, "path": rs.path, "source": rs.source, "cases_in_file": rs.total, **src, "skipped": rs.skip_counts(),
             "skipped_cases": [{"id": s.case_id, "reason": s.reason, "detail": s.detail} for s in rs.skipped],
             "notes": rs.notes, "groups": groups, "cases": cases}
+
+
+def replicate_sets(rs: RunSet) -> list[list[float]]:
+    """Measured seconds of each configuration ``rs`` measured more than once: runs of one group with equal
+    plans whose cases in the file differ only in ``MEASUREMENT_KEYS``."""
+    raw = {c["id"]: {k: v for k, v in c.items() if k not in MEASUREMENT_KEYS}
+           for c in yaml.safe_load(Path(rs.path).read_text())["cases"]}
+    sets: list[list] = []
+    for run in rs.runs:
+        same = next((s for s in sets if s[0].group == run.group and s[0].plan == run.plan
+                     and raw[s[0].case_id] == raw[run.case_id]), None)
+        if same is None:
+            sets.append([run])
+        else:
+            same.append(run)
+    return [[r.measured_s for r in s] for s in sets if len(s) > 1]
+
+
+def _noise(rs: RunSet, cases: list[dict]) -> dict | None:
+    """The source's replicate spread and the noise ceiling of its Spearman and regret (None: no replicate)."""
+    sets = replicate_sets(rs)
+    sd = replicate_sd(sets)
+    if sd is None:
+        return None
+    ok = [c for c in cases if c["measured_s"] is not None]
+    top = ceiling([c["group"] for c in ok], [c["measured_s"] for c in ok], sd)
+    return {"replicate_sets": len(sets), "replicated_runs": sum(map(len, sets)), "sd_log": sd,
+            "spearman_ceiling": top["spearman"], "regret_ceiling": top["regret"]}
 
 
 def _memory_stats(cases: list[dict]) -> dict:
@@ -244,6 +283,16 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def noise_table(results: list[dict]) -> str:
+    """The sources with re-measured configurations: their spread and the model's ranking next to the ceiling."""
+    rows = [{**r["noise"], "spearman": r.get("spearman"), "regret": r.get("regret")} for r in results if r["noise"]]
+    named = [{**r, "noise": row} for r, row in zip([r for r in results if r["noise"]], rows)]
+    return source_table(named, [("sets", 4, "d", "replicate_sets"), ("runs", 4, "d", "replicated_runs"),
+                                ("sd%", 5, ".1f", _pct("sd_log")), ("rho", 5, ".2f", "spearman"),
+                                ("ceiling", 7, ".2f", "spearman_ceiling"), ("regret", 6, ".3f", "regret"),
+                                ("ceiling", 7, ".3f", "regret_ceiling")], "noise")
+
+
 def _pct(key: str):
     return lambda d: None if d.get(key) is None else 100 * d[key]
 
@@ -282,6 +331,10 @@ def main() -> None:
     print("out of memory with the calibrated memory rows (held out): " + "; ".join(
         f"{r['name']}: failed said OOM {o['failed_said_oom']}/{o['failed']}, ran said OOM {o['ran_said_oom']}/{o['ran']}"
         for r in results if (o := r["calibrated_oom"])["failed"] + o["ran"]))
+    print()
+    print("noise ceiling: re-measured configurations' spread; a model exact on every run's true time, ranked "
+          "against measurements that noisy (defaults' rho and regret beside it):")
+    print(noise_table(results))
     print()
     print(f"calibrated (fitting what the runs identify of {', '.join(r.name for r in FITTABLE)}), held out:")
     print(calibrated_table(results))

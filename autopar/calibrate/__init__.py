@@ -2,7 +2,8 @@
 
 table.py (the fittable CostParams fields, as data), inputs.py (measured files and plan files with a
 measured time into runs), fit.py (least squares on log(predicted / measured), identifiability),
-score.py (MAPE, Spearman, regret; cross-validation), document.py (the ``autopar-calibration/1`` file
+score.py (MAPE, Spearman, regret; cross-validation), noise.py (the noise ceiling of a ranking from
+re-measured configurations), document.py (the ``autopar-calibration/1`` file
 and its summary), command.py (the CLI sub-command); ``--nccl-tests``: nccl_tests.py (the reader of
 nccl-tests output), nccl_fit.py (alpha-beta, comm_fit rows and links), nccl_doc.py (reference, summary).
 """
