@@ -285,8 +285,8 @@ def table(results: list[dict]) -> str:
 
 def noise_table(results: list[dict]) -> str:
     """The sources with re-measured configurations: their spread and the model's ranking next to the ceiling."""
-    rows = [{**r["noise"], "spearman": r.get("spearman"), "regret": r.get("regret")} for r in results if r["noise"]]
-    named = [{**r, "noise": row} for r, row in zip([r for r in results if r["noise"]], rows)]
+    named = [{**r, "noise": {**r["noise"], "spearman": r.get("spearman"), "regret": r.get("regret")}}
+             for r in results if r["noise"]]
     return source_table(named, [("sets", 4, "d", "replicate_sets"), ("runs", 4, "d", "replicated_runs"),
                                 ("sd%", 5, ".1f", _pct("sd_log")), ("rho", 5, ".2f", "spearman"),
                                 ("ceiling", 7, ".2f", "spearman_ceiling"), ("regret", 6, ".3f", "regret"),

@@ -61,17 +61,22 @@ def residuals(runs: list[CalRun], rows: list[Fittable], u) -> np.ndarray:
 def jacobian(runs: list[CalRun], rows: list[Fittable], start: CostParams) -> np.ndarray:
     """d residual / d fit coordinate at the start point (``start``'s values, or the rows' own starts;
     forward differences, stepping into the bounds)."""
-    u0 = np.array(start_u(rows, start))
+    steps = [STEP * max(1.0, hi - lo) if row.log else STEP * (hi - lo) for row in rows for lo, hi in [row.bounds_u]]
+    return jacobian_at(runs, rows, np.array(start_u(rows, start)), steps)[1]
+
+
+def jacobian_at(runs: list[CalRun], rows: list[Fittable], u0: np.ndarray,
+                steps: list[float]) -> tuple[np.ndarray, np.ndarray]:
+    """(residuals at ``u0``, their forward-difference Jacobian there): column j steps ``steps[j]`` along row j,
+    backwards where that would leave the row's bounds."""
     r0 = residuals(runs, rows, u0)
     cols = []
     for j, row in enumerate(rows):
-        lo, hi = row.bounds_u
-        h = STEP * max(1.0, hi - lo) if row.log else STEP * (hi - lo)
-        h = h if u0[j] + h <= hi else -h
+        h = steps[j] if u0[j] + steps[j] <= row.bounds_u[1] else -steps[j]
         u = u0.copy()
         u[j] += h
         cols.append((residuals(runs, rows, u) - r0) / h)
-    return np.stack(cols, axis=1)
+    return r0, np.stack(cols, axis=1)
 
 
 def refusals(jac: np.ndarray, rows: list[Fittable]) -> list[AutoparError]:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autopar.calibrate.fit import fit, residuals
+from autopar.calibrate.fit import fit, jacobian_at, residuals
 from autopar.calibrate.inputs import CalRun
 from autopar.calibrate.table import Fittable
 from cost_models import CostParams
@@ -46,32 +46,24 @@ def press(r0: np.ndarray, cols: np.ndarray) -> tuple[float, np.ndarray]:
     ``MAX_LEVERAGE``)."""
     pinv = np.linalg.pinv(cols)
     step = -pinv @ r0
-    resid = r0 + cols @ step
+    return _loo_error(r0 + cols @ step, cols, pinv), step
+
+
+def _loo_error(resid: np.ndarray, cols: np.ndarray, pinv: np.ndarray) -> float:
+    """Sum of the squared leave-one-out residuals ``resid_i / (1 - h_ii)``, ``H = cols pinv`` (inf where a
+    leverage reaches ``MAX_LEVERAGE``)."""
     lev = np.einsum("ij,ji->i", cols, pinv)
     if np.any(lev >= MAX_LEVERAGE):
-        return float("inf"), step
-    return float(np.sum((resid / (1.0 - lev)) ** 2)), step
+        return float("inf")
+    return float(np.sum((resid / (1.0 - lev)) ** 2))
 
 
 def _fitted_press(runs: list[CalRun], rows: list[Fittable], start: CostParams) -> tuple[float, dict[str, float]]:
     """(PRESS at the fit of ``rows`` to ``runs``, the fitted values)."""
     values = fit(runs, rows, start).values
     u0 = np.array([row.to_u(values[row.name]) for row in rows])
-    r0 = residuals(runs, rows, u0)
-    cols = []
-    for j, row in enumerate(rows):
-        lo, hi = row.bounds_u
-        h = STEP * (hi - lo)
-        h = h if u0[j] + h <= hi else -h
-        u = u0.copy()
-        u[j] += h
-        cols.append((residuals(runs, rows, u) - r0) / h)
-    jac = np.stack(cols, axis=1)
-    pinv = np.linalg.pinv(jac)
-    lev = np.einsum("ij,ji->i", jac, pinv)
-    if np.any(lev >= MAX_LEVERAGE):
-        return float("inf"), values
-    return float(np.sum((r0 / (1.0 - lev)) ** 2)), values
+    r0, jac = jacobian_at(runs, rows, u0, [STEP * (hi - lo) for row in rows for lo, hi in [row.bounds_u]])
+    return _loo_error(r0, jac, np.linalg.pinv(jac)), values
 
 
 def select_rows(runs: list[CalRun], rows: list[Fittable], start: CostParams) -> Selection:
