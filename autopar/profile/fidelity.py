@@ -15,24 +15,33 @@ from autopar.modelspec.spec import ModelSpec
 from autopar.plan.schema import Plan
 from cost_models import CostParams
 from cost_models.memory import inflight_microbatches
+from cost_models.pipeline_schedules import inflight_profile, schedule_table
 
 
 def predicted_memory(plan: Plan, model: ModelSpec, params: CostParams) -> dict[int, dict[str, float]]:
-    """Per device: {"states": model-state bytes, "saved": saved-activation bytes at the peak}."""
+    """Per device: {"states": model-state bytes, "saved": saved-activation bytes at the peak}. An interleaved
+    stage holds every one of its chunks' states, and its chunks' activations weighed at the peak of its
+    schedule's in-flight micro-batches (``inflight_profile``, as ``estimate.interleaved`` weighs them)."""
     index = model.index()
     out: dict[int, dict[str, float]] = {}
     for pipe in plan.pipelines:
-        p = len(pipe.stages)
-        for i, st in enumerate(pipe.stages):
-            ctx = StageContext(plan.cluster, tuple(st.devices), pipe.micro_batch_size, pipe.num_microbatches, params)
-            k = inflight_microbatches(plan.schedule, p, i, pipe.num_microbatches)
-            states = saved = 0.0
+        p, v, m = pipe.num_stages, pipe.virtual_stages, pipe.num_microbatches
+        states, acts = [0.0] * p, [[0.0] * v for _ in range(p)]  # per stage; per stage and chunk, one micro-batch
+        for g, st in enumerate(pipe.stages):
+            ctx = StageContext(plan.cluster, tuple(st.devices), pipe.micro_batch_size, m, params)
             for ly in st.layers:
                 lc = layer_costs(model.layers[index[ly.name]], [ly.strategy], ctx)
-                states += float(lc.mem_states[0])
-                saved += k * float(lc.mem_act[0])
+                states[g % p] += float(lc.mem_states[0])
+                acts[g % p][g // p] += float(lc.mem_act[0])
+        table = schedule_table(plan.schedule, p, m, v) if v > 1 else None
+        for s, st in enumerate(pipe.physical_stages):
+            if table is None:
+                saved = inflight_microbatches(plan.schedule, p, s, m) * acts[s][0]
+            else:
+                live = inflight_profile([a for slot in table[s] for a in slot], v)
+                saved = max(sum(n * a for n, a in zip(counts, acts[s])) for counts in live)
             for d in st.devices:
-                out[d] = {"states": states, "saved": saved}
+                out[d] = {"states": states[s], "saved": saved}
     return out
 
 

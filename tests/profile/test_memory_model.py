@@ -22,7 +22,8 @@ BLOCKS = UNITS[1:-1]
 
 
 def _plan(model, cluster, pipes, schedule="1f1b") -> Plan:
-    pipelines = [Pipeline(mbs * m, mbs, m, [Stage(devs, [StageLayer(n, s) for n, s in layers]) for devs, layers in st])
+    pipelines = [Pipeline(mbs * m, mbs, m, [Stage(devs, [StageLayer(n, s) for n, s in layers]) for devs, layers in st],
+                          virtual_stages=2 if schedule == "interleaved" else 1)
                  for mbs, m, st in pipes]
     return Plan(ModelRef(model.name, model.seq_len, model.num_layers, model.source), cluster, 8, pipelines,
                 schedule=schedule)
@@ -39,6 +40,9 @@ CASES = {
     # (the embedding is not checkpointed: full checkpointing keeps a unit's input, for the first unit the
     # token ids the caller holds anyway, while the model charges boundary_bytes, its output)
     "pp-1f1b-full": [(2, 4, [([0], _every(UNITS[:1]) + _every(UNITS[1:3], ckpt="full")), ([1], _every(UNITS[3:]))])],
+    # two chunks a rank: each holds both chunks' states, and activations at its schedule's in-flight peak
+    "pp2-interleaved": [(2, 4, [([0], _every(UNITS[:2])), ([1], _every(UNITS[2:3])), ([0], _every(UNITS[3:4])),
+                                ([1], _every(UNITS[4:])), ])],
     "blocks-tp2-zero2": [(8, 1, [([0, 1], _every(["embed"], zero=2) + _every(BLOCKS, tp=2) + _every(["head"], zero=2))])],
 }
 
@@ -48,7 +52,7 @@ def test_memory_model_matches_the_runtime(tiny_profile, case):
     prof = load_profile(tiny_profile)
     model = apply_profile_model(load_model("gpt-tiny", dtype_bytes=4), prof)
     cluster, params = apply_profile(load_cluster("2xcpu"), CostParams(), prof)
-    plan = _plan(model, cluster, CASES[case])
+    plan = _plan(model, cluster, CASES[case], "interleaved" if "interleaved" in case else "1f1b")
     g = torch.Generator().manual_seed(0)
     batch = (torch.randint(0, 256, (8, 32), generator=g), torch.randint(0, 256, (8, 32), generator=g))
     ranks = run_plan(lambda: build_module("gpt-tiny"), plan, batch, steps=0, warmup=1)
