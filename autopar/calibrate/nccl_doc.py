@@ -54,7 +54,7 @@ def reference(tables: list[NcclTable], cluster: str | None, gpu: str | None) -> 
                 raise AutoparError("--cluster", f"has {types[0]} but the tables measured {n}"
                                    f"{f' ({c})' if c else ''}", "give the cluster the measurements ran on")
         nd = cl.nodes[0]
-        return Reference(types[0], Links.of(cl), nd.gpu.hbm_gbps, f"cluster {cl.describe()}")
+        return Reference(types[0], Links.of(cl), nd.gpu.hbm_bw / 1e9, f"cluster {cl.describe()}")
     if gpu is not None:
         g = catalogue.gpu(gpu, "--gpu")
     else:
@@ -67,7 +67,7 @@ def reference(tables: list[NcclTable], cluster: str | None, gpu: str | None) -> 
                                "calibrate one GPU type at a time")
         g = catalogue.gpu(next(iter(canon.values())))
     d = catalogue.node_defaults(g)
-    return Reference(g.name, Links(d.intra_bw_gbps, d.intra_lat_us, d.inter_bw_gbps, d.inter_lat_us), g.hbm_gbps,
+    return Reference(g.name, Links(d.intra_bw_gbps, d.intra_lat_us, d.inter_bw_gbps, d.inter_lat_us), g.hbm_bw / 1e9,
                      f"catalogue defaults of {g.name}")
 
 

@@ -14,6 +14,13 @@ from autopar.errors import AutoparError
 from cost_models.precision import DEFAULT, NAMES, PEAK_COLUMNS, precision
 
 GIB = 1024**3
+# GDDR memory with ECC on (``GPUType.gddr_ecc``): the CUDA C++ Best Practices Guide ("Theoretical Bandwidth
+# Calculation"): on GPUs with GDDR memory and ECC enabled, available DRAM is reduced by 6.25% to store the ECC
+# bits, and fetching them reduces effective bandwidth by approximately 20%. nvidia-smi shows it on the data-center
+# GDDR parts, which ship with ECC on: T4 15360 MiB of 16 GiB, A10/A10G 23028 MiB and L4 23034 MiB of 24 GiB,
+# A40/L40S 46068 MiB of 48 GiB.
+ECC_MEMORY_FRACTION = 1.0 - 0.0625
+ECC_BANDWIDTH_FRACTION = 0.8
 # Past these sizes no search can finish: refused up front, before any per-device or per-pair list.
 MAX_DEVICES = 1_000_000
 PEAK_FIELDS = tuple(c for c in PEAK_COLUMNS if c != "tflops")  # optional per-precision peaks (0: unknown)
@@ -51,6 +58,7 @@ class GPUType:
     tflops_tf32: float = 0.0
     tflops_fp8: float = 0.0
     sustained: float = 1.0  # fraction of the datasheet peaks a power-capped part holds on long GEMMs
+    gddr_ecc: bool = False  # GDDR memory with ECC on: less usable memory and bandwidth (ECC_* above)
     precision: str = DEFAULT
 
     def __post_init__(self) -> None:
@@ -70,8 +78,19 @@ class GPUType:
                                f"pick another precision, or give the GPU's dense {prec.peak} in a cluster file")
 
     @property
+    def usable_memory_gib(self) -> float:
+        """What programs can allocate: ``memory_gib`` less the ECC bits' share on a ``gddr_ecc`` part."""
+        return self.memory_gib * (ECC_MEMORY_FRACTION if self.gddr_ecc else 1.0)
+
+    @property
     def memory_bytes(self) -> float:
-        return self.memory_gib * GIB
+        """``usable_memory_gib`` in bytes: what a plan's peak per device must fit in."""
+        return self.usable_memory_gib * GIB
+
+    @property
+    def hbm_bw(self) -> float:
+        """Bytes/s its memory-bound kernels move: the ``hbm_gbps`` line rate, less ECC's share on a ``gddr_ecc`` part."""
+        return self.hbm_gbps * 1e9 * (ECC_BANDWIDTH_FRACTION if self.gddr_ecc else 1.0)
 
     @property
     def flops(self) -> float:
@@ -303,7 +322,8 @@ class Cluster:
                             "hbm_gbps": nd.gpu.hbm_gbps, "nvlink_gbps": nd.gpu.nvlink_gbps,
                             "pcie_gbps": nd.gpu.pcie_gbps, "vendor": nd.gpu.vendor,
                             **{k: getattr(nd.gpu, k) for k in PEAK_FIELDS if getattr(nd.gpu, k)},
-                            **({"sustained": nd.gpu.sustained} if nd.gpu.sustained != 1.0 else {})},
+                            **({"sustained": nd.gpu.sustained} if nd.gpu.sustained != 1.0 else {}),
+                            **({"gddr_ecc": True} if nd.gpu.gddr_ecc else {})},
                     "count": nd.count,
                     "intra_bw_gbps": nd.intra_bw / 1e9,
                     "intra_lat_us": nd.intra_lat_us,

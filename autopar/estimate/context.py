@@ -81,7 +81,7 @@ class StageContext:
 
     @cached_property
     def hbm_bw(self) -> float:
-        return min(self.cluster.nodes[n].gpu.hbm_gbps for n in self.nodes) * 1e9
+        return min(self.cluster.nodes[n].gpu.hbm_bw for n in self.nodes)
 
     @cached_property
     def collectives(self) -> Collectives:

@@ -49,7 +49,7 @@ def layer_sync_time(cluster: Cluster, stage_devices: list[tuple[int, ...]], para
 
     def compute() -> float:
         grad_bytes = float(params_count) * params.grad_comm_bytes
-        hbm = min(cluster.gpu_of(x).hbm_gbps for d in stage_devices for x in d) * 1e9
+        hbm = min(cluster.gpu_of(x).hbm_bw for d in stage_devices for x in d)
         return cp.layer_sync_time(grad_bytes, [len(d) for d in stage_devices], lane_links(cluster, stage_devices),
                                   hbm)
 

@@ -339,7 +339,7 @@ def memory_rules(plan: Plan, peak_gib: dict[int, float]) -> Problems:
         if not (_is_count(d, low=0) and d < n):
             yield f"memory (device {d!r})", "is not a device of the cluster", f"give predicted peaks for devices 0..{n - 1}"
             continue
-        budget = plan.memory_budget_gib if plan.memory_budget_gib is not None else plan.cluster.gpu_of(d).memory_gib
+        budget = plan.memory_budget_gib if plan.memory_budget_gib is not None else plan.cluster.gpu_of(d).usable_memory_gib
         source = "memory_budget_gib" if plan.memory_budget_gib is not None else f"{plan.cluster.gpu_of(d).name} memory"
         peak = float(peak_gib[d])
         if peak > budget + _EPS_GIB:

@@ -22,7 +22,7 @@ def test_entry_loads_with_positive_figures(name):
     assert g.name == name
     assert g.memory_gib > 0 and g.tflops > 0 and g.hbm_gbps > 0
     assert g.pcie_gbps > 0 and g.nvlink_gbps >= 0
-    assert g.flops == g.tflops * 1e12 and g.memory_bytes == g.memory_gib * 1024**3
+    assert g.flops == g.tflops * 1e12 and g.memory_bytes == g.usable_memory_gib * 1024**3 <= g.memory_gib * 1024**3
     d = node_defaults(g)
     assert d.intra_bw_gbps > 0 and d.inter_bw_gbps > 0 and d.intra_lat_us >= 0 and d.inter_lat_us >= 0
     assert d.gpus_per_node >= 0

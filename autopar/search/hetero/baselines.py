@@ -76,10 +76,10 @@ def slowest_uniform_cluster(cluster: Cluster) -> Cluster | None:
     """Every GPU as the slowest type (smallest memory, HBM and links of the cluster); None if node sizes differ."""
     if len({nd.count for nd in cluster.nodes}) != 1:
         return None
-    slow = min(cluster.gpu_types, key=lambda g: (g.tflops, g.memory_gib))
+    slow = min(cluster.gpu_types, key=lambda g: (g.tflops, g.usable_memory_gib))
     gpu = replace(slow, name=f"{slow.name}-as-slowest",
-                  memory_gib=min(g.memory_gib for g in cluster.gpu_types),
-                  hbm_gbps=min(g.hbm_gbps for g in cluster.gpu_types))
+                  memory_gib=min(g.usable_memory_gib for g in cluster.gpu_types),
+                  hbm_gbps=min(g.hbm_bw for g in cluster.gpu_types) / 1e9, gddr_ecc=False)
     intra = min(nd.intra_bw for nd in cluster.nodes) / 1e9
     intra_lat = max(nd.intra_lat_us for nd in cluster.nodes)
     n = cluster.num_nodes

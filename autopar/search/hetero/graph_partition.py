@@ -71,7 +71,7 @@ def order_stages(cluster: Cluster, stages: list[Devices]) -> tuple[Devices, ...]
 
     def rank(s: Devices):
         g = cluster.gpu_of(s[0])
-        return (-min(cluster.gpu_of(d).memory_gib for d in s), -g.tflops, s[0])
+        return (-min(cluster.gpu_of(d).usable_memory_gib for d in s), -g.tflops, s[0])
 
     left = sorted(stages, key=rank)
     path = [left.pop(0)]
