@@ -128,6 +128,13 @@ def inflight_profile(actions: Sequence[Action], virtual_stages: int = 1) -> list
             live[c] -= 1
     return out
 
+
+def peak_inflight(slots: Sequence[Sequence[Action]], chunk_bytes: Sequence[float]) -> tuple[int, ...]:
+    """Per chunk, the micro-batches in flight on one stage (its row of a schedule table: ``slots``) where it holds
+    the most activation bytes, a chunk's micro-batch weighing ``chunk_bytes[chunk]`` (all 1: the most micro-batches)."""
+    profile = inflight_profile([a for slot in slots for a in slot], len(chunk_bytes))
+    return max(profile, key=lambda live: sum(n * b for n, b in zip(live, chunk_bytes)))
+
 Structure = tuple  # (micro-batches, links, per stage per slot: (terms, deps, outs)): see table_structure
 
 

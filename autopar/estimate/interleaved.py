@@ -22,7 +22,7 @@ from autopar.modelspec.spec import ModelSpec
 from autopar.plan.schema import Pipeline
 from cost_models import CostParams
 from cost_models.pipeline import boundary_p2p_time
-from cost_models.pipeline_schedules import inflight_profile, schedule_table
+from cost_models.pipeline_schedules import peak_inflight, schedule_table
 
 
 def estimate_interleaved(pipe: Pipeline, model: ModelSpec, cluster: Cluster, params: CostParams,
@@ -43,8 +43,7 @@ def estimate_interleaved(pipe: Pipeline, model: ModelSpec, cluster: Cluster, par
     for s in range(p):
         mine = range(s, p * v, p)
         acts = [chunks[g][3] for g in mine]
-        profile = inflight_profile([a for slot in table[s] for a in slot], v)
-        peak_live = max(profile, key=lambda live: sum(n * a for n, a in zip(live, acts)))
+        peak_live = peak_inflight(table[s], acts)
         together = stage_cost([ly for g in mine for ly in chunks[g][0]], [x for g in mine for x in chunks[g][1]],
                               ctxs[s], 0, cache).peak_bytes  # every chunk's states, the largest transient, reserve
         memory.append(together + sum(n * a for n, a in zip(peak_live, acts)))

@@ -19,7 +19,7 @@ from autopar.modelspec.spec import ModelSpec
 from autopar.plan.schema import Pipeline
 from cost_models import CostParams
 from cost_models.pipeline import boundary_p2p_time, simulate_pipeline
-from cost_models.pipeline_schedules import inflight_profile, schedule_table
+from cost_models.pipeline_schedules import peak_inflight, schedule_table
 from cost_models.zero_bubble import weight_grad_time
 
 SCHEDULE = "zb-h1"
@@ -28,7 +28,7 @@ SCHEDULE = "zb-h1"
 def zero_bubble_inflight(num_stages: int, num_microbatches: int) -> list[int]:
     """Per stage, the most micro-batches whose activations it holds in the ``zb-h1`` table (F run, W not)."""
     table = schedule_table(SCHEDULE, num_stages, num_microbatches)
-    return [max(live[0] for live in inflight_profile([a for slot in slots for a in slot])) for slots in table]
+    return [peak_inflight(slots, [1.0])[0] for slots in table]
 
 
 def estimate_zero_bubble(pipe: Pipeline, model: ModelSpec, cluster: Cluster, params: CostParams,

@@ -118,4 +118,3 @@ def check_state_bytes(values: dict, where: str) -> None:
         raise AutoparError(where, f"state_bytes {values['state_bytes']} is below param_bytes {values['param_bytes']} + "
                            f"grad_bytes {values['grad_bytes']}", "state_bytes counts parameter, gradient and "
                            "optimizer bytes: raise it with grad_bytes")
-

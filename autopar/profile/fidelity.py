@@ -15,13 +15,13 @@ from autopar.modelspec.spec import ModelSpec
 from autopar.plan.schema import Plan
 from cost_models import CostParams
 from cost_models.memory import inflight_microbatches
-from cost_models.pipeline_schedules import inflight_profile, schedule_table
+from cost_models.pipeline_schedules import peak_inflight, schedule_table
 
 
 def predicted_memory(plan: Plan, model: ModelSpec, params: CostParams) -> dict[int, dict[str, float]]:
     """Per device: {"states": model-state bytes, "saved": saved-activation bytes at the peak}. An interleaved
     stage holds every one of its chunks' states, and its chunks' activations weighed at the peak of its
-    schedule's in-flight micro-batches (``inflight_profile``, as ``estimate.interleaved`` weighs them)."""
+    schedule's in-flight micro-batches (``peak_inflight``, as ``estimate.interleaved`` weighs them)."""
     index = model.index()
     out: dict[int, dict[str, float]] = {}
     for pipe in plan.pipelines:
@@ -38,8 +38,7 @@ def predicted_memory(plan: Plan, model: ModelSpec, params: CostParams) -> dict[i
             if table is None:
                 saved = inflight_microbatches(plan.schedule, p, s, m) * acts[s][0]
             else:
-                live = inflight_profile([a for slot in table[s] for a in slot], v)
-                saved = max(sum(n * a for n, a in zip(counts, acts[s])) for counts in live)
+                saved = sum(n * a for n, a in zip(peak_inflight(table[s], acts[s]), acts[s]))
             for d in st.devices:
                 out[d] = {"states": states[s], "saved": saved}
     return out

@@ -24,7 +24,7 @@ from autopar.plan.schema import ModelRef, Pipeline, Plan, Stage, StageLayer, Str
 from autopar.search.frontier import RangeTrie
 from autopar.search.options import SearchOptions
 from autopar.search.result import ConfigResult
-from cost_models.pipeline_schedules import inflight_profile, schedule_table
+from cost_models.pipeline_schedules import peak_inflight, schedule_table
 
 TRIED = 3  # best 1F1B settings re-cut
 
@@ -91,8 +91,7 @@ def stage_equivalents(p: int, m: int, v: int) -> list[float]:
     """Per stage, its peak in-flight micro-batch chunks in the interleaved table, in stages' worth (/ v):
     the activations the frontier DP budgets for when it picks a physical stage's strategies."""
     table = schedule_table("interleaved", p, m, v)
-    return [max(sum(live) for live in inflight_profile([a for slot in slots for a in slot], v)) / v
-            for slots in table]
+    return [sum(peak_inflight(slots, [1.0] * v)) / v for slots in table]
 
 
 def _stage_strategies(hs: Search, ctx: StageContext, cands, switch, units: list[int], inflight: float,
