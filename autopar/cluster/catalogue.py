@@ -20,7 +20,7 @@ from autopar.errors import AutoparError
 from autopar.fields import Fields, as_list, as_name
 
 CATALOGUE_PATH = Path(__file__).with_name("catalogue.yaml")
-GPU_FIELDS = ("memory_gib", "tflops", "hbm_gbps", "nvlink_gbps", "pcie_gbps", "vendor", "sustained", "gddr_ecc",
+GPU_FIELDS = ("memory_gib", "tflops", "hbm_gbps", "nvlink_gbps", "pcie_gbps", "vendor", "sustained", "gddr_ecc", "sms",
               *PEAK_FIELDS)
 ENTRY_KEYS = set(GPU_FIELDS) | {"aliases", "class", "node"}
 NODE_KEYS = ("gpus_per_node", "intra_bw_gbps", "intra_lat_us", "inter_bw_gbps", "inter_lat_us")
@@ -55,7 +55,8 @@ def gpu_from_entry(name: str | None, entry: object, where: str) -> tuple[GPUType
     (nvidia), the per-precision dense peaks tflops_fp32 / tflops_tf32 / tflops_fp8 (0: not known, so
     planning that precision on the GPU is refused, naming the field), sustained (1: the fraction of
     those peaks a power-capped part holds on long GEMMs), gddr_ecc (false: GDDR memory with ECC on,
-    which leaves less memory and bandwidth usable, ``cluster.ECC_MEMORY_FRACTION``), class and node (overrides of
+    which leaves less memory and bandwidth usable, ``cluster.ECC_MEMORY_FRACTION``), sms (0: the streaming
+    multiprocessor count is not known, so GEMMs are not quantised into waves), class and node (overrides of
     the class defaults) are optional; ``name`` is read from
     the mapping when ``name`` is None (an inline GPU). The default class is ``sxm`` when the GPU has
     NVLink, ``cpu`` for vendor ``cpu``, else ``pcie``.
@@ -73,7 +74,8 @@ def gpu_from_entry(name: str | None, entry: object, where: str) -> tuple[GPUType
     nums["sustained"] = f.opt_num("sustained", 1.0, gt=0)
     vendor = f.opt_str("vendor", "nvidia")
     ecc = bool(f.opt_bool("gddr_ecc", False))
-    gpu = GPUType(name=str(name), vendor=vendor, gddr_ecc=ecc, **nums)
+    sms = f.opt_int("sms", 0, low=0)
+    gpu = GPUType(name=str(name), vendor=vendor, gddr_ecc=ecc, sms=int(sms or 0), **nums)
     default_cls = "cpu" if vendor == "cpu" else "sxm" if gpu.nvlink_gbps > 0 else "pcie"
     cls = f.opt_str("class", default_cls, choices=tuple(_classes()))
     overrides = _node_values(f.opt_mapping("node", {}), f.at("node"), required=False)
@@ -201,5 +203,6 @@ def describe_gpu(name: str) -> str:
     alias_txt = f"  (also {', '.join(aliases)})" if aliases else ""
     others = " ".join(f"{k.split('_')[1]} {getattr(g, k):g}" for k in PEAK_FIELDS if getattr(g, k))
     ecc = f" (ECC: {g.usable_memory_gib:g} GiB, {g.hbm_bw / 1e9:g} GB/s usable)" if g.gddr_ecc else ""
+    sms = f"  {g.sms} SMs" if g.sms else ""
     return (f"{g.name:<14} {g.memory_gib:>5g} GiB  {g.tflops:>6g} TFLOPS  {g.hbm_gbps:>5g} GB/s mem{ecc}  "
-            f"{link} GB/s  [{others or 'bf16 only'}]{alias_txt}")
+            f"{link} GB/s  [{others or 'bf16 only'}]{sms}{alias_txt}")

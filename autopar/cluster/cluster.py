@@ -59,6 +59,7 @@ class GPUType:
     tflops_fp8: float = 0.0
     sustained: float = 1.0  # fraction of the datasheet peaks a power-capped part holds on long GEMMs
     gddr_ecc: bool = False  # GDDR memory with ECC on: less usable memory and bandwidth (ECC_* above)
+    sms: int = 0  # streaming multiprocessors (0: not known): what GEMM tiles are scheduled over (cost_models.gemm_shapes)
     precision: str = DEFAULT
 
     def __post_init__(self) -> None:
@@ -69,6 +70,9 @@ class GPUType:
         if not 0 < self.sustained <= 1:
             raise AutoparError(f"gpu {self.name}.sustained", f"must be in (0, 1], got {self.sustained}",
                                "give the fraction of its peak the GPU sustains (1: the datasheet's)")
+        if not isinstance(self.sms, int) or self.sms < 0:
+            raise AutoparError(f"gpu {self.name}.sms", f"must be a whole number >= 0, got {self.sms!r}",
+                               "give the GPU's streaming multiprocessor count, or 0 when it is not known")
         prec = precision(self.precision)
         if prec is None:
             raise AutoparError("precision", f"unknown precision {self.precision!r}", f"use one of {', '.join(NAMES)}")
@@ -323,7 +327,8 @@ class Cluster:
                             "pcie_gbps": nd.gpu.pcie_gbps, "vendor": nd.gpu.vendor,
                             **{k: getattr(nd.gpu, k) for k in PEAK_FIELDS if getattr(nd.gpu, k)},
                             **({"sustained": nd.gpu.sustained} if nd.gpu.sustained != 1.0 else {}),
-                            **({"gddr_ecc": True} if nd.gpu.gddr_ecc else {})},
+                            **({"gddr_ecc": True} if nd.gpu.gddr_ecc else {}),
+                            **({"sms": nd.gpu.sms} if nd.gpu.sms else {})},
                     "count": nd.count,
                     "intra_bw_gbps": nd.intra_bw / 1e9,
                     "intra_lat_us": nd.intra_lat_us,
