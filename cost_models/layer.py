@@ -30,6 +30,7 @@ from cost_models.async_tp import async_tp_layer
 from cost_models.collectives import Collectives, GroupLinks
 from cost_models.compute import compute_time, memory_bound_time
 from cost_models.context_parallel import cp_array, cp_comm_times, cp_kept_bytes, cp_transient_bytes
+from cost_models.gemm_shapes import wave_times
 from cost_models.memory import model_state_bytes
 from cost_models.memory_terms import loss_extra_bytes
 from cost_models.params import CostParams
@@ -104,6 +105,8 @@ class Stage(Protocol):
     @property
     def attn_peak_flops(self) -> float: ...  # what its attention core runs at (the bf16 peak under fp8)
     @property
+    def sms(self) -> int: ...  # streaming multiprocessors of that device (0: not known; cost_models.gemm_shapes)
+    @property
     def hbm_bw(self) -> float: ...
     @property
     def collectives(self) -> Collectives: ...
@@ -158,11 +161,14 @@ def strategy_arrays(strategies: list[Strategy]) -> tuple[np.ndarray, ...]:
 
 def compute_times(layer: Layer, tp: np.ndarray, zero: np.ndarray, ckpt: np.ndarray, dp: np.ndarray,
                   b_local: np.ndarray, peak_flops: float, p: CostParams,
-                  attn_peak_flops: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+                  attn_peak_flops: float | None = None, sms: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """(forward, backward) compute seconds of one micro-batch of ``b_local`` samples per rank.
 
     Forward FLOPs split over TP; backward is twice forward plus the recomputation its checkpoint
     mode asks for; measured curves per (kind, tp degree, ZeRO-3 or not) where the profile has them.
+    On a device of ``sms`` SMs, the layer's matmuls (``gemms``) also pay for the tiles and waves
+    their per-rank shapes leave idle (``cost_models.gemm_shapes``), unless a measured curve of the
+    layer's kind already times them.
     """
     f_flops = layer.flops * b_local / tp
     per_code = {c: layer.recompute_flops(CKPT_NAME[c]) for c in np.unique(ckpt)}
@@ -180,6 +186,11 @@ def compute_times(layer: Layer, tp: np.ndarray, zero: np.ndarray, ckpt: np.ndarr
         peak_r = np.select([ckpt == CKPT_CODE["selective"]], [attn_peak_flops], peak_f)  # reruns the attention core
     f_comp = compute_time(f_flops, peak_f, eff_max, overhead)
     b_comp = 2.0 * f_comp + compute_time(recompute, peak_r, eff_max, overhead)
+    measured = any(k == layer.kind for k, *_ in p.eff_by_kind)
+    if sms > 0 and getattr(layer, "gemms", ()) and not measured:
+        rec_gemm = np.array([layer.recompute_gemm_flops(CKPT_NAME[c]) for c in ckpt], dtype=float)
+        w_fwd, w_bwd = wave_times(layer.gemms, layer.gemm_rows, tp, b_local, rec_gemm, sms, peak_flops * eff_max)
+        f_comp, b_comp = f_comp + w_fwd, b_comp + w_bwd
     return f_comp, b_comp
 
 
@@ -281,7 +292,8 @@ def layer_costs(layer: Layer, strategies: list[Strategy], stage: Stage) -> Layer
     dp = stage.n / tp
     b_local = stage.micro_batch_size / dp  # samples per rank per micro-batch
 
-    f_comp, b_comp = compute_times(layer, tp, zero, ckpt, dp, b_local, stage.peak_flops, p, stage.attn_peak_flops)
+    f_comp, b_comp = compute_times(layer, tp, zero, ckpt, dp, b_local, stage.peak_flops, p, stage.attn_peak_flops,
+                                   stage.sms)
     saved = np.array([layer.saved_bytes(s.ckpt, s.tp, s.sp) for s in strategies], dtype=float)
     if p.act_traffic > 0:
         saved_none = np.array([layer.saved_bytes("none", s.tp, s.sp) for s in strategies], dtype=float)

@@ -82,7 +82,8 @@ def _ep_rows(layer, strategies: list, stage, ep: int, t) -> dict[str, np.ndarray
     edp = dp / ep
     b_local = stage.micro_batch_size / dp
 
-    f_comp, b_comp = t.compute_times(layer, tp, zero, ckpt, dp, b_local, stage.peak_flops, p, stage.attn_peak_flops)
+    f_comp, b_comp = t.compute_times(layer, tp, zero, ckpt, dp, b_local, stage.peak_flops, p, stage.attn_peak_flops,
+                                     stage.sms)
     extra = compute_time(moe.expert_flops * (p.moe_imbalance - 1.0) * b_local / tp, stage.peak_flops, p.eff_max, 0.0)
     full = ckpt == FULL
     f_comp = f_comp + extra

@@ -80,6 +80,12 @@ class StageContext:
         return min(self.cluster.nodes[n].gpu.sustained_attn_flops for n in self.nodes)
 
     @cached_property
+    def sms(self) -> int:
+        """Streaming multiprocessors of the device that sets the pace (``peak_flops``); 0: not known."""
+        gpus = [self.cluster.nodes[n].gpu for n in self.nodes]
+        return min(gpus, key=lambda g: g.sustained_flops).sms
+
+    @cached_property
     def hbm_bw(self) -> float:
         return min(self.cluster.nodes[n].gpu.hbm_bw for n in self.nodes)
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from autopar.errors import AutoparError
 from autopar.modelspec.op_policy import OpSaved
+from cost_models.gemm_shapes import Gemm
 
 # none | selective (the attention core, Korthikanti et al.) | full (keep the unit's input) | op (torchtitan's
 # op-level selective checkpointing: matmul outputs but every second one, SDPA outputs; see op_policy.py)
@@ -97,6 +98,11 @@ class LayerSpec:
     loss_bytes:      bytes per sample of the fp32 logits the loss reads on this unit (an LM head:
                      s*V*4, vocabulary-parallel under TP); 0: no loss here. The loss's backward holds
                      several copies (cost_models/memory_terms.py).
+    gemms:           the unit's tensor-parallel matmuls in execution order (``cost_models.gemm_shapes.Gemm``:
+                     k, n at TP 1 and which one TP splits), each run on ``gemm_rows`` rows per sample; their
+                     per-rank shapes decide how much of the GPU's SMs they keep busy. Empty: not known (the
+                     unit's FLOPs run at the large-GEMM efficiency).
+    gemm_rows:       rows per sample of those matmuls (the sample's tokens).
     """
 
     name: str
@@ -117,6 +123,8 @@ class LayerSpec:
     moe: MoESpec | None = None
     kv_bytes: float = 0.0
     loss_bytes: float = 0.0
+    gemms: tuple[Gemm, ...] = ()
+    gemm_rows: int = 0
 
     def __post_init__(self) -> None:
         for f in ("params", "tp_params", "flops", "attn_core_flops", "act_tp_bytes", "act_seq_bytes",
@@ -128,6 +136,11 @@ class LayerSpec:
         if self.tp_params > self.params:
             raise AutoparError(f"layer {self.name}.tp_params", "exceeds params",
                                "tp_params counts the TP-sharded part of params")
+        if self.gemms and (self.gemm_rows <= 0 or self.gemm_flops > self.flops * (1 + 1e-9)):
+            raise AutoparError(f"layer {self.name}.gemms", f"{len(self.gemms)} matmuls of {self.gemm_rows} rows "
+                               f"give {self.gemm_flops:.4g} FLOPs per sample, more than the unit's {self.flops:.4g} "
+                               "(or no rows)", "list the unit's matmuls as [tokens, k] @ [k, n] with gemm_rows "
+                               "= tokens per sample")
         if self.moe is not None and self.moe.expert_params > self.params:
             raise AutoparError(f"layer {self.name}.moe.expert_params", "exceeds params",
                                "expert_params counts the routed experts' part of params")
@@ -165,6 +178,20 @@ class LayerSpec:
         if ckpt == "op":
             return self.op_facts().recompute_flops
         return {"none": 0.0, "selective": self.attn_core_flops, "full": self.flops}[ckpt]
+
+    @property
+    def gemm_flops(self) -> float:
+        """Forward FLOPs per sample (TP 1) of the matmuls ``gemms`` lists."""
+        return self.gemm_rows * sum(g.flops_per_token for g in self.gemms)
+
+    def recompute_gemm_flops(self, ckpt: str) -> float:
+        """The part of ``recompute_flops(ckpt)`` that ``gemms`` runs: all of them under full recomputation,
+        every second one under ``op`` (the policy recomputes the 2nd, 4th, ... matmul), none otherwise."""
+        if ckpt == "full":
+            return self.gemm_flops
+        if ckpt == "op":
+            return self.gemm_rows * sum(g.flops_per_token for g in self.gemms[1::2])
+        return 0.0
 
     def op_facts(self) -> OpSaved:
         """What ckpt ``op`` keeps and recomputes; one-line refusal for a unit it is not modelled for."""

@@ -50,6 +50,7 @@ from autopar.errors import AutoparError
 from autopar.modelspec.op_policy import Matmul, OpSaved, op_saved
 from autopar.modelspec.spec import LayerSpec, ModelSpec
 from autopar.modelspec.zoo_moe import is_moe_layer, moe_block, normalize_moe
+from cost_models.gemm_shapes import Gemm
 
 ZOO_FILE = Path(__file__).with_name("zoo.yaml")
 INDEX_BYTES = 8  # int64 token / position / type ids saved by embedding lookups
@@ -177,16 +178,18 @@ def _embed_patches(x: _Shape) -> LayerSpec:
                      act_seq_bytes=(s - 1) * patch_in * d, boundary_bytes=s * h * d)
 
 
+def _block_gemms(x: _Shape) -> tuple[Gemm, ...]:
+    """A block's matmuls in execution order, each ``[s, k] @ [k, n]``; ``row``: row-parallel under TP."""
+    h, f = x.h, x.f
+    qkv = [Gemm(h, h + 2 * x.hkv)] if x.e["fused_qkv"] else [Gemm(h, h), Gemm(h, x.hkv), Gemm(h, x.hkv)]
+    mlp_in = [Gemm(h, f)] * (MLP_MATRICES[x.e["mlp"]] - 1)
+    return (*qkv, Gemm(h, h, row=True), *mlp_in, Gemm(f, h, row=True))
+
+
 def _block_op(x: _Shape, attn_core: float) -> OpSaved:
     """What ckpt ``op`` keeps of a block and recomputes (module docstring; ``op_policy``)."""
-    s, h, f, d = x.s, x.h, x.f, x.d
-
-    def mm(k: int, n: int, row: bool = False) -> Matmul:  # [s, k] @ [k, n]
-        return Matmul(s * n * d, 2.0 * s * k * n, row)
-
-    qkv = [mm(h, h + 2 * x.hkv)] if x.e["fused_qkv"] else [mm(h, h), mm(h, x.hkv), mm(h, x.hkv)]
-    mlp_in = [mm(h, f)] * (MLP_MATRICES[x.e["mlp"]] - 1)
-    matmuls = qkv + [mm(h, h, row=True)] + mlp_in + [mm(f, h, row=True)]
+    s, h, d = x.s, x.h, x.d
+    matmuls = [Matmul(s * g.n * d, 2.0 * s * g.k * g.n, g.row) for g in _block_gemms(x)]
     flash = x.e["flash"]
     sdpa = s * h * d + x.a * s * STATS_BYTES if flash else 0.0
     return op_saved(s * h * d, matmuls, sdpa, 0.0 if flash else attn_core)
@@ -212,7 +215,8 @@ def _block(x: _Shape, i: int) -> LayerSpec:
         attn_core_flops=attn_core, act_tp_bytes=act_tp, act_seq_bytes=s * h * (4 * d + 2 * m),
         act_attn_bytes=act_attn, boundary_bytes=s * h * d,
         tp_divisors=(a, f) if e["tp_family"] == "gpt" else (a, x.kv, f), tp_comm_bytes=2 * s * h * d, tp_collectives=2,
-        tp_plan=f"{e['tp_family']}.block", op=_block_op(x, attn_core), kv_bytes=2.0 * s * x.hkv * d)
+        tp_plan=f"{e['tp_family']}.block", op=_block_op(x, attn_core), kv_bytes=2.0 * s * x.hkv * d,
+        gemms=_block_gemms(x), gemm_rows=s)
 
 
 def _head_lm(x: _Shape) -> LayerSpec:
@@ -221,7 +225,8 @@ def _head_lm(x: _Shape) -> LayerSpec:
     return LayerSpec("head", "head", params=x.norm + own, tp_params=own, flops=2.0 * s * h * V,
                      act_tp_bytes=s * V * STATS_BYTES, act_seq_bytes=2 * s * h * d, boundary_bytes=s * h * d,
                      tp_divisors=(V,), tp_comm_bytes=s * h * d, tp_collectives=1,
-                     tp_plan=f"{x.e['tp_family']}.head", loss_bytes=s * V * STATS_BYTES)
+                     tp_plan=f"{x.e['tp_family']}.head", loss_bytes=s * V * STATS_BYTES,
+                     gemms=(Gemm(h, V),), gemm_rows=s)
 
 
 def _head_mlm(x: _Shape) -> LayerSpec:

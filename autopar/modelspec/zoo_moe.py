@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from autopar.errors import AutoparError
 from autopar.modelspec.spec import LayerSpec, MoESpec
+from cost_models.gemm_shapes import Gemm
 
 ROUTER_LOGIT_BYTES = 4  # HF routers compute softmax over fp32 logits
 SWIGLU_MATRICES = 3
@@ -93,4 +94,13 @@ def moe_block(x, i: int) -> LayerSpec:
         tp_params=w_attn + col_bias + experts + shared, flops=flops, attn_core_flops=attn_core,
         act_tp_bytes=act_tp, act_seq_bytes=s * h * (4 * d + 2 * m), act_attn_bytes=act_attn,
         boundary_bytes=s * h * d, tp_divisors=divisors, tp_comm_bytes=2 * s * h * d, tp_collectives=2,
-        tp_plan=f"{e['tp_family']}.block", moe=moe)
+        tp_plan=f"{e['tp_family']}.block", moe=moe, gemms=_dense_gemms(x, qw, kvw, fs), gemm_rows=s)
+
+
+def _dense_gemms(x, qw: int, kvw: int, fs: int) -> tuple[Gemm, ...]:
+    """The MoE block's matmuls every token runs (attention, shared experts), in execution order; the routed
+    experts' matmuls, of data-dependent rows, are not listed (their FLOPs run at the large-GEMM efficiency)."""
+    h = x.h
+    qkv = [Gemm(h, qw + 2 * kvw)] if x.e["fused_qkv"] else [Gemm(h, qw), Gemm(h, kvw), Gemm(h, kvw)]
+    shared = [Gemm(h, fs), Gemm(h, fs), Gemm(fs, h, row=True)] if fs else []
+    return (*qkv, Gemm(qw, h, row=True), *shared)

@@ -57,6 +57,7 @@ class OneNodeStage:
     peak_flops: float = 1e14
     attn_peak_flops: float = 1e14
     hbm_bw: float = HBM
+    sms: int = 0  # not known: no GEMM wave quantisation (cost_models.gemm_shapes)
 
     @property
     def collectives(self) -> Collectives:

@@ -1,0 +1,105 @@
+"""How much of a GEMM's time is spent on work: tiles of the output scheduled in waves over the SMs.
+
+A GPU runs a matmul by cutting its output into tiles, one thread block each, and running the blocks
+in waves of one per streaming multiprocessor (NVIDIA, "Matrix Multiplication Background User's Guide",
+DU-09799-001, 2023: sec. 2.3 "Typical tile dimensions in cuBLAS", sec. 3.1 "Tile quantization", sec. 3.2
+"Wave quantization"). A partial last tile costs a whole tile and a partial last wave a whole wave, so a
+matmul whose output is a few tiles, or a few tiles more than a whole number of waves, runs below the
+efficiency of a large one. That is what makes narrow tensor-parallel shards and small micro-batches slower
+per FLOP: a GPT-2-medium block at TP 4 with one 1024-token sample per micro-batch on a 40-SM T4 keeps
+about three quarters of the SM-time busy, at TP 1 with 8 samples nearly all of it.
+
+The model: 128 x 128 output tiles (the guide's middle tile, which cuBLAS uses for most large training
+GEMMs); when the tiles of a matmul fill less than one wave, the reduction is split (cuBLAS's split-K)
+into as many parts as whole copies of the tiles fit on the SMs, each part at least ``SPLIT_K_MIN`` deep.
+Each of a layer's matmuls runs three times per training micro-batch with the same FLOPs: forward
+(output tokens x n, reduced over k), input gradient (tokens x k, over n) and weight gradient (k x n, over
+tokens). ``layer.compute_times`` divides the GEMM part of a layer's FLOPs by the utilisation here;
+``eff_max`` remains the efficiency of large work, which this does not change (1.0 for large GEMMs).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+TILE = 128  # output tile edge (rows and columns), the guide's 128 x 128
+SPLIT_K_MIN = 256  # reduction depth each split-K part keeps at least (two 128-deep main-loop stages)
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """One matmul of a layer unit: per sample ``[tokens, k] @ [k, n]`` at TP 1.
+
+    ``row``: row-parallel under tensor parallelism (TP splits ``k``); otherwise column-parallel (TP
+    splits ``n``). A matmul TP leaves whole (none today) is not listed.
+    """
+
+    k: int
+    n: int
+    row: bool = False
+
+    @property
+    def flops_per_token(self) -> float:
+        return 2.0 * self.k * self.n
+
+
+def wave_utilisation(rows: int, cols: int, depth: int, sms: int) -> float:
+    """Fraction of the SM-time one matmul with a ``rows x cols`` output reduced over ``depth`` spends on work.
+
+    Tiles of ``TILE x TILE`` in waves of ``sms``; a single partial wave split along the reduction (split-K)
+    into whole copies of its tiles where the depth allows. 1.0 for an output that fills whole waves exactly.
+    """
+    if rows <= 0 or cols <= 0 or sms <= 0:
+        return 1.0
+    tiles = math.ceil(rows / TILE) * math.ceil(cols / TILE)
+    split = 1
+    if tiles < sms:
+        split = max(1, min(sms // tiles, depth // SPLIT_K_MIN))
+    waves = math.ceil(tiles * split / sms)
+    return rows * cols * split / (waves * sms * TILE * TILE)
+
+
+@functools.lru_cache(maxsize=65536)
+def gemm_utilisation(gemms: tuple[Gemm, ...], tokens: int, tp: int, sms: int) -> tuple[float, float]:
+    """(forward, backward) FLOP-weighted utilisation of ``gemms`` on one rank of a TP group of ``tp``.
+
+    ``tokens``: rows of the activations one rank multiplies per micro-batch (sequence x samples).
+    Each is the harmonic mean of the matmuls' utilisations weighted by their FLOPs, so that the GEMM
+    time is ``GEMM FLOPs / (peak x eff_max x utilisation)``; backward averages the input-gradient and
+    weight-gradient matmuls. (1.0, 1.0) without GEMMs or without an SM count.
+    """
+    if not gemms or sms <= 0 or tokens <= 0:
+        return 1.0, 1.0
+    work = fwd_time = bwd_time = 0.0
+    for g in gemms:
+        k = max(1, g.k // tp) if g.row else g.k
+        n = g.n if g.row else max(1, g.n // tp)
+        flops = float(k) * n
+        work += flops
+        fwd_time += flops / wave_utilisation(tokens, n, k, sms)
+        bwd_time += flops / wave_utilisation(tokens, k, n, sms) + flops / wave_utilisation(k, n, tokens, sms)
+    return work / fwd_time, 2.0 * work / bwd_time
+
+
+def wave_times(gemms: tuple[Gemm, ...], rows: int, tp: np.ndarray, b_local: np.ndarray, recompute_gemm: np.ndarray,
+               sms: int, rate: float | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(forward, backward) seconds a layer's matmuls spend on idle tiles and waves, per strategy.
+
+    ``rows``: the matmuls' rows per sample (its tokens); ``b_local``: samples per rank per micro-batch;
+    ``recompute_gemm``: GEMM FLOPs per sample (TP 1) backward reruns under each strategy's checkpointing;
+    ``rate``: the FLOP/s large GEMMs run at (peak x ``eff_max``). What the layer's compute time adds to its
+    FLOPs at ``rate``: GEMM FLOPs x (1 / utilisation - 1) / rate, the recomputation at forward's utilisation.
+    """
+    work = rows * sum(g.flops_per_token for g in gemms)  # GEMM FLOPs per sample at TP 1
+    u_fwd, u_bwd = np.ones_like(tp, dtype=float), np.ones_like(tp, dtype=float)
+    for t, b in {(float(t), float(b)) for t, b in zip(tp, b_local)}:
+        sel = (tp == t) & (b_local == b)
+        u_fwd[sel], u_bwd[sel] = gemm_utilisation(gemms, max(1, round(rows * b)), int(t), sms)
+    per_rank = b_local / tp
+    fwd = work * per_rank * (1.0 / u_fwd - 1.0) / rate
+    bwd = (2.0 * work * (1.0 / u_bwd - 1.0) + recompute_gemm * (1.0 / u_fwd - 1.0)) * per_rank / rate
+    return fwd, bwd
