@@ -6,7 +6,8 @@ one call. Units: bytes, bytes/s, FLOPs, FLOP/s, seconds. Nothing here imports au
 a model, cluster and plan into these numbers (``autopar.estimate``).
 
 Modules, bottom up: ``params`` (the tunable constants), ``communication`` (alpha-beta-gamma
-formulas), ``collectives`` (measured fit or formula, per group), ``compute``, ``memory``, ``layer``
+formulas), ``collectives`` (measured fit or formula, per group), ``compute``, ``gemm_shapes`` (a layer's
+matmuls in tiles and waves over the SMs), ``memory``, ``layer``
 (one layer under a table of strategies), ``stage``, ``pipeline``, ``cross_pipeline``; beside them
 ``precision`` (the training precisions as a table: peak column and byte counts).
 """

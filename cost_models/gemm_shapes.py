@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -30,12 +30,12 @@ TILE = 128  # output tile edge (rows and columns), the guide's 128 x 128
 SPLIT_K_MIN = 256  # reduction depth each split-K part keeps at least (two 128-deep main-loop stages)
 
 
-@dataclass(frozen=True)
-class Gemm:
+class Gemm(NamedTuple):
     """One matmul of a layer unit: per sample ``[tokens, k] @ [k, n]`` at TP 1.
 
     ``row``: row-parallel under tensor parallelism (TP splits ``k``); otherwise column-parallel (TP
-    splits ``n``). A matmul TP leaves whole (none today) is not listed.
+    splits ``n``). A matmul TP leaves whole (none today) is not listed. A tuple, so that the per-shape
+    cache below hashes a unit's matmuls at C speed.
     """
 
     k: int
@@ -45,6 +45,12 @@ class Gemm:
     @property
     def flops_per_token(self) -> float:
         return 2.0 * self.k * self.n
+
+
+@functools.lru_cache(maxsize=4096)
+def flops_per_token(gemms: tuple[Gemm, ...]) -> float:
+    """Forward FLOPs per row (token) of ``gemms`` together, at TP 1."""
+    return sum(g.flops_per_token for g in gemms)
 
 
 def wave_utilisation(rows: int, cols: int, depth: int, sms: int) -> float:
@@ -94,11 +100,15 @@ def wave_times(gemms: tuple[Gemm, ...], rows: int, tp: np.ndarray, b_local: np.n
     ``rate``: the FLOP/s large GEMMs run at (peak x ``eff_max``). What the layer's compute time adds to its
     FLOPs at ``rate``: GEMM FLOPs x (1 / utilisation - 1) / rate, the recomputation at forward's utilisation.
     """
-    work = rows * sum(g.flops_per_token for g in gemms)  # GEMM FLOPs per sample at TP 1
-    u_fwd, u_bwd = np.ones_like(tp, dtype=float), np.ones_like(tp, dtype=float)
-    for t, b in {(float(t), float(b)) for t, b in zip(tp, b_local)}:
-        sel = (tp == t) & (b_local == b)
-        u_fwd[sel], u_bwd[sel] = gemm_utilisation(gemms, max(1, round(rows * b)), int(t), sms)
+    work = rows * flops_per_token(gemms)  # GEMM FLOPs per sample at TP 1
+    tp, b_local = np.broadcast_arrays(np.asarray(tp, dtype=float), np.asarray(b_local, dtype=float))
+    # one utilisation per distinct (tp, samples) pair: a search scores hundreds of strategies of a few shapes
+    key = tp * 1e9 + b_local
+    shapes, where = np.unique(key, return_inverse=True)
+    first = np.zeros(len(shapes), dtype=int)
+    first[where] = np.arange(len(key))
+    u = np.array([gemm_utilisation(gemms, max(1, round(rows * float(b_local[i]))), int(tp[i]), sms) for i in first])
+    u_fwd, u_bwd = u[where.reshape(-1), 0].reshape(tp.shape), u[where.reshape(-1), 1].reshape(tp.shape)
     per_rank = b_local / tp
     fwd = work * per_rank * (1.0 / u_fwd - 1.0) / rate
     bwd = (2.0 * work * (1.0 / u_bwd - 1.0) + recompute_gemm * (1.0 / u_fwd - 1.0)) * per_rank / rate

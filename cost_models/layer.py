@@ -28,7 +28,7 @@ from cost_models import communication as comm
 from cost_models import moe as expert_parallel
 from cost_models.async_tp import async_tp_layer
 from cost_models.collectives import Collectives, GroupLinks
-from cost_models.compute import compute_time, memory_bound_time
+from cost_models.compute import activation_traffic_times, compute_time, memory_bound_time
 from cost_models.context_parallel import cp_array, cp_comm_times, cp_kept_bytes, cp_transient_bytes
 from cost_models.gemm_shapes import wave_times
 from cost_models.memory import model_state_bytes
@@ -159,6 +159,14 @@ def strategy_arrays(strategies: list[Strategy]) -> tuple[np.ndarray, ...]:
     return tp, zero, ckpt, sp
 
 
+def per_ckpt(of_mode: Callable[[str], float], ckpt: np.ndarray) -> np.ndarray:
+    """``of_mode(mode)`` for each strategy's checkpoint code, asked once per mode present."""
+    table = np.zeros(len(CKPT_CODE))
+    for c in np.unique(ckpt):
+        table[c] = of_mode(CKPT_NAME[int(c)])
+    return table[ckpt]
+
+
 def compute_times(layer: Layer, tp: np.ndarray, zero: np.ndarray, ckpt: np.ndarray, dp: np.ndarray,
                   b_local: np.ndarray, peak_flops: float, p: CostParams,
                   attn_peak_flops: float | None = None, sms: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -171,8 +179,7 @@ def compute_times(layer: Layer, tp: np.ndarray, zero: np.ndarray, ckpt: np.ndarr
     layer's kind already times them.
     """
     f_flops = layer.flops * b_local / tp
-    per_code = {c: layer.recompute_flops(CKPT_NAME[c]) for c in np.unique(ckpt)}
-    recompute = np.array([per_code[c] for c in ckpt], dtype=float) * b_local / tp
+    recompute = per_ckpt(layer.recompute_flops, ckpt) * b_local / tp
     eff_max, overhead = p.eff_max, p.layer_overhead_s
     if p.eff_by_kind:
         curves = [p.efficiency(layer.kind, int(t), int(z) if d > 1 else 0) for t, z, d in zip(tp, zero, dp)]
@@ -188,26 +195,10 @@ def compute_times(layer: Layer, tp: np.ndarray, zero: np.ndarray, ckpt: np.ndarr
     b_comp = 2.0 * f_comp + compute_time(recompute, peak_r, eff_max, overhead)
     measured = any(k == layer.kind for k, *_ in p.eff_by_kind)
     if sms > 0 and getattr(layer, "gemms", ()) and not measured:
-        rec_gemm = np.array([layer.recompute_gemm_flops(CKPT_NAME[c]) for c in ckpt], dtype=float)
+        rec_gemm = per_ckpt(layer.recompute_gemm_flops, ckpt)
         w_fwd, w_bwd = wave_times(layer.gemms, layer.gemm_rows, tp, b_local, rec_gemm, sms, peak_flops * eff_max)
         f_comp, b_comp = f_comp + w_fwd, b_comp + w_bwd
     return f_comp, b_comp
-
-
-def activation_traffic_times(saved_none: np.ndarray, saved_kept: np.ndarray, ckpt: np.ndarray, b_local: np.ndarray,
-                             hbm_bw: float, p: CostParams) -> tuple[np.ndarray, np.ndarray]:
-    """(forward, backward) seconds of a layer's memory-bound kernels for one micro-batch, per strategy.
-
-    ``saved_none``: activation bytes per sample the layer saves without checkpointing (per rank, after
-    its TP/SP split), ``saved_kept``: what it keeps under its own checkpoint mode. The traffic is
-    ``act_traffic`` times the saved bytes, a third in forward and two thirds in backward; backward
-    also reruns the forward traffic of what checkpointing dropped (all of it under full recompute,
-    the attention core under selective, what the op policy does not save under op).
-    """
-    unit = p.act_traffic * saved_none * b_local / hbm_bw
-    fwd = unit / 3.0
-    dropped = np.where(ckpt == 0, 0.0, np.maximum(0.0, 1.0 - saved_kept / np.maximum(saved_none, 1e-30)))
-    return fwd, 2.0 * fwd + dropped * fwd
 
 
 def tp_comm_times(layer: Layer, tp: np.ndarray, sp: np.ndarray, ckpt: np.ndarray, b_local: np.ndarray,

@@ -14,7 +14,9 @@ class CostParams:
     eff_max: achieved fraction of peak FLOPS for large work. Large GEMMs reach 70-80% of dense
         peak, but attention, norms and elementwise kernels pull a whole layer down to about 60%:
         Megatron-LM reports 52-56% MFU for GPT-3-scale models on A100 (Korthikanti et al.,
-        2205.05198) after its communication and bubbles. A profile replaces this.
+        2205.05198) after its communication and bubbles. A profile replaces this. What the tiles and
+        waves of smaller matmuls leave idle comes on top, on a GPU whose SM count is known
+        (``cost_models.gemm_shapes``).
     layer_overhead_s: fixed time per layer call (forward; backward pays it twice): kernel launches
         and dispatch, ~10 kernels of ~5 us on a GPU. It is what makes small per-rank work slow.
     param_bytes: bytes of a parameter in the compute dtype (bf16).

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from autopar.errors import AutoparError
 from autopar.modelspec.op_policy import OpSaved
-from cost_models.gemm_shapes import Gemm
+from cost_models.gemm_shapes import Gemm, flops_per_token
 
 # none | selective (the attention core, Korthikanti et al.) | full (keep the unit's input) | op (torchtitan's
 # op-level selective checkpointing: matmul outputs but every second one, SDPA outputs; see op_policy.py)
@@ -182,7 +182,7 @@ class LayerSpec:
     @property
     def gemm_flops(self) -> float:
         """Forward FLOPs per sample (TP 1) of the matmuls ``gemms`` lists."""
-        return self.gemm_rows * sum(g.flops_per_token for g in self.gemms)
+        return self.gemm_rows * flops_per_token(self.gemms)
 
     def recompute_gemm_flops(self, ckpt: str) -> float:
         """The part of ``recompute_flops(ckpt)`` that ``gemms`` runs: all of them under full recomputation,
@@ -190,7 +190,7 @@ class LayerSpec:
         if ckpt == "full":
             return self.gemm_flops
         if ckpt == "op":
-            return self.gemm_rows * sum(g.flops_per_token for g in self.gemms[1::2])
+            return self.gemm_rows * flops_per_token(self.gemms[1::2])
         return 0.0
 
     def op_facts(self) -> OpSaved:

@@ -25,6 +25,8 @@ children is one unit named ``model``. Per unit, per sample (divided by the examp
 * ``op`` (what ckpt ``op`` keeps and recomputes): from the unit's matmuls and SDPA calls in execution
   order (``trace_ops``): its input, the 1st, 3rd, ... matmul outputs and SDPA outputs are kept;
   row-parallel matmuls are the ``rowwise`` modules of its TP plan.
+* ``gemms`` / ``gemm_rows``: the same matmul records, those over every token of the sample, as
+  ``[seq, k] @ [k, n]`` shapes (``trace_ops.gemm_facts``), for the cost model's tile and wave quantisation.
 * ``boundary_bytes``: bytes of the unit's output (of the last unit: its input, since its output goes
   to the loss on the same stage).
 
@@ -46,8 +48,9 @@ from torch.utils.flop_counter import FlopCounterMode
 from autopar.errors import AutoparError
 from autopar.modelspec.spec import LayerSpec, ModelSpec
 from autopar.modelspec.trace_moe import ExpertFlops, unit_moe
-from autopar.modelspec.trace_ops import OpTrace, SdpaTrace, op_facts
+from autopar.modelspec.trace_ops import OpTrace, SdpaTrace, gemm_facts, op_facts
 from autopar.units import discover
+from cost_models.gemm_shapes import flops_per_token
 
 NORMS = (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm, nn.modules.batchnorm._BatchNorm)
 DTYPES = {2: torch.bfloat16, 4: torch.float32, 8: torch.float64}
@@ -347,11 +350,18 @@ def _build(module, name, units, rec: _Recorder, ops: OpTrace, seq, batch, dbytes
             attn_core_flops=st["attn"] / batch, act_tp_bytes=st["tp"] / batch, act_seq_bytes=st["seq"] / batch,
             act_attn_bytes=st["attn_b"] / batch, boundary_bytes=boundary, tp_divisors=divisors,
             tp_comm_bytes=comm, tp_collectives=coll, tp_plan=plan,
-            op=op_facts(ops.events.get(n, []), st["in"] / batch, st["flops"] / batch, rows, batch)))
+            op=op_facts(ops.events.get(n, []), st["in"] / batch, st["flops"] / batch, rows, batch),
+            **_gemms(ops.events.get(n, []), rows, batch, seq, flops)))
     ran = set(rec.order)
     meta = {"traced": trace_meta, "unused_units": [n for n, _ in units if n not in ran]}
     return ModelSpec(name=name, seq_len=seq, layers=layers, dtype_bytes=dbytes, source=source, meta=meta,
                      **_shape_facts(module))
+
+
+def _gemms(events: list, rows: set[nn.Module], batch: int, seq: int, flops: float) -> dict:
+    """``gemms`` and ``gemm_rows`` of a unit, or nothing where its FLOPs (MoE: as routed) hold fewer."""
+    gemms, gemm_rows = gemm_facts(events, rows, batch, seq)
+    return {"gemms": gemms, "gemm_rows": gemm_rows} if gemm_rows * flops_per_token(gemms) <= flops else {}
 
 
 # ModelSpec shape fields <- config attribute names (autopar.models, HF, nanoGPT spellings)

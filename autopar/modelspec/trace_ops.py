@@ -19,6 +19,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from autopar.modelspec.op_policy import Matmul, OpSaved, op_saved
+from cost_models.gemm_shapes import Gemm
 
 aten = torch.ops.aten
 MATMULS = {aten.mm.default: 0, aten.linear.default: 0, aten.addmm.default: 1}  # op -> which arg is [.., k]
@@ -36,17 +37,19 @@ class OpTrace(TorchDispatchMode):
         super().__init__()
         self.where = where
         self.in_sdpa = 0
-        self.events: dict[str, list[tuple[str, float, float, nn.Module | None]]] = {}
+        self.events: dict[str, list[tuple[str, float, float, nn.Module | None, tuple[int, int, int] | None]]] = {}
 
-    def record(self, kind: str, nbytes: float, flops: float) -> None:
+    def record(self, kind: str, nbytes: float, flops: float, shape: tuple[int, int, int] | None = None) -> None:
+        """One op of the running unit: ``shape`` (rows, k, n) for a matmul ``[rows, k] @ [k, n]``."""
         unit, mod = self.where()
         if unit is not None:
-            self.events.setdefault(unit, []).append((kind, nbytes, flops, mod))
+            self.events.setdefault(unit, []).append((kind, nbytes, flops, mod, shape))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         if func in MATMULS and not self.in_sdpa:
-            self.record("mm", _bytes(out), 2.0 * out.numel() * args[MATMULS[func]].shape[-1])
+            k, n = args[MATMULS[func]].shape[-1], out.shape[-1]
+            self.record("mm", _bytes(out), 2.0 * out.numel() * k, (out.numel() // max(n, 1), k, n))
         return out
 
 
@@ -79,7 +82,18 @@ def op_facts(events: list, input_bytes: float, flops: float, rows: set[nn.Module
     ``rows``: the unit's row-parallel modules (its TP plan); every FLOP that is neither a matmul nor
     SDPA (eager attention's ``bmm``, convolutions) is recomputed.
     """
-    mms = [Matmul(b / batch, f / batch, mod in rows) for kind, b, f, mod in events if kind == "mm"]
-    sdpa = [(b / batch, f / batch) for kind, b, f, _ in events if kind == "sdpa"]
+    mms = [Matmul(b / batch, f / batch, mod in rows) for kind, b, f, mod, _ in events if kind == "mm"]
+    sdpa = [(b / batch, f / batch) for kind, b, f, _, _ in events if kind == "sdpa"]
     rest = flops - sum(m.flops for m in mms) - sum(f for _, f in sdpa)
     return op_saved(input_bytes, mms, sum(b for b, _ in sdpa), max(0.0, rest))
+
+
+def gemm_facts(events: list, rows: set[nn.Module], batch: int, seq_len: int) -> tuple[tuple[Gemm, ...], int]:
+    """(``LayerSpec.gemms``, ``gemm_rows``) of a unit from its records: its matmuls over every token of
+    the sample (``seq_len`` rows per sample), in execution order; ``rows``: its TP plan's row-parallel
+    modules. Matmuls over other row counts (a classifier on one token, routed experts) are not listed,
+    so they run at the large-GEMM efficiency. ((), 0) when none is left."""
+    gemms = tuple(Gemm(k, n, mod in rows) for kind, _, _, mod, shape in events
+                  if kind == "mm" and shape is not None and (k := shape[1]) > 0 and (n := shape[2]) > 0
+                  and shape[0] == seq_len * batch)
+    return gemms, (seq_len if gemms else 0)

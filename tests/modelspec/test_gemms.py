@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from autopar.errors import AutoparError
 from autopar.modelspec import from_zoo
 from autopar.modelspec.spec import LayerSpec
-from autopar.modelspec.zoo import zoo_entry, zoo_names
+from autopar.modelspec.trace import spec_from_module
+from autopar.modelspec.zoo import spec_from_entry, zoo_entry, zoo_names
+from autopar.profile.reference import build_module
 from cost_models.gemm_shapes import Gemm
 
 ROUTER_FLOPS_PER_TOKEN = 2  # x hidden x experts
@@ -50,3 +53,28 @@ def test_matmuls_beyond_the_units_flops_are_one_line():
         LayerSpec("x", flops=1.0, gemms=(Gemm(8, 8),), gemm_rows=4)
     with pytest.raises(AutoparError, match="gemms"):
         LayerSpec("x", flops=1e9, gemms=(Gemm(8, 8),), gemm_rows=0)
+
+
+@pytest.mark.parametrize("name", ["gpt-tiny", "llama-tiny"])
+def test_the_tracer_lists_the_matmuls_the_formulas_list(name):
+    traced = spec_from_module(build_module(name), torch.randint(0, 256, (2, 32)), dtype_bytes=4)
+    zoo = spec_from_entry(dict(zoo_entry(name), flash=True), dtype_bytes=4)
+    for i in range(1, 5):  # blocks: the same matmuls, shapes and row-parallel ones, in the same order
+        assert traced.layers[i].gemms == zoo.layers[i].gemms and traced.layers[i].gemm_rows == 32
+    assert traced.layers[-1].gemm_flops == pytest.approx(zoo.layers[-1].gemm_flops)  # the LM head
+    assert traced.layers[0].gemms == ()  # an embedding lookup runs no matmul
+
+
+def test_a_matmul_over_one_token_is_not_listed():
+    class Classifier(torch.nn.Module):  # a per-token projection, then a classifier on the first token
+        def __init__(self):
+            super().__init__()
+            self.proj, self.cls = torch.nn.Linear(16, 16), torch.nn.Linear(16, 4)
+
+        def forward(self, x):
+            return self.cls(self.proj(x)[:, 0])
+
+    spec = spec_from_module(Classifier(), torch.randn(2, 8, 16))
+    proj, cls = spec.layers
+    assert proj.gemms == (Gemm(16, 16),) and proj.gemm_rows == 8
+    assert cls.gemms == () and cls.flops > 0
