@@ -209,6 +209,12 @@ class Cluster:
     def gpu_of(self, device: int) -> GPUType:
         return self.nodes[self._dev_node[device]].gpu
 
+    def budget_gib(self, device: int, cap_gib: float | None = None) -> float:
+        """What ``device`` may hold, GiB: its usable memory, or ``cap_gib`` (a plan's ``memory_budget_gib``)
+        where that is smaller. The one rule the estimate's ``fits``, the search and the validator share."""
+        usable = self.gpu_of(device).usable_memory_gib
+        return usable if cap_gib is None else min(usable, cap_gib)
+
     def node_devices(self, node: int) -> list[int]:
         start = self._node_first[node]
         return list(range(start, start + self.nodes[node].count))

@@ -172,8 +172,5 @@ def stage_link(cluster: Cluster, src_devices: list[int], dst_devices: list[int])
 
 
 def device_budget_bytes(cluster: Cluster, device: int, memory_budget_gib: float | None) -> float:
-    """What a device may hold: its memory, or the user's cap when that is smaller."""
-    cap = cluster.gpu_of(device).memory_bytes
-    if memory_budget_gib is not None:
-        cap = min(cap, memory_budget_gib * GIB)
-    return cap
+    """``Cluster.budget_gib`` in bytes: what a device may hold, its memory or the user's cap when smaller."""
+    return cluster.budget_gib(device, memory_budget_gib) * GIB

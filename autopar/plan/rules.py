@@ -331,7 +331,8 @@ def _illegal_tp(field: str, tp: int, unit: UnitFacts, n: int) -> Problem:
 
 
 def memory_rules(plan: Plan, peak_gib: dict[int, float]) -> Problems:
-    """Each device's predicted peak within its budget (memory_budget_gib, else its GPU's memory)."""
+    """Each device's predicted peak within its budget (``Cluster.budget_gib``: its GPU's usable memory, or
+    memory_budget_gib where that is smaller)."""
     where = {d: f"pipelines[{pi}].stages[{si}]" for pi, p in enumerate(plan.pipelines)
              for si, st in enumerate(p.stages) for d in st.devices}
     n = plan.cluster.num_devices
@@ -339,8 +340,9 @@ def memory_rules(plan: Plan, peak_gib: dict[int, float]) -> Problems:
         if not (_is_count(d, low=0) and d < n):
             yield f"memory (device {d!r})", "is not a device of the cluster", f"give predicted peaks for devices 0..{n - 1}"
             continue
-        budget = plan.memory_budget_gib if plan.memory_budget_gib is not None else plan.cluster.gpu_of(d).usable_memory_gib
-        source = "memory_budget_gib" if plan.memory_budget_gib is not None else f"{plan.cluster.gpu_of(d).name} memory"
+        budget = plan.cluster.budget_gib(d, plan.memory_budget_gib)
+        capped = plan.memory_budget_gib is not None and plan.memory_budget_gib <= budget
+        source = "memory_budget_gib" if capped else f"{plan.cluster.gpu_of(d).name} memory"
         peak = float(peak_gib[d])
         if peak > budget + _EPS_GIB:
             yield (f"{where.get(d, 'plan')} (device {d})", f"predicted peak memory {peak:.2f} GiB exceeds the "

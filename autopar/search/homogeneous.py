@@ -368,7 +368,7 @@ def search_homogeneous(model: ModelSpec, cluster: Cluster, global_batch_size: in
 def nothing_fits_error(results: list[ConfigResult], cluster: Cluster, opts: SearchOptions) -> AutoparError:
     """The one-line 'no plan fits' error naming the closest setting and what it needs."""
     tried = [r for r in results if np.isfinite(r.min_memory_gib)]
-    budget = opts.memory_budget_gib or min(g.usable_memory_gib for g in cluster.gpu_types)
+    budget = min(cluster.budget_gib(nd_first, opts.memory_budget_gib) for nd_first in cluster.first_devices())
     if not tried:
         return AutoparError("global_batch_size", "no (pp, micro-batch) setting gives every layer a legal strategy",
                             "pick a global batch size divisible by the data-parallel degrees (e.g. a power of 2)")

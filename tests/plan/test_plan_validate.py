@@ -233,6 +233,16 @@ def test_memory_over_the_budget():
                                   "budget 20.00 GiB (memory_budget_gib)")
 
 
+def test_a_budget_above_the_gpu_does_not_lend_it_memory():
+    # the validator, the estimate's fits and the search share Cluster.budget_gib: the smaller of the two
+    plan = base_plan()
+    plan.memory_budget_gib = 200.0
+    [p] = _problem(plan, memory={d: 60.0 for d in range(8)} | {5: 81.5})
+    assert "exceeds the budget 80.00 GiB (A100-80G memory)" in p
+    assert plan.cluster.budget_gib(5, 200.0) == plan.cluster.budget_gib(5) == 80.0
+    assert plan.cluster.budget_gib(5, 20.0) == 20.0
+
+
 def test_all_problems_are_listed_not_just_the_first():
     plan = base_plan()
     plan.pipelines[0].num_microbatches = 7
