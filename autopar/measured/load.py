@@ -27,6 +27,8 @@ FORMAT = "autopar-measured/1"
 STATUSES = ("ok", "failed", "inexpressible", "suspect")
 SCHEDULES = {"1f1b": "1f1b", "gpipe": "gpipe", "none": "1f1b"}  # none: pp = 1, any schedule is the same
 UNPUBLISHED = ("micro_batch_size", "num_microbatches", "ckpt")
+# torchao's Float8 scaling recipes; the fp8 row of cost_models.precision prices the first (one scale per tensor)
+FLOAT8_RECIPES = ("tensorwise", "rowwise")
 NOT_MODELLED = ("compile",)  # case flags (torchtitan) the cost model has no term for (async_tp: the plan's strategy)
 
 
@@ -44,6 +46,11 @@ def _precision(c: Fields, model: Fields) -> tuple[str, list[str]]:
     if c.raw("float8", False) is True and mode != "fp8":
         raise AutoparError(c.at("precision_mode"), f"is {mode} but the case has float8: true",
                            "set precision_mode: fp8 on the case")
+    recipe = c.opt_str("float8_recipe", None, choices=FLOAT8_RECIPES)
+    if recipe is not None and mode != "fp8":
+        raise AutoparError(c.at("float8_recipe"), f"is set but the case is {mode}", "set precision_mode: fp8, or drop it")
+    if recipe not in (None, FLOAT8_RECIPES[0]):
+        notes.append(f"{c.at('float8_recipe')} {recipe}: not modelled (priced as the fp8 row, tensorwise scaling)")
     return mode, notes
 
 

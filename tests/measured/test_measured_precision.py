@@ -41,6 +41,17 @@ def test_a_case_overrides_the_file_and_fp8_runs_faster(tmp_path):
     assert estimate_plan(fp8.plan, fp8.model).step_time_s < estimate_plan(edit_bf16.plan, edit_bf16.model).step_time_s
 
 
+@pytest.mark.parametrize("recipe, noted", [("tensorwise", False), ("rowwise", True)])
+def test_a_float8_recipe_the_fp8_row_does_not_price_is_noted(tmp_path, recipe, noted):
+    def edit(doc):
+        _h100(doc)
+        doc["cases"][0].update(precision_mode="fp8", float8=True, float8_recipe=recipe)
+
+    run = load_runs(write(tmp_path, edit)).runs[0]
+    assert run.plan.precision == "fp8"
+    assert any(f"float8_recipe {recipe}: not modelled" in n for n in run.notes) is noted
+
+
 def test_free_text_without_a_precision_word_defaults_to_bf16_with_a_note(tmp_path):
     def edit(doc):
         doc["model"]["precision"] = "half precision: not stated"
@@ -59,6 +70,10 @@ def test_free_text_without_a_precision_word_defaults_to_bf16_with_a_note(tmp_pat
                                                   "float8: true"),
     (lambda d: d["cases"][0].update(precision_mode="fp8"), "tiny.yaml:case pp2.precision_mode: gpu A100-80G.tflops_fp8: "
                                                            "is not known (0)"),
+    (lambda d: d["cases"][0].update(float8_recipe="rowwise"), "tiny.yaml:case pp2.float8_recipe: is set but the case "
+                                                              "is fp16"),
+    (lambda d: d["cases"][0].update(precision_mode="fp8", float8_recipe="blockwise"),
+     "tiny.yaml:case pp2.float8_recipe"),
 ])
 def test_bad_precision_is_one_line(tmp_path, edit, start):
     with pytest.raises(AutoparError) as info:
