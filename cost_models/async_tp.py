@@ -22,6 +22,9 @@ The assumption, per micro-batch and per pass (forward; backward with its recompu
   ``autopar calibrate`` fits it.
 * The decomposition moves the gathered / scattered activations through HBM once more (written to and
   read from the symmetric-memory buffer): ``2 * core bytes / hbm_bw``, always exposed.
+* Its chunked matmuls, 1/tp of the rows each, leave more of the SMs idle than one large matmul did
+  (``chunked_wave_times``; on a GPU whose SM count is known): always exposed. That share of the write-up's
+  slowdown no longer needs ``overlap`` below 1.
 
 The result is never more than plain TP's cost plus that copy: async TP cannot win where the matmuls are
 short against the transfer copy (small micro-batches on fast NVLink), which is where the search leaves it off.
@@ -30,6 +33,8 @@ short against the transfer copy (small micro-batches on fast NVLink), which is w
 from __future__ import annotations
 
 import numpy as np
+
+from cost_models.gemm_shapes import wave_times
 
 
 def async_tp_exposed(tp_pass: np.ndarray, boundary_pass: np.ndarray, tp: np.ndarray, matmul_pass: np.ndarray,
@@ -82,4 +87,25 @@ def async_tp_layer(layer, stage, sel: np.ndarray, tp: np.ndarray, b_local: np.nd
         matmul = max(layer.flops - layer.attn_core_flops, 0.0) * b_local[s] / t / (stage.peak_flops * eff)
         fwd[s], bwd[s] = async_tp_times(tp_fwd[s], tp_bwd[s], boundary, factor, tp[s], matmul,
                                         layer.tp_comm_bytes * b_local[s], stage.hbm_bw, p.async_tp_overlap)
+        if not any(k == layer.kind for k, *_ in p.eff_by_kind):  # a measured curve times its own matmuls
+            chunk_fwd, chunk_bwd = chunked_wave_times(layer, stage.sms, tp[s], b_local[s], stage.peak_flops * eff)
+            fwd[s], bwd[s] = fwd[s] + chunk_fwd, bwd[s] + chunk_bwd
     return fwd, bwd
+
+
+def chunked_wave_times(layer, sms: int, tp: np.ndarray, b_local: np.ndarray,
+                       rate: float) -> tuple[np.ndarray, np.ndarray]:
+    """(forward, backward) seconds the decomposition's chunked matmuls add in idle tiles and waves, per strategy.
+
+    Async TP runs each matmul of the unit as tp matmuls of 1/tp of its rows (one per gathered or scattered
+    chunk); each pays its own partial waves (``cost_models.gemm_shapes``), the slowdown PyTorch's async-TP
+    write-up names, where one large matmul paid one. 0 without the unit's matmul shapes or an SM count, and
+    never below 0 (chunks that happen to fill their waves better are not counted as a gain).
+    """
+    gemms = getattr(layer, "gemms", ())
+    if sms <= 0 or not gemms:
+        return np.zeros_like(tp), np.zeros_like(tp)
+    none = np.zeros_like(tp)
+    whole = wave_times(gemms, layer.gemm_rows, tp, b_local, none, sms, rate)
+    chunk = wave_times(gemms, layer.gemm_rows, tp, b_local / tp, none, sms, rate)
+    return np.maximum(0.0, tp * chunk[0] - whole[0]), np.maximum(0.0, tp * chunk[1] - whole[1])

@@ -57,8 +57,9 @@ class CostParams:
         "[Distributed w/ TorchTitan] Introducing Async Tensor Parallelism in PyTorch",
         dev-discuss.pytorch.org, 2024) shows transfers overlapping
         the decomposed matmuls almost fully, less the chunked matmuls' slowdown (wave quantisation, which
-        its ping-pong ordering reduces) and their memory-bandwidth contention; no figure of the write-up
-        gives the fraction. torchtitan's 2025-06 H100 vanilla / async pairs
+        its ping-pong ordering reduces; ``async_tp.chunked_wave_times`` prices the chunks' waves where the
+        GPU's SM count is known) and their memory-bandwidth contention; no figure of the write-up gives the
+        fraction. torchtitan's 2025-06 H100 vanilla / async pairs
         (benchmarks/data) are scored with the default, not fitted to it; ``autopar calibrate`` fits it from
         such pairs (0.4-0.6 bracket the 8B runs' measured savings).
     reserve_gib: framework reserve per device (CUDA context, NCCL buffers, allocator fragmentation).
