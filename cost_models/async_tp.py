@@ -87,7 +87,7 @@ def async_tp_layer(layer, stage, sel: np.ndarray, tp: np.ndarray, b_local: np.nd
         matmul = max(layer.flops - layer.attn_core_flops, 0.0) * b_local[s] / t / (stage.peak_flops * eff)
         fwd[s], bwd[s] = async_tp_times(tp_fwd[s], tp_bwd[s], boundary, factor, tp[s], matmul,
                                         layer.tp_comm_bytes * b_local[s], stage.hbm_bw, p.async_tp_overlap)
-        if not any(k == layer.kind for k, *_ in p.eff_by_kind):  # a measured curve times its own matmuls
+        if not p.has_curve(layer.kind):  # a measured curve times its own matmuls
             chunk_fwd, chunk_bwd = chunked_wave_times(layer, stage.sms, tp[s], b_local[s], stage.peak_flops * eff)
             fwd[s], bwd[s] = fwd[s] + chunk_fwd, bwd[s] + chunk_bwd
     return fwd, bwd
@@ -102,10 +102,9 @@ def chunked_wave_times(layer, sms: int, tp: np.ndarray, b_local: np.ndarray,
     write-up names, where one large matmul paid one. 0 without the unit's matmul shapes or an SM count, and
     never below 0 (chunks that happen to fill their waves better are not counted as a gain).
     """
-    gemms = getattr(layer, "gemms", ())
+    gemms, none = getattr(layer, "gemms", ()), np.zeros_like(tp)
     if sms <= 0 or not gemms:
-        return np.zeros_like(tp), np.zeros_like(tp)
-    none = np.zeros_like(tp)
+        return none, none
     whole = wave_times(gemms, layer.gemm_rows, tp, b_local, none, sms, rate)
     chunk = wave_times(gemms, layer.gemm_rows, tp, b_local / tp, none, sms, rate)
     return np.maximum(0.0, tp * chunk[0] - whole[0]), np.maximum(0.0, tp * chunk[1] - whole[1])

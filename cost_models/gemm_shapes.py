@@ -103,10 +103,7 @@ def wave_times(gemms: tuple[Gemm, ...], rows: int, tp: np.ndarray, b_local: np.n
     work = rows * flops_per_token(gemms)  # GEMM FLOPs per sample at TP 1
     tp, b_local = np.broadcast_arrays(np.asarray(tp, dtype=float), np.asarray(b_local, dtype=float))
     # one utilisation per distinct (tp, samples) pair: a search scores hundreds of strategies of a few shapes
-    key = tp * 1e9 + b_local
-    shapes, where = np.unique(key, return_inverse=True)
-    first = np.zeros(len(shapes), dtype=int)
-    first[where] = np.arange(len(key))
+    _, first, where = np.unique(tp * 1e9 + b_local, return_index=True, return_inverse=True)
     u = np.array([gemm_utilisation(gemms, max(1, round(rows * float(b_local[i]))), int(tp[i]), sms) for i in first])
     u_fwd, u_bwd = u[where.reshape(-1), 0].reshape(tp.shape), u[where.reshape(-1), 1].reshape(tp.shape)
     per_rank = b_local / tp

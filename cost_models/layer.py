@@ -193,8 +193,7 @@ def compute_times(layer: Layer, tp: np.ndarray, zero: np.ndarray, ckpt: np.ndarr
         peak_r = np.select([ckpt == CKPT_CODE["selective"]], [attn_peak_flops], peak_f)  # reruns the attention core
     f_comp = compute_time(f_flops, peak_f, eff_max, overhead)
     b_comp = 2.0 * f_comp + compute_time(recompute, peak_r, eff_max, overhead)
-    measured = any(k == layer.kind for k, *_ in p.eff_by_kind)
-    if sms > 0 and getattr(layer, "gemms", ()) and not measured:
+    if sms > 0 and getattr(layer, "gemms", ()) and not p.has_curve(layer.kind):
         rec_gemm = per_ckpt(layer.recompute_gemm_flops, ckpt)
         w_fwd, w_bwd = wave_times(layer.gemms, layer.gemm_rows, tp, b_local, rec_gemm, sms, peak_flops * eff_max)
         f_comp, b_comp = f_comp + w_fwd, b_comp + w_bwd

@@ -143,6 +143,11 @@ class CostParams:
         z = 3 if zero == 3 else 0
         return found.get((tp, z)) or found.get((tp, 0)) or found.get((1, 0)) or (self.eff_max, self.layer_overhead_s)
 
+    def has_curve(self, kind: str) -> bool:
+        """Whether ``eff_by_kind`` holds a measured compute curve for layer units of ``kind`` (which then
+        times their matmuls whole: no modelled tile or wave term is added to it)."""
+        return any(k == kind for k, *_ in self.eff_by_kind)
+
     def measured_comm(self, collective: str, group_size: int) -> tuple[float, float] | None:
         """(alpha s, beta s/byte) measured for ``collective`` over ``group_size`` ranks of one node, or None."""
         for c, n, alpha, beta in self.comm_fit:
