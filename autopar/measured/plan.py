@@ -13,6 +13,12 @@ consecutive DP ranks, as autopar's, since Megatron orders its ranks tp-cp-ep-dp-
 case's ``async_tp`` on the blocks too (torchtitan compiles, and so micro-pipelines, each transformer block).
 A case's ``micro_batch_size`` is per data-parallel rank; autopar's is per pipeline (split over the
 DP ranks, see autopar/plan/rules.py), so the plan's is ``micro_batch_size * dp``.
+
+Two fields describe what FSDP users configure: ``dp_replicate`` R (HSDP, torchtitan's
+``data_parallel_replicate_degree``, FSDP1's ``HYBRID_SHARD`` over nodes): R data-parallel replicas of
+dp / R ranks each, the ranks of one replica consecutive, read as R pipelines (autopar's asymmetric plan
+form, whose gradient all-reduce across pipelines ``cost_models.cross_pipeline`` prices); ``ckpt_every`` k:
+the case's ``ckpt`` on every k-th transformer block only.
 """
 
 from __future__ import annotations
@@ -44,6 +50,8 @@ class Shape:
     ep: int = 1  # expert-parallel degree of the MoE units
     cp: int = 1  # context-parallel degree (every unit; the sequence split over cp ranks)
     async_tp: bool = False  # torchtitan's enable_async_tensor_parallel (needs tp > 1 with sequence_parallel)
+    replicas: int = 1  # HSDP: the dp ranks form this many replicas, each sharding over dp / replicas ranks
+    ckpt_every: int = 1  # ckpt on every k-th transformer block only (the k-th, 2k-th, ...); the others run without
 
 
 def read_shape(f: Fields, global_batch_size: int, schedule: str) -> Shape:
@@ -64,10 +72,22 @@ def read_shape(f: Fields, global_batch_size: int, schedule: str) -> Shape:
         raise AutoparError(f.at("async_tp"), f"is true with tp {tp} and sequence_parallel {str(sp).lower()}: async TP "
                            "overlaps sequence parallelism's collectives", "give the case's tp > 1 and sequence_parallel: "
                            "true, or async_tp: false")
+    replicas = f.opt_int("dp_replicate", 1, low=1)
+    if dp % replicas:
+        raise AutoparError(f.at("dp_replicate"), f"is {replicas}, which does not divide dp = {dp} (dp = dp_replicate x "
+                           "the shard degree)", "give the HSDP replicate degree, a divisor of dp")
+    if replicas > 1 and pp > 1:
+        raise AutoparError(f.at("dp_replicate"), f"is {replicas} with pp = {pp}: HSDP cases are read with pp 1 only",
+                           "give dp_replicate 1, or pp 1")
+    ckpt = f.req_str("ckpt", choices=CKPT_MODES)
+    every = f.opt_int("ckpt_every", 1, low=1)
+    if every > 1 and ckpt == "none":
+        raise AutoparError(f.at("ckpt_every"), f"is {every} with ckpt none", "give the checkpointed blocks' ckpt mode")
     return Shape(pp=pp, tp=tp, dp=dp, micro_batch_size=mbs, num_microbatches=m,
-                 zero=f.req_int("zero", low=0, high=3), ckpt=f.req_str("ckpt", choices=CKPT_MODES),
+                 zero=f.req_int("zero", low=0, high=3), ckpt=ckpt,
                  sp=sp, global_batch_size=global_batch_size, schedule="interleaved" if v > 1 else schedule,
-                 virtual_stages=v, ep=f.opt_int("ep", 1, low=1), cp=f.opt_int("cp", 1, low=1), async_tp=async_tp)
+                 virtual_stages=v, ep=f.opt_int("ep", 1, low=1), cp=f.opt_int("cp", 1, low=1), async_tp=async_tp,
+                 replicas=replicas, ckpt_every=every)
 
 
 def stage_sizes(f: Fields, model: ModelSpec, pp: int, notes: list[str]) -> list[int]:
@@ -112,23 +132,36 @@ def chunk_sizes(f: Fields, model: ModelSpec, shape: Shape, stage_units: list[int
     return sizes
 
 
+def _ckpt(shape: Shape, block: int) -> str:
+    """The checkpoint mode of the ``block``-th transformer block (1-based): the case's mode on every
+    ``ckpt_every``-th, none on the others (PyTorch's ``apply_activation_checkpointing`` with a check_fn
+    counting blocks, as fms-fsdp's ``selective_checkpointing``)."""
+    return shape.ckpt if block % shape.ckpt_every == 0 else "none"
+
+
 def build_plan(shape: Shape, sizes: list[int], model: ModelSpec, cluster: Cluster, cost_params: dict) -> Plan:
-    """The one-pipeline Plan of ``shape`` with ``sizes`` units per chunk on ``cluster`` (one chunk per stage
-    unless ``shape.virtual_stages`` > 1: then chunk k runs on stage k mod pp), recording ``cost_params``
-    (the precision's defaults with the file's ``framework`` over them: ``load._case``)."""
-    width = shape.tp * shape.cp * shape.dp
-    stages, first = [], 0
-    for k, size in enumerate(sizes):
-        layers = [StageLayer(ly.name, Strategy(tp=shape.tp, zero=shape.zero, sp=shape.sp,
-                                                ckpt=shape.ckpt if ly.kind == "block" else "none",
-                                                ep=shape.ep if ly.moe is not None else 1, cp=shape.cp,
-                                                async_tp=shape.async_tp and ly.kind == "block"))
-                  for ly in model.layers[first:first + size]]
-        s = k % shape.pp
-        stages.append(Stage(devices=list(range(s * width, (s + 1) * width)), layers=layers))
-        first += size
-    pipe = Pipeline(batch_share=shape.global_batch_size, micro_batch_size=shape.micro_batch_size * shape.dp,
-                    num_microbatches=shape.num_microbatches, stages=stages, virtual_stages=shape.virtual_stages)
+    """The Plan of ``shape`` with ``sizes`` units per chunk on ``cluster`` (one chunk per stage unless
+    ``shape.virtual_stages`` > 1: then chunk k runs on stage k mod pp), recording ``cost_params`` (the
+    precision's defaults with the file's ``framework`` over them: ``load._case``). One pipeline, or with
+    ``replicas`` R > 1 (HSDP, pp 1) R identical pipelines on consecutive blocks of devices, each training
+    1/R of the batch with its parameters sharded over its own dp / R ranks."""
+    r = shape.replicas
+    width = shape.tp * shape.cp * shape.dp // r
+    pipes = []
+    for j in range(r):
+        stages, first, blocks = [], 0, 0
+        for k, size in enumerate(sizes):
+            layers = []
+            for ly in model.layers[first:first + size]:
+                blocks += ly.kind == "block"
+                layers.append(StageLayer(ly.name, Strategy(
+                    tp=shape.tp, zero=shape.zero, sp=shape.sp, ckpt=_ckpt(shape, blocks) if ly.kind == "block" else "none",
+                    ep=shape.ep if ly.moe is not None else 1, cp=shape.cp, async_tp=shape.async_tp and ly.kind == "block")))
+            s = j * shape.pp + k % shape.pp
+            stages.append(Stage(devices=list(range(s * width, (s + 1) * width)), layers=layers))
+            first += size
+        pipes.append(Pipeline(batch_share=shape.global_batch_size // r, micro_batch_size=shape.micro_batch_size * shape.dp // r,
+                              num_microbatches=shape.num_microbatches, stages=stages, virtual_stages=shape.virtual_stages))
     return Plan(model=ModelRef(model.name, model.seq_len, model.num_layers, model.source), cluster=cluster,
-                global_batch_size=shape.global_batch_size, pipelines=[pipe], schedule=shape.schedule,
+                global_batch_size=shape.global_batch_size, pipelines=pipes, schedule=shape.schedule,
                 search={"cost_params": cost_params})
