@@ -16,7 +16,9 @@ class CostParams:
         Megatron-LM reports 52-56% MFU for GPT-3-scale models on A100 (Korthikanti et al.,
         2205.05198) after its communication and bubbles. A profile replaces this. What the tiles and
         waves of smaller matmuls leave idle comes on top, on a GPU whose SM count is known
-        (``cost_models.gemm_shapes``).
+        (``cost_models.gemm_shapes``). It is the A100's: a GPU whose large matmuls reach a different measured
+        share of their peak (catalogue ``mamf``) runs at eff_max times its share over the A100's
+        (``GPUType.matmul_factor``).
     layer_overhead_s: fixed time per layer call (forward; backward pays it twice): kernel launches
         and dispatch, ~10 kernels of ~5 us on a GPU. It is what makes small per-rank work slow.
     param_bytes: bytes of a parameter in the compute dtype (bf16).

@@ -6,7 +6,8 @@ the TF32 tensor peak, ``tflops_fp32`` plain FP32 without TF32, ``tflops_fp8`` th
 The byte counts are what ``CostParams`` (``param_bytes``, ``grad_comm_bytes``, ``state_bytes``) and a
 model spec's activations (``ModelSpec.dtype_bytes``) hold at that precision. The cost model times
 a layer's linear-layer FLOPs at the row's ``peak`` and its attention core at ``attn_peak`` (the same
-column except for fp8); ``eff_max`` is the one factor for what a layer reaches of them.
+column except for fp8); ``eff_max`` is the one factor for what a layer reaches of them, with the
+GPU's measured achievable matmul share at that column (``MAMF_COLUMNS``, ``GPUType.matmul_factor``).
 
 ``CostParams``' defaults are the bf16 row (a test checks it): ``with_precision`` writes a row's byte
 counts into a CostParams, so the default precision leaves the defaults as they are.
@@ -78,6 +79,9 @@ PRECISIONS: dict[str, Precision] = {p.name: p for p in (
 )}
 NAMES = tuple(PRECISIONS)
 PEAK_COLUMNS = tuple(dict.fromkeys(p.peak for p in PRECISIONS.values()))
+# The catalogue column of measured achievable matmul efficiency (MAMF, ``GPUType.matmul_factor``) that belongs to a
+# peak column: half-precision and FP8 tensor matmuls were measured; TF32 and plain FP32 were not.
+MAMF_COLUMNS = {"tflops": "mamf", "tflops_fp8": "mamf_fp8"}
 
 
 def precision(name: str) -> Precision | None:

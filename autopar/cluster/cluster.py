@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from autopar.errors import AutoparError
-from cost_models.precision import DEFAULT, NAMES, PEAK_COLUMNS, precision
+from cost_models.precision import DEFAULT, MAMF_COLUMNS, NAMES, PEAK_COLUMNS, precision
 
 GIB = 1024**3
 # GDDR memory with ECC on (``GPUType.gddr_ecc``): the CUDA C++ Best Practices Guide ("Theoretical Bandwidth
@@ -25,6 +25,10 @@ ECC_BANDWIDTH_FRACTION = 0.8
 MAX_DEVICES = 1_000_000
 PEAK_FIELDS = tuple(c for c in PEAK_COLUMNS if c != "tflops")  # optional per-precision peaks (0: unknown)
 MAX_MATRIX_NODES = 4096  # nodes of a cluster whose links differ per node pair (a node x node matrix)
+# The measured achievable matmul efficiency (``GPUType.mamf``) of the GPU ``CostParams.eff_max`` was set on: the
+# A100 SXM's bf16 figure (catalogue A100-80G; a test keeps them equal). A GPU whose figure is known runs its
+# GEMMs at eff_max x its figure / this one, so eff_max keeps its meaning and the GPUs without a figure their speed.
+REFERENCE_MAMF = 0.869
 
 
 def check_size(where: str, devices: int, matrix_nodes: int = 0) -> None:
@@ -60,6 +64,8 @@ class GPUType:
     sustained: float = 1.0  # fraction of the datasheet peaks a power-capped part holds on long GEMMs
     gddr_ecc: bool = False  # GDDR memory with ECC on: less usable memory and bandwidth (ECC_* above)
     sms: int = 0  # streaming multiprocessors (0: not known): what GEMM tiles are scheduled over (cost_models.gemm_shapes)
+    mamf: float = 0.0  # measured fraction of ``tflops`` the best large bf16/fp16 matmul reaches (0: not known)
+    mamf_fp8: float = 0.0  # the same for ``tflops_fp8``
     precision: str = DEFAULT
 
     def __post_init__(self) -> None:
@@ -73,6 +79,10 @@ class GPUType:
         if not isinstance(self.sms, int) or self.sms < 0:
             raise AutoparError(f"gpu {self.name}.sms", f"must be a whole number >= 0, got {self.sms!r}",
                                "give the GPU's streaming multiprocessor count, or 0 when it is not known")
+        for f in MAMF_COLUMNS.values():
+            if not 0 <= getattr(self, f) <= 1:
+                raise AutoparError(f"gpu {self.name}.{f}", f"must be in [0, 1], got {getattr(self, f)}",
+                                   "give the measured achievable matmul TFLOPS over the dense peak, or 0 when not known")
         prec = precision(self.precision)
         if prec is None:
             raise AutoparError("precision", f"unknown precision {self.precision!r}", f"use one of {', '.join(NAMES)}")
@@ -101,15 +111,25 @@ class GPUType:
         """Peak dense FLOP/s of its GEMMs at its ``precision`` (the catalogue column the precision names)."""
         return getattr(self, precision(self.precision).peak) * 1e12
 
+    def matmul_factor(self, peak: str) -> float:
+        """Its measured achievable matmul efficiency at the ``peak`` column over the reference GPU's
+        (``REFERENCE_MAMF``): below 1 where its large matmuls reach less of their datasheet peak than the A100's
+        that ``eff_max`` was set on; 1 where no figure is known."""
+        column = MAMF_COLUMNS.get(peak)
+        value = getattr(self, column) if column else 0.0
+        return value / REFERENCE_MAMF if value else 1.0
+
     @property
     def sustained_attn_flops(self) -> float:
         """Sustained FLOP/s of its attention core at its ``precision`` (the bf16 peak under fp8)."""
-        return getattr(self, precision(self.precision).attn_peak) * 1e12 * self.sustained
+        peak = precision(self.precision).attn_peak
+        return getattr(self, peak) * 1e12 * self.sustained * self.matmul_factor(peak)
 
     @property
     def sustained_flops(self) -> float:
-        """What its GEMMs can run at: ``flops`` times ``sustained`` (compute time; MFU stays against ``flops``)."""
-        return self.flops * self.sustained
+        """What its GEMMs can run at: ``flops`` times ``sustained`` times ``matmul_factor`` (compute time; MFU
+        stays against ``flops``)."""
+        return self.flops * self.sustained * self.matmul_factor(precision(self.precision).peak)
 
     @property
     def default_intra_bw_gbps(self) -> float:
@@ -334,7 +354,8 @@ class Cluster:
                             **{k: getattr(nd.gpu, k) for k in PEAK_FIELDS if getattr(nd.gpu, k)},
                             **({"sustained": nd.gpu.sustained} if nd.gpu.sustained != 1.0 else {}),
                             **({"gddr_ecc": True} if nd.gpu.gddr_ecc else {}),
-                            **({"sms": nd.gpu.sms} if nd.gpu.sms else {})},
+                            **({"sms": nd.gpu.sms} if nd.gpu.sms else {}),
+                            **{k: getattr(nd.gpu, k) for k in MAMF_COLUMNS.values() if getattr(nd.gpu, k)}},
                     "count": nd.count,
                     "intra_bw_gbps": nd.intra_bw / 1e9,
                     "intra_lat_us": nd.intra_lat_us,

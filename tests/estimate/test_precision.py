@@ -44,8 +44,9 @@ def test_compute_is_slower_by_the_ratio_of_peaks(precision, factor):
     assert (other.step_time_s > 2 * bf16.step_time_s) == (factor > 2)  # compute dominates this plan
 
 
-def test_fp8_is_faster_by_the_ratio_of_peaks_on_a_gpu_with_fp8():
-    assert _peak("fp8", "H100") / _peak("bf16", "H100") == pytest.approx(1979 / 989, rel=1e-12)
+def test_fp8_is_faster_by_the_ratio_of_achievable_peaks_on_a_gpu_with_fp8():
+    # datasheet peaks times the measured achievable matmul fractions (catalogue mamf_fp8 / mamf)
+    assert _peak("fp8", "H100") / _peak("bf16", "H100") == pytest.approx(1979 * 0.709 / (989 * 0.803), rel=1e-12)
     _, _, bf16 = _estimate("bf16", cluster="H100")
     _, _, fp8 = _estimate("fp8", cluster="H100")
     assert fp8.step_time_s < bf16.step_time_s

@@ -3,6 +3,8 @@ saved activations within 10% (real runs on 2 fork-started processes)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -76,3 +78,13 @@ def test_a_profile_never_adds_memory_bound_traffic_on_top_of_its_measured_units(
     old.write_text(yaml.safe_dump(doc))
     _, params = apply_profile(load_cluster("2xcpu"), CostParams(), load_profile(old))
     assert params.act_traffic == 0.0
+
+
+def test_a_profiles_measured_peak_replaces_the_catalogues_achievable_matmul_figure(tiny_profile):
+    """The profiler times its own matmuls: the measured peak is what they reach, so no MAMF factor stays on it."""
+    plain = load_cluster("2xcpu")
+    nodes = [replace(nd, gpu=replace(nd.gpu, mamf=0.5)) for nd in plain.nodes]
+    cluster, _ = apply_profile(replace(plain, nodes=nodes), CostParams(), load_profile(tiny_profile))
+    assert all(nd.gpu.mamf == 0 and nd.gpu.matmul_factor("tflops") == 1.0 for nd in cluster.nodes)
+    assert cluster.nodes[0].gpu.sustained_flops == apply_profile(plain, CostParams(), load_profile(tiny_profile))[0] \
+        .nodes[0].gpu.sustained_flops
