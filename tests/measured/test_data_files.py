@@ -1,0 +1,49 @@
+"""Every public measured file in benchmarks/data loads, accounts for each case, and reproduces its derivations."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from autopar.estimate import estimate_plan
+from autopar.measured.load import load_runs
+
+DATA = Path(__file__).resolve().parents[2] / "benchmarks" / "data"
+FILES = sorted(DATA.glob("*.yaml"))
+
+
+def test_the_data_folder_has_the_files_the_readme_lists():
+    readme = (DATA / "README.md").read_text()
+    assert FILES and all(f"`{p.name}`" in readme for p in FILES)
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
+def test_a_file_loads_and_every_case_is_a_run_a_failure_or_a_named_skip(path):
+    doc = yaml.safe_load(path.read_text())
+    rs = load_runs(path)
+    assert len(rs.runs) + len(rs.failed) + len(rs.skipped) == len(doc["cases"])
+    assert all(s.reason and s.detail for s in rs.skipped)
+    for run in rs.runs[:3] + rs.failed[:1]:  # a few per file: the reader's plans estimate
+        est = estimate_plan(run.plan, run.model)
+        assert math.isfinite(est.step_time_s) and est.step_time_s > 0
+
+
+@pytest.mark.parametrize("path", [p for p in FILES if "tps_per_gpu" in p.read_text()], ids=lambda p: p.stem)
+def test_step_times_from_tokens_per_gpu_reproduce_the_published_throughput(path):
+    """measured_s = global tokens per step / (tokens/s/GPU x GPUs), whatever the layout."""
+    doc = yaml.safe_load(path.read_text())
+    seq_default = doc["model"].get("seq_len")
+    checked = 0
+    for c in doc["cases"]:
+        tps = (c.get("published") or {}).get("tps_per_gpu")
+        if tps is None or c.get("measured_s") is None:
+            continue
+        seq = c.get("seq_len", seq_default)
+        gbs = c.get("global_batch_size", doc["global_batch_size"])
+        gpus = c["pp"] * c["tp"] * c.get("cp", 1) * c["dp"]
+        assert c["measured_s"] == pytest.approx(gbs * seq / (tps * gpus), rel=2e-3), c["id"]
+        checked += 1
+    assert checked
