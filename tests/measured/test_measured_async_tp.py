@@ -44,7 +44,9 @@ def test_async_tp_without_sequence_parallel_is_refused(tmp_path):
 
 def test_torchtitan_pairs_are_two_plans_and_async_is_predicted_faster():
     rs = load_runs(TITAN)
-    assert len(rs.runs) == 12 and not rs.skipped
+    # the four float8 rowwise rows measure a bug the source names (torchtitan#1207): skipped as suspect, with the reason
+    assert len(rs.runs) == 8 and [s.reason for s in rs.skipped] == ["suspect"] * 4
+    assert all("rowwise" in s.case_id and "torchtitan#1207" in s.detail for s in rs.skipped)
     for r in rs.runs:
         assert _async(r) == {r.case_id.endswith("-async")}, r.case_id
         assert not any("async_tp" in n for n in r.notes)
