@@ -15,14 +15,13 @@ from pathlib import Path
 
 import yaml
 
-from autopar.cluster.cluster import PEAK_FIELDS, GPUType
+from autopar.cluster.cluster import MAMF_FIELDS, PEAK_FIELDS, GPUType
 from autopar.errors import AutoparError
 from autopar.fields import Fields, as_list, as_name
-from cost_models.precision import MAMF_COLUMNS
 
 CATALOGUE_PATH = Path(__file__).with_name("catalogue.yaml")
 GPU_FIELDS = ("memory_gib", "tflops", "hbm_gbps", "nvlink_gbps", "pcie_gbps", "vendor", "sustained", "gddr_ecc", "sms",
-              *PEAK_FIELDS, *MAMF_COLUMNS.values())
+              *PEAK_FIELDS, *MAMF_FIELDS)
 ENTRY_KEYS = set(GPU_FIELDS) | {"aliases", "class", "node"}
 NODE_KEYS = ("gpus_per_node", "intra_bw_gbps", "intra_lat_us", "inter_bw_gbps", "inter_lat_us")
 
@@ -72,9 +71,8 @@ def gpu_from_entry(name: str | None, entry: object, where: str) -> tuple[GPUType
     nums = {k: f.req_num(k, gt=0, fix=fix) for k in ("memory_gib", "tflops", "hbm_gbps")}
     nums["nvlink_gbps"] = f.opt_num("nvlink_gbps", 0.0, ge=0)
     nums["pcie_gbps"] = f.opt_num("pcie_gbps", 32.0, gt=0)
-    nums.update({k: f.opt_num(k, 0.0, ge=0) for k in PEAK_FIELDS})
+    nums.update({k: f.opt_num(k, 0.0, ge=0) for k in (*PEAK_FIELDS, *MAMF_FIELDS)})
     nums["sustained"] = f.opt_num("sustained", 1.0, gt=0)
-    nums.update({k: f.opt_num(k, 0.0, ge=0) for k in MAMF_COLUMNS.values()})
     vendor = f.opt_str("vendor", "nvidia")
     ecc = bool(f.opt_bool("gddr_ecc", False))
     sms = f.opt_int("sms", 0, low=0)
@@ -207,6 +205,6 @@ def describe_gpu(name: str) -> str:
     others = " ".join(f"{k.split('_')[1]} {getattr(g, k):g}" for k in PEAK_FIELDS if getattr(g, k))
     ecc = f" (ECC: {g.usable_memory_gib:g} GiB, {g.hbm_bw / 1e9:g} GB/s usable)" if g.gddr_ecc else ""
     sms = f"  {g.sms} SMs" if g.sms else ""
-    sms += "".join(f"  {k.replace('_', ' ')} {getattr(g, k):.1%}" for k in MAMF_COLUMNS.values() if getattr(g, k))
+    mamf = "".join(f"  {k.replace('_', ' ')} {getattr(g, k):.1%}" for k in MAMF_FIELDS if getattr(g, k))
     return (f"{g.name:<14} {g.memory_gib:>5g} GiB  {g.tflops:>6g} TFLOPS  {g.hbm_gbps:>5g} GB/s mem{ecc}  "
-            f"{link} GB/s  [{others or 'bf16 only'}]{sms}{alias_txt}")
+            f"{link} GB/s  [{others or 'bf16 only'}]{sms}{mamf}{alias_txt}")

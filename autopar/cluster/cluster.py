@@ -24,6 +24,7 @@ ECC_BANDWIDTH_FRACTION = 0.8
 # Past these sizes no search can finish: refused up front, before any per-device or per-pair list.
 MAX_DEVICES = 1_000_000
 PEAK_FIELDS = tuple(c for c in PEAK_COLUMNS if c != "tflops")  # optional per-precision peaks (0: unknown)
+MAMF_FIELDS = tuple(MAMF_COLUMNS.values())  # optional measured achievable matmul shares (0: unknown)
 MAX_MATRIX_NODES = 4096  # nodes of a cluster whose links differ per node pair (a node x node matrix)
 # The measured achievable matmul efficiency (``GPUType.mamf``) of the GPU ``CostParams.eff_max`` was set on: the
 # A100 SXM's bf16 figure (catalogue A100-80G; a test keeps them equal). A GPU whose figure is known runs its
@@ -79,7 +80,7 @@ class GPUType:
         if not isinstance(self.sms, int) or self.sms < 0:
             raise AutoparError(f"gpu {self.name}.sms", f"must be a whole number >= 0, got {self.sms!r}",
                                "give the GPU's streaming multiprocessor count, or 0 when it is not known")
-        for f in MAMF_COLUMNS.values():
+        for f in MAMF_FIELDS:
             if not 0 <= getattr(self, f) <= 1:
                 raise AutoparError(f"gpu {self.name}.{f}", f"must be in [0, 1], got {getattr(self, f)}",
                                    "give the measured achievable matmul TFLOPS over the dense peak, or 0 when not known")
@@ -351,11 +352,10 @@ class Cluster:
                     "gpu": {"name": nd.gpu.name, "memory_gib": nd.gpu.memory_gib, "tflops": nd.gpu.tflops,
                             "hbm_gbps": nd.gpu.hbm_gbps, "nvlink_gbps": nd.gpu.nvlink_gbps,
                             "pcie_gbps": nd.gpu.pcie_gbps, "vendor": nd.gpu.vendor,
-                            **{k: getattr(nd.gpu, k) for k in PEAK_FIELDS if getattr(nd.gpu, k)},
+                            **{k: getattr(nd.gpu, k) for k in (*PEAK_FIELDS, *MAMF_FIELDS) if getattr(nd.gpu, k)},
                             **({"sustained": nd.gpu.sustained} if nd.gpu.sustained != 1.0 else {}),
                             **({"gddr_ecc": True} if nd.gpu.gddr_ecc else {}),
-                            **({"sms": nd.gpu.sms} if nd.gpu.sms else {}),
-                            **{k: getattr(nd.gpu, k) for k in MAMF_COLUMNS.values() if getattr(nd.gpu, k)}},
+                            **({"sms": nd.gpu.sms} if nd.gpu.sms else {})},
                     "count": nd.count,
                     "intra_bw_gbps": nd.intra_bw / 1e9,
                     "intra_lat_us": nd.intra_lat_us,

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import fields, replace
 
-from autopar.cluster.cluster import Cluster
+from autopar.cluster.cluster import MAMF_FIELDS, Cluster
 from autopar.errors import AutoparError
 from autopar.modelspec.spec import ModelSpec
 from autopar.profile.io import Profile
@@ -95,7 +95,7 @@ def apply_profile(cluster: Cluster, params: CostParams, profile: Profile) -> tup
     # The measured copy bandwidth is what kernels reach: on a gddr_ecc part, the line rate it implies is larger.
     new_cluster = with_links(cluster, profile["communication"].get("link"), gpu=lambda g: replace(
         g, tflops=float(comp["peak_tflops"]), hbm_gbps=float(comp["hbm_gbps"]) * g.hbm_gbps * 1e9 / g.hbm_bw,
-        sustained=1.0, mamf=0.0, mamf_fp8=0.0))  # the measured peak is what its matmuls reach
+        sustained=1.0, **dict.fromkeys(MAMF_FIELDS, 0.0)))  # the measured peak is what its matmuls reach
     # Measured unit times include their memory-bound kernels: a profile written before act_traffic
     # existed must not have them added again.
     measured = {"act_traffic": 0.0, **{k: v for k, v in profile["cost_params"].items() if k in PARAM_FIELDS}}
