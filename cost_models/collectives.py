@@ -4,7 +4,8 @@ A profile (``CostParams.comm_fit``) measures ``alpha + beta * bytes`` per collec
 inside one node. Where such a fit covers a group it replaces the formula, and since the measured
 time already includes summing the buffers, GenModel's gamma term is then not added on top. Every
 other group is priced by the hierarchical alpha-beta formulas of ``cost_models.communication`` plus
-the gamma term for the collectives that reduce.
+the gamma term for the collectives that reduce, over its links at ``CostParams.link_efficiency`` of their
+line rate (NCCL's rings reach about 80% of a link; a measured fit already includes what they reach).
 """
 
 from __future__ import annotations
@@ -66,13 +67,16 @@ class Collectives:
 
         ``nbytes`` counts as ``cost_models.communication`` does (all-reduce / reduce-scatter: the
         buffer each rank holds; all-gather: the gathered output). A measured fit where it covers the
-        group, else the hierarchical formula; zero bytes cost nothing either way.
+        group, else the hierarchical formula over the group's links at ``link_efficiency`` of their
+        bandwidth; zero bytes cost nothing either way.
         """
         fit = self.fit(collective, g)
         if fit is not None:
             b = np.asarray(nbytes, dtype=float)
             return np.where(b > 0, fit[0] + fit[1] * b, 0.0)
-        return _FORMULA[collective](nbytes, g.n_local, g.n_nodes, g.intra_bw, g.intra_lat, g.inter_bw, g.inter_lat)
+        eff = self.params.link_efficiency  # line rates -> what NCCL's collectives reach on them
+        return _FORMULA[collective](nbytes, g.n_local, g.n_nodes, g.intra_bw * eff, g.intra_lat, g.inter_bw * eff,
+                                    g.inter_lat)
 
     def reduction(self, collective: str, nbytes: ArrayLike, g: GroupLinks) -> ArrayLike:
         """GenModel's gamma term of a reducing collective, or 0 where a measured fit already includes it."""
@@ -81,5 +85,12 @@ class Collectives:
         return comm.reduction_time(nbytes, g.size, self.hbm_bw)
 
     def reduced(self, collective: str, nbytes: ArrayLike, g: GroupLinks) -> np.ndarray:
-        """A reducing collective whole: its wire time plus its reduction (``time`` + ``reduction``)."""
-        return self.time(collective, nbytes, g) + self.reduction(collective, nbytes, g)
+        """A reducing collective whole: its wire time or its reduction, whichever is longer.
+
+        NCCL reduces each chunk as it arrives, in the kernel that forwards it (its ring's
+        receive-reduce-send steps), so the reduction runs under the transfer and only shows where
+        memory is the slower of the two. Measured on one 8x H200 node at 16 GiB, the reducing ring
+        all-reduce and reduce-scatter reach the bus bandwidth of the all-gather, which reduces nothing
+        (367.2 and 362.9 against 361.4 GB/s; stas00/ml-engineering network/README.md @ 744d01e1, "SHARP").
+        """
+        return np.maximum(self.time(collective, nbytes, g), self.reduction(collective, nbytes, g))

@@ -5,8 +5,8 @@ alpha = latency per message step (s), beta = 1/bandwidth (s/byte), gamma = reduc
 all-reduce; trees pay 2*log2(n) steps but move every byte twice. NCCL picks the faster, so
 ``allreduce_time`` takes the minimum. Groups that span nodes run hierarchically: an intra-node phase
 on the node fabric and an inter-node phase on the network, each as slow as its slowest link.
-GenModel (arXiv 2409.04202) adds a reduction (gamma) term, ``reduction_time``, and an incast term for
-many senders meeting one receiver, ``incast_time``.
+GenModel (arXiv 2409.04202) adds a reduction (gamma) term, ``reduction_time`` (NCCL runs it under the
+transfer: ``Collectives.reduced``), and an incast term for many senders meeting one receiver, ``incast_time``.
 
 These are the raw formulas; ``cost_models.collectives.Collectives`` decides per group whether a
 measured fit replaces them.
@@ -94,10 +94,14 @@ def hierarchical_allreduce_time(nbytes: ArrayLike, n_local: ArrayLike, n_nodes: 
                                 intra_lat: ArrayLike, inter_bw: ArrayLike, inter_lat: ArrayLike) -> Seconds:
     """All-reduce = intra reduce-scatter, inter all-reduce of one shard, intra all-gather.
 
-    With one node it is a flat intra-node all-reduce; with one rank per node a flat network one.
+    With one node it is a flat intra-node ring all-reduce: NCCL runs its trees across nodes, and inside
+    one node picks the ring at every size (NCCL_DEBUG TUNING on an 8x H200 node: ``Algo RING proto LL``
+    up to 1 MiB, ``RING proto SIMPLE`` above with NVLS off; stas00/ml-engineering network/README.md @
+    744d01e1, "SHARP"), whose 2(n-1) latency steps are what small all-reduces measure there (about 40 us
+    on 8 A100 or 8 H200). With one rank per node it is a flat network all-reduce, ring or tree.
     """
     b, nl, nn = _arr(nbytes), _arr(n_local), _arr(n_nodes)
-    flat_intra = allreduce_time(b, nl, intra_bw, intra_lat)
+    flat_intra = ring_allreduce_time(b, nl, intra_bw, intra_lat)
     flat_inter = allreduce_time(b, nn, inter_bw, inter_lat)
     hier = (reduce_scatter_time(b, nl, intra_bw, intra_lat)
             + allreduce_time(b / np.maximum(nl, 1), nn, inter_bw, inter_lat)

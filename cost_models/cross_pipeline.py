@@ -10,19 +10,21 @@ part of it the pipelines cannot hide. The formula, per layer unit l:
     D_j = devices of the stage of pipeline j holding l, n_j = |D_j|, k = min_j n_j
     Lanes: the gradient is cut into k chunks of s = S / k bytes; lane c all-reduces chunk c among one
     device per pipeline, D_j[floor(c * n_j / k)]. The k lanes run at the same time.
-    T_c = min(flat, hier) + gamma + incast
+    T_c = max(min(flat, hier), gamma) + incast
       flat   = allreduce_time(s, P, bw, lat)            ring or tree (the faster), on the lane's slowest link:
                                                         bw = min(intra bw, inter bw / share), lat = the largest
       hier   = hierarchical_allreduce_time(s, n_local, n_nodes, intra_bw, intra_lat, inter_bw / share,
                                            inter_lat)   intra-node reduce-scatter, inter-node all-reduce,
                                                         intra-node all-gather, when the lane has several
                                                         devices on one node ("hierarchical where it helps")
-      gamma  = reduction_time(s, P, hbm)                GenModel's memory-access term (slowest HBM)
+      gamma  = reduction_time(s, P, hbm)                GenModel's memory-access term (slowest HBM), run
+                                                        under the transfer (``Collectives.reduced``)
       incast = incast_time(s, P, f, bw)                 GenModel's incast term with delta = 1: a stage of n_j
                                                         devices holds its part of the chunk on n_j / k
                                                         devices, so f = ceil(max_j n_j / k) senders meet the
                                                         one device of the smallest stage
       share  = the most lanes with a device on one node: they share that node's network bandwidth
+      every bw above at ``CostParams.link_efficiency`` of the link's, as ``cost_models.collectives`` prices
     T_l = max_c T_c
     Lanes are always priced by the formulas: a profile's measured fits cover the groups inside a stage.
 
@@ -76,11 +78,12 @@ def lanes(stage_sizes: Sequence[int]) -> list[list[tuple[int, int]]]:
 
 
 def layer_sync_time(grad_bytes: float, stage_sizes: Sequence[int], lane_links: Sequence[GroupLinks],
-                    hbm_bw: float) -> float:
+                    hbm_bw: float, link_efficiency: float = 1.0) -> float:
     """T_l of the module docstring: the slowest lane's all-reduce of its chunk of ``grad_bytes``.
 
     ``lane_links``: per lane (``lanes`` order) its links, the network share already divided by the
-    lanes meeting on one node; ``hbm_bw``: the slowest HBM among the stages.
+    lanes meeting on one node; ``hbm_bw``: the slowest HBM among the stages; ``link_efficiency``: the
+    fraction of those links' bandwidth the collective reaches (``CostParams.link_efficiency``).
     """
     P = len(stage_sizes)
     if P <= 1 or grad_bytes <= 0:
@@ -91,12 +94,13 @@ def layer_sync_time(grad_bytes: float, stage_sizes: Sequence[int], lane_links: S
     worst = 0.0
     for g in lane_links:
         bw, lat = g.slowest
+        bw *= link_efficiency
         flat = float(comm.allreduce_time(s, P, bw, lat))
-        hier = float(comm.hierarchical_allreduce_time(s, g.n_local, g.n_nodes, g.intra_bw, g.intra_lat,
-                                                      g.inter_bw, g.inter_lat))
+        hier = float(comm.hierarchical_allreduce_time(s, g.n_local, g.n_nodes, g.intra_bw * link_efficiency,
+                                                      g.intra_lat, g.inter_bw * link_efficiency, g.inter_lat))
         gamma = float(comm.reduction_time(s, P, hbm_bw))
         incast = comm.incast_time(s, P, fan_in, bw)
-        worst = max(worst, min(flat, hier) + gamma + incast)
+        worst = max(worst, max(min(flat, hier), gamma) + incast)  # reduced under the transfer, as Collectives.reduced
     return worst
 
 

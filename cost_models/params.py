@@ -64,6 +64,15 @@ class CostParams:
         fraction. torchtitan's 2025-06 H100 vanilla / async pairs
         (benchmarks/data) are scored with the default, not fitted to it; ``autopar calibrate`` fits it from
         such pairs (0.4-0.6 bracket the 8B runs' measured savings).
+    link_efficiency: fraction of a link's line rate (catalogue and cluster-file bandwidths are line rates,
+        one direction) that the collective formulas of ``cost_models.collectives`` run at. 0.8: NCCL's ring
+        collectives on a whole node reach 78-82% of the unidirectional link (stas00/ml-engineering
+        network/README.md @ 744d01e1, "Real network throughput" and "SHARP": nccl-tests / all_reduce_bench
+        busbw at 8-16 GiB: 8x A100 NVLink 3 234.9 of 300 GB/s, 8x H200 ring 367.6 of 450, H200 all-gather
+        361.4 and reduce-scatter 362.9, 8x B200 ring 682.2 of 900; "the ~80% rule of thumb"; across nodes
+        73% of a B200 node's 50 GB/s EFA per GPU). Measured links (a profile's, ``autopar calibrate
+        --nccl-tests``' fitted ones through these same formulas) and ``comm_fit`` rows need no such factor:
+        a profile sets it to 1. Point-to-point sends stay at the line rate.
     reserve_gib: framework reserve per device (CUDA context, NCCL buffers, allocator fragmentation).
     act_mem_factor: bytes the caching allocator holds per byte of activations the model counts (saved
         for backward, and a layer's transient working set): above 1 where freed activation blocks of
@@ -121,6 +130,7 @@ class CostParams:
     overlap_grad_reduce: float = 1.0
     overlap_param_gather: float = 1.0
     async_tp_overlap: float = 1.0
+    link_efficiency: float = 0.8
     reserve_gib: float = 1.0
     act_mem_factor: float = 1.0
     loss_copies: float = 0.0

@@ -51,11 +51,12 @@ def layer_sync_time(cluster: Cluster, stage_devices: list[tuple[int, ...]], para
         grad_bytes = float(params_count) * params.grad_comm_bytes
         hbm = min(cluster.gpu_of(x).hbm_bw for d in stage_devices for x in d)
         return cp.layer_sync_time(grad_bytes, [len(d) for d in stage_devices], lane_links(cluster, stage_devices),
-                                  hbm)
+                                  hbm, params.link_efficiency)
 
     if cache is None:
         return compute()
-    return cache.sync_time(cluster, (tuple(stage_devices), params_count, params.grad_comm_bytes), compute)
+    key = (tuple(stage_devices), params_count, params.grad_comm_bytes, params.link_efficiency)
+    return cache.sync_time(cluster, key, compute)
 
 
 def _pipelines(plan: Plan, model: ModelSpec, params: CostParams,

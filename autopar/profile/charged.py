@@ -36,6 +36,7 @@ def comm_fields(fits: dict, dtype_bytes: int, device: str) -> dict:
         "comm_fit": [[c, int(n), f[c]["alpha_s"], f[c]["beta_s_per_byte"]]
                      for n, f in sorted(fits.items()) for c in COMM_FIT_COLLECTIVES],
         "param_bytes": dtype_bytes, "grad_comm_bytes": dtype_bytes,
+        "link_efficiency": 1.0,  # the profile's link is measured: what the collectives reach, not a line rate
         "overlap_zero3": overlap_zero3(device),
         # the distributed optimizer's overlapped collectives run on the same gloo threads: as ZeRO-3's
         "overlap_grad_reduce": overlap_zero3(device), "overlap_param_gather": overlap_zero3(device),

@@ -150,7 +150,7 @@ def test_a_gpu_the_catalogue_lacks_is_named_by_a_cluster_file(tmp_path, capsys):
     (row,) = got["cost_params"]["comm_fit"]
     assert row[:2] == ["allreduce", 8] and load_profile(cal)["gpus"] == ["RTX5090"]
     big = got["nccl_tests"][0]["checks"][-1]
-    assert big["size"] == 134217728 and big["reference_s"] < 0.8 * big["measured_s"]
+    assert big["size"] == 134217728 and big["reference_s"] < 0.9 * big["measured_s"]
     assert big["calibrated_s"] == pytest.approx(big["measured_s"], rel=0.1)
     path = _plan(tmp_path, str(cluster), capsys)
     plan, model, params = load_planned(path)

@@ -8,6 +8,7 @@ from cost_models import CostParams
 from cost_models.collectives import Collectives, GroupLinks
 
 BW, LAT, HBM = 100e9, 5e-6, 1e12
+CBW = BW * CostParams().link_efficiency  # what the collective formulas run at over a BW link (p2p: BW itself)
 
 
 @dataclass(frozen=True)

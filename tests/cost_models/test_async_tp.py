@@ -12,7 +12,7 @@ from cost_models import CostParams
 from cost_models import communication as comm
 from cost_models.async_tp import async_tp_exposed
 from cost_models.layer import layer_costs
-from tests.cost_models.fakes import BW, HBM, LAT, OneNodeStage, Strat, Unit
+from tests.cost_models.fakes import CBW, HBM, LAT, OneNodeStage, Strat, Unit
 
 P = CostParams(eff_max=0.5, layer_overhead_s=1e-4, overlap_sync=0.0, overlap_zero3=0.0, act_traffic=0.0)
 U = Unit()
@@ -22,8 +22,8 @@ EXACT = {"rel": 1e-12}
 
 def _hand(overlap: float, bwd_factor: float):
     """(forward, backward) exposed TP seconds of U at tp 2 with sp and async TP, 4 samples per rank."""
-    boundary = comm.allgather_time(4e5, 2, BW, LAT)
-    core = 2 * comm.allreduce_time(4e5, 2, BW, LAT)  # 2 collectives of 2e5 * 4 / 2 bytes
+    boundary = comm.allgather_time(4e5, 2, CBW, LAT)
+    core = 2 * comm.allreduce_time(4e5, 2, CBW, LAT)  # 2 collectives of 2e5 * 4 / 2 bytes
     matmul = (1e9 - 2e8) * 4 / 2 / (1e14 * 0.5)  # the unit's FLOPs less its attention core
     copy = 2 * 2e5 * 4 / HBM
 
@@ -37,7 +37,7 @@ def _hand(overlap: float, bwd_factor: float):
 def test_async_tp_hand_value(overlap, ckpt, factor):
     st = OneNodeStage(n=2, micro_batch_size=4, params=replace(P, async_tp_overlap=overlap))
     lc = layer_costs(U, [Strat(tp=2, sp=True, ckpt=ckpt), Strat(tp=2, sp=True, ckpt=ckpt, async_tp=True)], st)
-    plain_f = 2 * comm.allreduce_time(4e5, 2, BW, LAT) + comm.allgather_time(4e5, 2, BW, LAT)
+    plain_f = 2 * comm.allreduce_time(4e5, 2, CBW, LAT) + comm.allgather_time(4e5, 2, CBW, LAT)
     hand_f, hand_b = _hand(overlap, factor)
     assert lc.fwd[1] - lc.fwd[0] == pytest.approx(hand_f - plain_f, **EXACT)
     assert lc.bwd[1] - lc.bwd[0] == pytest.approx(hand_b - factor * plain_f, **EXACT)

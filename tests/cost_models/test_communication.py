@@ -50,7 +50,7 @@ def test_hierarchical_allreduce_hand_value():
 
 
 def test_hierarchical_degenerates_to_flat():
-    flat_intra = comm.allreduce_time(1e9, 8, 300 * GB, 3e-6)
+    flat_intra = comm.ring_allreduce_time(1e9, 8, 300 * GB, 3e-6)
     assert comm.hierarchical_allreduce_time(1e9, 8, 1, 300 * GB, 3e-6, 12.5 * GB, 5e-6) == pytest.approx(flat_intra)
     flat_inter = comm.allreduce_time(1e9, 4, 12.5 * GB, 5e-6)
     assert comm.hierarchical_allreduce_time(1e9, 1, 4, 300 * GB, 3e-6, 12.5 * GB, 5e-6) == pytest.approx(flat_inter)
@@ -83,3 +83,15 @@ def test_vectorised_over_arrays():
 
 def test_reduction_time_gamma_term():
     assert comm.reduction_time(1e9, 4, 2e12) == pytest.approx(3 * 3 / 4 * 1e9 / 2e12)
+
+
+def test_one_node_runs_the_ring_even_where_a_tree_would_be_faster():
+    """NCCL runs its trees across nodes; inside one it rings at every size: a small all-reduce over 8 GPUs pays
+    the ring's 14 latency steps (about 40 us measured on 8 A100 or 8 H200), not a tree's 6."""
+    small = 32 * 1024
+    assert comm.tree_allreduce_time(small, 8, 300 * GB, 3e-6) < comm.ring_allreduce_time(small, 8, 300 * GB, 3e-6)
+    got = comm.hierarchical_allreduce_time(small, 8, 1, 300 * GB, 3e-6, 12.5 * GB, 5e-6)
+    assert got == pytest.approx(14 * 3e-6 + 2 * 7 / 8 * small / (300 * GB))
+    # across nodes, one rank per node: the faster of ring and tree, as before
+    assert comm.hierarchical_allreduce_time(small, 1, 8, 300 * GB, 3e-6, 12.5 * GB, 5e-6) == pytest.approx(
+        comm.tree_allreduce_time(small, 8, 12.5 * GB, 5e-6))

@@ -10,7 +10,7 @@ from cost_models import CostParams
 from cost_models import communication as comm
 from cost_models.context_parallel import kv_bytes
 from cost_models.layer import layer_costs, transient_bytes
-from tests.cost_models.fakes import BW, LAT, OneNodeStage, Strat, Unit, links
+from tests.cost_models.fakes import CBW, LAT, OneNodeStage, Strat, Unit, links
 
 P = CostParams(eff_max=0.5, layer_overhead_s=1e-4, overlap_sync=0.0, overlap_zero3=0.0, reserve_gib=1.0,
                act_traffic=0.0)
@@ -34,7 +34,7 @@ def test_cp_adds_the_kv_gather_and_nothing_else_per_token():
     u, st = KVUnit(), CPStage(n=4, micro_batch_size=4, num_microbatches=2, params=P)
     base, cp = (layer_costs(u, [Strat(cp=c)], st) for c in (1, 2))
     full = 4e5 * 1 * 2  # kv x b_local x c: the rank's one sample's K and V, whole sequence
-    ag = comm.allgather_time(full, 2, BW, LAT)
+    ag = comm.allgather_time(full, 2, CBW, LAT)
     assert cp.fwd[0] == pytest.approx(base.fwd[0] + ag, **EXACT)
     assert cp.bwd[0] == pytest.approx(base.bwd[0] + ag, **EXACT)  # reduce-scatter: the all-gather's wire cost
     assert cp.step[0] == base.step[0] and cp.mem_states[0] == base.mem_states[0]
@@ -44,7 +44,7 @@ def test_cp_adds_the_kv_gather_and_nothing_else_per_token():
 def test_checkpointed_cp_regathers_in_backward_and_keeps_nothing_more():
     u, st = KVUnit(), CPStage(n=4, micro_batch_size=4, num_microbatches=2, params=P)
     base, cp = (layer_costs(u, [Strat(cp=c, ckpt="full")], st) for c in (1, 2))
-    ag = comm.allgather_time(4e5 * 2, 2, BW, LAT)
+    ag = comm.allgather_time(4e5 * 2, 2, CBW, LAT)
     assert cp.bwd[0] == pytest.approx(base.bwd[0] + 2 * ag, **EXACT)  # reduce-scatter + the recompute's gather
     assert cp.mem_act[0] == base.mem_act[0]
     # while the attention runs the gathered K/V beyond the local part are held

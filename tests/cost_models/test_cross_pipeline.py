@@ -25,10 +25,18 @@ def test_lanes_pick_one_device_per_pipeline():
 
 def test_two_devices_across_nodes_hand_value():
     S = 4e6
-    # ring of 2 on the network (beats the tree), gamma of half the buffer at the slower HBM, no incast
-    expected = S / BW + 2 * LAT + 1.5 * S / HBM
+    # ring of 2 on the network (beats the tree), gamma of half the buffer at the slower HBM under it, no incast
+    expected = max(S / BW + 2 * LAT, 1.5 * S / HBM)
     assert layer_sync_time(S, [1, 1], [ACROSS], HBM) == pytest.approx(expected, rel=1e-12)
     assert layer_sync_time(S, [1], [ACROSS], HBM) == 0.0 and layer_sync_time(0.0, [1, 1], [ACROSS], HBM) == 0.0
+
+
+def test_link_efficiency_slows_every_link_of_the_lane():
+    S = 4e6
+    assert layer_sync_time(S, [1, 1], [ACROSS], HBM, 0.5) == pytest.approx(S / (0.5 * BW) + 2 * LAT, rel=1e-12)
+    base = layer_sync_time(S, [1, 1], [ACROSS], HBM, 0.5)
+    assert layer_sync_time(S, [2, 1], [ACROSS], HBM, 0.5) == pytest.approx(
+        base + comm.incast_time(S, 2, 2, 0.5 * BW), rel=1e-12)
 
 
 def test_incast_when_stage_sizes_differ():

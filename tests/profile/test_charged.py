@@ -82,3 +82,12 @@ def test_groups_without_a_fit_use_the_formula_with_gamma():
 def test_zero0_and_tp1_charge_nothing():
     row, _ = _model_sample(Strategy(), rows=4, world=2, device="cpu")
     assert MachineComm.of(COMM, 4, "cpu", HBM, 2).charged_s(BLOCK, row) == 0.0
+
+
+def test_a_profile_prices_its_measured_link_as_measured():
+    """The profile's link is measured, not a line rate: its collectives take no link efficiency on top."""
+    assert comm_fields(FITS, 4, "cuda")["link_efficiency"] == 1.0
+    machine = MachineComm.of(COMM, 4, "cpu", HBM, 8)
+    g = machine.links(4)  # no fit for 4 ranks: the formula over the measured link
+    want = 3 / 4 * 1e6 / (LINK_GBPS * 1e9) + 3 * LINK_US * 1e-6
+    assert machine.collectives.time("allgather", 1e6, g) == pytest.approx(want, rel=1e-12)

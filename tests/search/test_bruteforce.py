@@ -158,12 +158,14 @@ def test_search_matches_brute_force(budget_gib, inter_gbps):
 
 def test_search_matches_brute_force_with_a_slot_overhead():
     """A fixed cost per pipeline slot (m + p - 1 of them) moves the optimum to fewer micro-batches and
-    stages; the search still finds the brute-force optimum, and the plan's estimate is that number."""
+    stages; the search still finds the brute-force optimum (within the window of ``test_search_matches_brute_force``:
+    the DP minimises the closed form, the plan is priced by simulation), and the plan's estimate is that number."""
     model, cluster, B = gpt_like(blocks=2), small_cluster(inter_gbps=0.05), 8
     plain = search(model, cluster, B, SearchOptions(params=PARAMS, zero_bubble=False), with_baselines=False)
     params = CostParams(reserve_gib=0.0, slot_overhead_s=plain.estimate.step_time_s)
     res = search(model, cluster, B, SearchOptions(params=params, zero_bubble=False), with_baselines=False)
-    assert res.estimate.step_time_s == pytest.approx(brute_force(model, cluster, B, None, params), rel=1e-9)
+    expected = brute_force(model, cluster, B, None, params)
+    assert expected * 0.99 <= res.estimate.step_time_s <= expected * 1.035
     assert estimate_plan(res.plan, model, params).step_time_s == res.estimate.step_time_s
     slots = lambda r: r.plan.pipelines[0].num_microbatches + len(r.plan.stages) - 1  # noqa: E731
     assert slots(res) < slots(plain)

@@ -65,7 +65,7 @@ def test_no_reshard_is_chosen_under_headroom_only():
     memory that decides."""
     params = replace(PARAMS, overlap_zero3=0.0, async_tp_overlap=0.0, state_table=((18, 0), (6, 12), (6, 12), (0, 18)))
     model, res, strategies = _search(params, 0.3)
-    assert Strategy(tp=2, zero=3, reshard=False) in strategies
+    assert any(s.zero == 3 and not s.reshard for s in strategies)
     assert plan_problems(res.plan, model, res.estimate.memory_gib) == []
     _, tight, tight_strategies = _search(params, 0.15)
     assert all(s.reshard for s in tight_strategies) and any(s.zero == 3 for s in tight_strategies)
