@@ -1,8 +1,8 @@
 """Collective fidelity: the cost model's price of one NCCL collective against public measurements.
 
 Reads every ``autopar-collectives/1`` file in ``benchmarks/data/collectives/`` (tables of one collective
-over the GPUs of one node, payload -> elapsed time or nccl-tests bus bandwidth; the format is described
-at the top of each file), builds the node from the catalogue (``autopar.cluster.load_cluster``: its link
+over the GPUs of one or more nodes, payload -> elapsed time or nccl-tests bus bandwidth; the format is
+described at the top of each file), builds the nodes from the catalogue (``autopar.cluster.load_cluster``: its link
 bandwidth and latency, as a plan on that GPU gets them) and prices every row as the estimate prices a
 collective over such a group (``cost_models.collectives.Collectives.time``, the wire time a TP all-reduce
 is charged; the default ``CostParams``, so ``link_efficiency`` included). Beside it, the same formula at
@@ -44,23 +44,26 @@ def measured_us(unit: str, collective: str, n: int, size: float, value: float) -
 
 
 def rows_of(table: dict) -> list[dict]:
-    """One dict per measured row (collective, gpus, bytes, us, nvls), a list field spread over the rows."""
+    """One dict per measured row (collective, gpus per node, nodes, bytes, us, nvls), a list field spread over
+    the rows."""
     out = []
+    nodes = table.get("nodes", 1)
     for i, (size, value) in enumerate(table["rows"]):
         coll = table["collective"][i] if isinstance(table["collective"], list) else table["collective"]
         n = table["gpus"][i] if isinstance(table["gpus"], list) else table["gpus"]
         nvls = bool(table.get("nvls")) and size >= table.get("nvls_from_bytes", 0) and coll == "allreduce"
-        out.append({"collective": coll, "gpus": n, "bytes": size, "nvls": nvls,
-                    "measured_us": measured_us(table["unit"], coll, n, size, value)})
+        out.append({"collective": coll, "gpus": n, "nodes": nodes, "bytes": size, "nvls": nvls,
+                    "measured_us": measured_us(table["unit"], coll, n * nodes, size, value)})
     return out
 
 
 def price_us(gpu: str, row: dict, params: CostParams) -> float:
-    """What the cost model charges ``row``'s collective over ``row['gpus']`` GPUs of one catalogue node of ``gpu``."""
-    n = row["gpus"]
-    cluster = load_cluster(f"1x{n}x{gpu}")
-    ibw, ilat, xbw, xlat = cluster.group_links(list(range(n)))
-    g = GroupLinks(n, n, 1, ibw, ilat, xbw, xlat)
+    """What the cost model charges ``row``'s collective over ``row['gpus']`` GPUs on each of ``row['nodes']``
+    catalogue nodes of ``gpu`` (its node class's network), the group's share of each node's network its own."""
+    n, k = row["gpus"], row["nodes"]
+    cluster = load_cluster(f"{k}x{n}x{gpu}")
+    ibw, ilat, xbw, xlat = cluster.group_links(list(range(n * k)))
+    g = GroupLinks(n * k, n, k, ibw, ilat, xbw / n if k > 1 else xbw, xlat)  # inter: one rank's share of the node's
     coll = Collectives(params, cluster.gpu_of(0).hbm_bw)
     return float(coll.time(row["collective"], row["bytes"], g)) * 1e6
 
@@ -103,7 +106,7 @@ def table_text(results: list[dict]) -> str:
 def rows_text(t: dict) -> str:
     lines = [f"{t['id']} ({t['gpu']}, {t['algo']}):"]
     for r in t["rows"]:
-        lines.append(f"  {r['collective']:14s} {r['gpus']:2d} GPUs {r['bytes'] / MIB:12.3f} MiB  measured "
+        lines.append(f"  {r['collective']:14s} {r['nodes']}x{r['gpus']} GPUs {r['bytes'] / MIB:12.3f} MiB  measured "
                      f"{r['measured_us']:10.1f} us  model {r['predicted_us']:10.1f} "
                      f"({r['predicted_us'] / r['measured_us']:4.2f})  line rate {r['line_rate_us']:10.1f} "
                      f"({r['line_rate_us'] / r['measured_us']:4.2f}){'  NVLS' if r['nvls'] else ''}")

@@ -69,18 +69,34 @@ def reduction_time(nbytes: ArrayLike, n: ArrayLike, hbm_bw: ArrayLike) -> Second
     return np.where(n > 1, 3.0 * (n - 1) / np.maximum(n, 1) * b / hbm_bw, 0.0)
 
 
+def node_ring(n_local: ArrayLike, n_nodes: ArrayLike, intra_bw: ArrayLike, intra_lat: ArrayLike,
+              inter_bw: ArrayLike, inter_lat: ArrayLike) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(ranks, bandwidth, latency) of NCCL's ring over n_local ranks on each of n_nodes nodes.
+
+    NCCL opens one ring per channel and lays each across the nodes through a different rank's NIC, so the
+    rings together leave a node over all of its n_local ranks' shares of the network: a ring step runs at
+    the node fabric's bandwidth or at n_local x ``inter_bw``, whichever is less, and waits the slower
+    latency. (stas00/ml-engineering network/README.md @ 744d01e1: a 4 GiB all-reduce over 4 nodes of 8
+    B200 measured 22.05 ms against 20.8 ms for this ring at the nodes' 400 GB/s; one NIC would take 166 ms.)
+    """
+    nl, nn = _arr(n_local), _arr(n_nodes)
+    return nl * nn, np.minimum(_arr(intra_bw), nl * _arr(inter_bw)), np.maximum(_arr(intra_lat), _arr(inter_lat))
+
+
 def hierarchical_allgather_time(nbytes: ArrayLike, n_local: ArrayLike, n_nodes: ArrayLike, intra_bw: ArrayLike,
                                 intra_lat: ArrayLike, inter_bw: ArrayLike, inter_lat: ArrayLike) -> Seconds:
-    """All-gather over n_local ranks on each of n_nodes nodes.
+    """All-gather over n_local ranks on each of n_nodes nodes: the faster of two ways.
 
-    Phase 1: peers with the same local rank gather across nodes (each gathers nbytes/n_local over the
-    network); phase 2: an intra-node all-gather of the full buffer. ``inter_bw`` is the share of the
-    node's network bandwidth one rank gets.
+    Hierarchical: peers with the same local rank gather across nodes (each gathers nbytes/n_local over the
+    network), then an intra-node all-gather of the full buffer. NCCL's ring over the nodes (``node_ring``):
+    one all-gather at the nodes' whole network bandwidth. ``inter_bw`` is the share of the node's network
+    bandwidth one rank gets.
     """
     b, nl, nn = _arr(nbytes), _arr(n_local), _arr(n_nodes)
     inter = allgather_time(b / np.maximum(nl, 1), nn, inter_bw, inter_lat)
     intra = allgather_time(b, nl, intra_bw, intra_lat)
-    return inter + intra
+    n, bw, lat = node_ring(nl, nn, intra_bw, intra_lat, inter_bw, inter_lat)
+    return np.where((nn > 1) & (nl > 1), np.minimum(inter + intra, allgather_time(b, n, bw, lat)), inter + intra)
 
 
 def hierarchical_reduce_scatter_time(nbytes: ArrayLike, n_local: ArrayLike, n_nodes: ArrayLike, intra_bw: ArrayLike,
@@ -98,7 +114,8 @@ def hierarchical_allreduce_time(nbytes: ArrayLike, n_local: ArrayLike, n_nodes: 
     one node picks the ring at every size (NCCL_DEBUG TUNING on an 8x H200 node: ``Algo RING proto LL``
     up to 1 MiB, ``RING proto SIMPLE`` above with NVLS off; stas00/ml-engineering network/README.md @
     744d01e1, "SHARP"), whose 2(n-1) latency steps are what small all-reduces measure there (about 40 us
-    on 8 A100 or 8 H200). With one rank per node it is a flat network all-reduce, ring or tree.
+    on 8 A100 or 8 H200). With one rank per node it is a flat network all-reduce, ring or tree. Otherwise
+    the faster of the hierarchical phases and NCCL's ring over the nodes (``node_ring``).
     """
     b, nl, nn = _arr(nbytes), _arr(n_local), _arr(n_nodes)
     flat_intra = ring_allreduce_time(b, nl, intra_bw, intra_lat)
@@ -106,6 +123,8 @@ def hierarchical_allreduce_time(nbytes: ArrayLike, n_local: ArrayLike, n_nodes: 
     hier = (reduce_scatter_time(b, nl, intra_bw, intra_lat)
             + allreduce_time(b / np.maximum(nl, 1), nn, inter_bw, inter_lat)
             + allgather_time(b, nl, intra_bw, intra_lat))
+    n, bw, lat = node_ring(nl, nn, intra_bw, intra_lat, inter_bw, inter_lat)
+    hier = np.minimum(hier, ring_allreduce_time(b, n, bw, lat))
     return np.where(nn <= 1, flat_intra, np.where(nl <= 1, flat_inter, hier))
 
 

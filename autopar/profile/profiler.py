@@ -177,6 +177,7 @@ def _compute_part(per_rank: list[dict], spec: ModelSpec, comm: dict, dtype_bytes
     opt["opt_bytes_touched"] = opt["seconds"] * hbm / opt["params"]
     return {"peak_tflops": peak / 1e12, "hbm_gbps": hbm / 1e9, "samples": merged, "fit": fits,
             "act_traffic": "0: the measured unit times already include their memory-bound kernels",
+        "link_efficiency": "1: the link is measured, so it is what the collectives reach, not a line rate",
         "zero_flop_units": {u: {"seconds_per_sample": sum(v) / len(v), "modelled_as": 0.0}
                                 for u, v in zero.items()},
             "optimizer": opt}
@@ -219,6 +220,7 @@ def _cost_params(compute: dict, comm: dict, memory: dict, dtype_bytes: int, devi
         "opt_bytes_touched": compute["optimizer"]["opt_bytes_touched"],
         "overlap_sync": 0.0,
         "overlap_zero3": comm_set["overlap_zero3"],
+        "link_efficiency": comm_set["link_efficiency"],
         "act_traffic": 0.0,
     }
     assumptions = {

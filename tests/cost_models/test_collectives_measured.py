@@ -31,7 +31,7 @@ def test_rows_read_as_times(table):
     if table["unit"] == "busbw_gbps":  # nccl-tests' bus bandwidth back from the time: algbw x the bus factor
         for r, (size, busbw) in zip(rows, table["rows"]):
             algbw = size / (r["measured_us"] * 1e-6) / 1e9
-            assert algbw * cf.BUS_FACTOR[r["collective"]](r["gpus"]) == pytest.approx(busbw, rel=1e-12)
+            assert algbw * cf.BUS_FACTOR[r["collective"]](r["gpus"] * r["nodes"]) == pytest.approx(busbw, rel=1e-12)
 
 
 def test_the_a100_sweep_reproduces_its_published_bus_bandwidth():
@@ -42,10 +42,15 @@ def test_the_a100_sweep_reproduces_its_published_bus_bandwidth():
 
 
 def test_the_default_model_prices_large_ring_collectives_as_measured():
-    """Catalogue link, link_efficiency and the ring formulas together: the bandwidth-bound ring rows (not NVLS)
-    within 10% on the A100, H200 and B200 nodes; the same formulas at the line rate are 18-25% fast."""
+    """Catalogue link, link_efficiency and the ring formulas together: the bandwidth-bound ring rows of one node
+    (not NVLS) within 10% on the A100, H200 and B200 nodes; the same formulas at the line rate are 18-25% fast.
+    Over 4 B200 nodes NCCL's ring at the nodes' whole network (``communication.node_ring``) keeps the large
+    all-reduces within 25%, where the hierarchical phases alone took 1.4x the measured time."""
     scored = [cf.score(t) for t in TABLES]
     big = [r for t in scored for r in t["rows"] if r["bytes"] >= 1 << 30 and not r["nvls"]]
-    assert len(big) >= 10
-    assert all(abs(r["predicted_us"] / r["measured_us"] - 1) < 0.10 for r in big)
-    assert all(r["line_rate_us"] / r["measured_us"] < 0.85 for r in big)
+    one = [r for r in big if r["nodes"] == 1]
+    assert len(one) >= 10
+    assert all(abs(r["predicted_us"] / r["measured_us"] - 1) < 0.10 for r in one)
+    assert all(r["line_rate_us"] / r["measured_us"] < 0.85 for r in one)
+    many = [r for r in big if r["nodes"] > 1]
+    assert len(many) >= 5 and all(abs(r["predicted_us"] / r["measured_us"] - 1) < 0.25 for r in many)

@@ -95,3 +95,20 @@ def test_one_node_runs_the_ring_even_where_a_tree_would_be_faster():
     # across nodes, one rank per node: the faster of ring and tree, as before
     assert comm.hierarchical_allreduce_time(small, 1, 8, 300 * GB, 3e-6, 12.5 * GB, 5e-6) == pytest.approx(
         comm.tree_allreduce_time(small, 8, 12.5 * GB, 5e-6))
+
+
+def test_nccl_ring_over_the_nodes_wins_where_the_network_is_fast():
+    """2 nodes x 8 at 50 GB/s of network per rank: the rings leave each node over all 8 ranks' NICs (400 GB/s,
+    so NVLink's 300 bounds them); one all-reduce over 16 ranks beats reduce-scatter + all-reduce + all-gather."""
+    S, intra, inter = 1e9, 300 * GB, 50 * GB
+    ring = 2 * 15 / 16 * S / intra + 2 * 15 * 5e-6
+    hier = (7 / 8 * S / intra + 7 * 3e-6) * 2 + min(2 * 1 / 2 * (S / 8) / inter + 2 * 5e-6,
+                                                     2 * 5e-6 + 2 * (S / 8) / inter)
+    assert ring < hier
+    assert comm.hierarchical_allreduce_time(S, 8, 2, intra, 3e-6, inter, 5e-6) == pytest.approx(ring)
+    ag_ring = 15 / 16 * S / intra + 15 * 5e-6
+    assert comm.hierarchical_allgather_time(S, 8, 2, intra, 3e-6, inter, 5e-6) == pytest.approx(ag_ring)
+    assert comm.hierarchical_reduce_scatter_time(S, 8, 2, intra, 3e-6, inter, 5e-6) == pytest.approx(ag_ring)
+    # a slow network: the hierarchical phases, which send only 1/8 of the buffer across
+    slow = comm.hierarchical_allreduce_time(S, 8, 2, intra, 3e-6, 1 * GB, 5e-6)
+    assert slow == pytest.approx((7 / 8 * S / intra + 7 * 3e-6) * 2 + 2 * 1 / 2 * (S / 8) / GB + 2 * 5e-6)

@@ -58,6 +58,7 @@ def test_search_accepts_the_profile_and_records_it(tiny_profile, tmp_path, capsy
     assert doc["cluster"]["gpus"]["cpu"]["tflops"] == pytest.approx(prof["compute"]["peak_tflops"])
     assert doc["cluster"]["nodes"][0]["intra_bw_gbps"] == pytest.approx(prof["communication"]["link"]["bw_gbps"])
     assert doc["search"]["cost_params"]["comm_fit"] and doc["search"]["cost_params"]["param_bytes"] == 4
+    assert doc["search"]["cost_params"]["link_efficiency"] == 1.0  # the measured link is what collectives reach
     # estimate reproduces the searched numbers from the plan alone (the profile file may be gone)
     searched = json.loads(out)["predicted"]
     tiny_copy = tiny_profile.read_bytes()
