@@ -299,6 +299,8 @@ def layer_costs(layer: Layer, strategies: list[Strategy], stage: Stage) -> Layer
     z_bwd = no_reshard_backward(z_bwd, b_comp, rs_grad / p.zero3_comm_eff, zero, reshard, p.overlap_zero3)
     fwd = (f_comp + z_fwd) + tp_fwd
     bwd = (b_comp + z_bwd) + tp_bwd
+    if p.grad_accum_bytes > 0:  # the framework's per-micro-batch gradient accumulation pass over the rank's parameters
+        bwd = bwd + memory_bound_time(shard_params(layer, tp) * p.grad_accum_bytes, stage.hbm_bw)
     cp = cp_array(strategies)  # context parallel: dp above is dp x cp, b_local per rank's tokens
     if (cp > 1).any():
         cp_fwd, cp_bwd = cp_comm_times(layer, tp, cp, ckpt, b_local, stage.cp_links, coll)

@@ -22,13 +22,14 @@ _BYTES = ("param_bytes", "grad_comm_bytes", "grad_bytes", "state_bytes", "opt_by
 _EFF = ("eff_max", "zero3_comm_eff", "link_efficiency")
 _FRACTIONS = ("overlap_sync", "overlap_zero3", "overlap_grad_reduce", "overlap_param_gather", "async_tp_overlap")
 _FACTORS = ("act_mem_factor",)
-_NONNEG = ("layer_overhead_s", "reserve_gib", "step_overhead_per_unit_s", "act_traffic", "slot_overhead_s", "loss_copies")
+_NONNEG = ("layer_overhead_s", "reserve_gib", "step_overhead_per_unit_s", "act_traffic", "slot_overhead_s", "loss_copies",
+           "grad_accum_bytes")
 EFF_HIGH = 4.0
 # Fields added after plans were first written: absent from an older plan, they take CostParams' default (the
 # plans written before them hold no strategy that reads them: ep and zero_overlap came with them; every plan
 # reads link_efficiency, so an older plan is re-estimated at its default, as after any change of the model).
 _LATER = ("moe_imbalance", "overlap_grad_reduce", "overlap_param_gather", "zero3_comm_eff", "async_tp_overlap",
-          "loss_copies", "link_efficiency")
+          "loss_copies", "link_efficiency", "grad_accum_bytes")
 
 
 def _finite(x: float, field: str, fix: str, high: float | None = None) -> float:

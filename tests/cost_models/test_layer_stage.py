@@ -168,3 +168,16 @@ def test_zero3_gathers_slow_down_with_their_collective_efficiency():
     f2, b2 = zero_exposed(f, b, ag, rs, zero, 0.5, 0.5)
     assert list(f1) == [2.5, 0.0, 0.0] and list(b1) == [6.0, 3.0, 0.0]
     assert list(f2) == [5.5, 0.0, 0.0] and list(b2) == [13.0, 3.0, 0.0]
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_framework_gradient_accumulation_is_a_backward_pass_over_the_rank_parameters(tp):
+    """grad_accum_bytes (DeepSpeed's BF16_Optimizer: 18) moves that many HBM bytes per parameter the rank holds
+    after every micro-batch's backward: the backward grows by it, nothing else does."""
+    st = OneNodeStage(n=2, micro_batch_size=2, num_microbatches=4)
+    plain = one_layer_cost(U, Strat(tp=tp), st)
+    acc = one_layer_cost(U, Strat(tp=tp), replace(st, params=CostParams(grad_accum_bytes=18)))
+    shard = U.tp_params / tp + (U.params - U.tp_params)
+    assert acc.bwd - plain.bwd == pytest.approx(shard * 18 / HBM, **EXACT)
+    assert (acc.fwd, acc.step, acc.mem_states, acc.mem_act) == (plain.fwd, plain.step, plain.mem_states, plain.mem_act)
+    assert acc.cost - plain.cost == pytest.approx(shard * 18 / HBM, **EXACT)
