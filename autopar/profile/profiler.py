@@ -177,8 +177,7 @@ def _compute_part(per_rank: list[dict], spec: ModelSpec, comm: dict, dtype_bytes
     opt["opt_bytes_touched"] = opt["seconds"] * hbm / opt["params"]
     return {"peak_tflops": peak / 1e12, "hbm_gbps": hbm / 1e9, "samples": merged, "fit": fits,
             "act_traffic": "0: the measured unit times already include their memory-bound kernels",
-        "link_efficiency": "1: the link is measured, so it is what the collectives reach, not a line rate",
-        "zero_flop_units": {u: {"seconds_per_sample": sum(v) / len(v), "modelled_as": 0.0}
+            "zero_flop_units": {u: {"seconds_per_sample": sum(v) / len(v), "modelled_as": 0.0}
                                 for u, v in zero.items()},
             "optimizer": opt}
 
@@ -229,6 +228,7 @@ def _cost_params(compute: dict, comm: dict, memory: dict, dtype_bytes: int, devi
         "overlap_zero3": ("0: on CPU the gloo collectives of FSDP2's prefetch run on the cores that compute"
                           if device == "cpu" else "1: FSDP2 prefetches on its own CUDA stream"),
         "act_traffic": "0: the measured unit times already include their memory-bound kernels",
+        "link_efficiency": "1: the link is measured, so it is what the collectives reach, not a line rate",
         "zero_flop_units": "units without FLOPs (embeddings) cost 0 in the model; their measured time is listed",
     }
     return params, assumptions

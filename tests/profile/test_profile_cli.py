@@ -32,6 +32,9 @@ def test_quick_profile_is_a_complete_versioned_file(tiny_profile):
     assert {s["ckpt"] for s in p["compute"]["samples"] if s["unit"] == "layers.0"} == {"none", "selective", "full"}
     assert all(s["fwd_s"] > 0 and s["bwd_s"] > 0 for s in p["compute"]["samples"])
     assert p["compute"]["fit"]["by_kind"]["block"]["eff_max"] > 0
+    # the measured link is priced as measured, and the profile says so where it states its assumptions
+    assert p["cost_params"]["link_efficiency"] == 1.0 and "link_efficiency" in p["assumptions"]
+    assert "link_efficiency" not in p["compute"]
     for c in ("allreduce", "allgather", "reduce_scatter", "alltoall", "p2p"):
         f = p["communication"]["fits"][2][c]
         assert f["alpha_s"] >= 0 and f["beta_s_per_byte"] >= 0 and f["rel_rms"] >= 0
