@@ -83,6 +83,13 @@ class CostParams:
         logits a unit's ``loss_bytes`` states (``memory_terms.loss_copies``); 0: PyTorch's ``F.cross_entropy``
         on fp32 logits (what autopar's runtime and torchtitan run): 3, 4 under TP loss parallel. Megatron-LM's
         in-place vocab-parallel cross entropy holds 1.5 (``memory_terms``).
+    grad_accum_bytes: HBM bytes per parameter a rank holds that the framework's gradient accumulation moves
+        after every micro-batch's backward, beyond what the backward writes. 0 by default: autograd (autopar's
+        runtime) and Megatron's fused main_grad accumulate inside the backward's own kernels. DeepSpeed's
+        BF16_Optimizer on its pipeline engine moves 18 (microsoft/DeepSpeed runtime/pipe/engine.py
+        _exec_backward_pass calls optimizer.update_hp_grads after each micro-batch's backward; bf16_optimizer.py
+        update_hp_grads runs hp_grad.add_(lp.grad.to(float32)) per parameter: the cast reads 2 and writes 4
+        bytes, the add reads 4 + 4 and writes 4), a framework fact a measured file states (``framework``).
     act_traffic: HBM bytes the memory-bound kernels of a layer (norms, activations, softmax, dropout,
         residual adds, their gradients) move per byte of activations the layer saves for backward,
         forward and backward together (a third in forward, two thirds in backward, like FLOPs). Each
@@ -106,13 +113,6 @@ class CostParams:
         one node; it replaces the formula (and its gamma term) for such groups.
     state_table: ((a, b) for ZeRO stages 0..3): model-state bytes per parameter ``a + b / d`` on a DP
         group of d > 1 (d = 1 holds stage 0's a + b), as the runtime really holds them.
-    grad_accum_bytes: HBM bytes per parameter a rank holds that the framework's gradient accumulation moves
-        after every micro-batch's backward, beyond what the backward writes. 0 by default: autograd (autopar's
-        runtime) and Megatron's fused main_grad accumulate inside the backward's own kernels. DeepSpeed's
-        BF16_Optimizer on its pipeline engine moves 18 (microsoft/DeepSpeed runtime/pipe/engine.py
-        _exec_backward_pass calls optimizer.update_hp_grads after each micro-batch's backward; bf16_optimizer.py
-        update_hp_grads runs hp_grad.add_(lp.grad.to(float32)) per parameter: the cast reads 2 and writes 4
-        bytes, the add reads 4 + 4 and writes 4), a framework fact a measured file states (``framework``).
     step_overhead_per_unit_s: what a runtime step costs per layer unit besides its compute and the
         terms above (loss reduction, flattening gradients for the sync, zeroing them, the runner).
     moe_imbalance: tokens the most loaded rank of an expert-parallel group computes (and exchanges), as a
