@@ -24,6 +24,7 @@ from pathlib import Path
 
 import yaml
 
+from autopar.calibrate.nccl_fit import bus_factor
 from autopar.cluster import load_cluster
 from cost_models import CostParams
 from cost_models.collectives import Collectives, GroupLinks
@@ -32,15 +33,13 @@ HERE = Path(__file__).resolve().parent
 DATA = HERE / "data" / "collectives"
 MIB = 1 << 20
 BANDS = (("< 1 MiB", 0, MIB), ("1-64 MiB", MIB, 64 * MIB), (">= 64 MiB", 64 * MIB, float("inf")))
-BUS_FACTOR = {"allreduce": lambda n: 2.0 * (n - 1) / n, "allgather": lambda n: (n - 1) / n,
-              "reduce_scatter": lambda n: (n - 1) / n}  # nccl-tests doc/PERFORMANCE.md: busbw / algbw
 
 
 def measured_us(unit: str, collective: str, n: int, size: float, value: float) -> float:
     """The row's elapsed time in us: as published, or from nccl-tests busbw (GB/s) through its bus factor."""
     if unit == "time_us":
         return value
-    return size * BUS_FACTOR[collective](n) / (value * 1e9) * 1e6
+    return size * bus_factor(collective, n) / (value * 1e9) * 1e6
 
 
 def rows_of(table: dict) -> list[dict]:

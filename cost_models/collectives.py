@@ -10,7 +10,7 @@ line rate (NCCL's rings reach about 80% of a link; a measured fit already includ
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -45,6 +45,11 @@ class GroupLinks:
             return self.intra_bw, self.intra_lat
         return min(self.intra_bw, self.inter_bw), max(self.intra_lat, self.inter_lat)
 
+    def at_efficiency(self, efficiency: float) -> GroupLinks:
+        """These links as a collective over them reaches them: bandwidths at ``efficiency`` of their line
+        rate (``CostParams.link_efficiency``), latencies as they are."""
+        return replace(self, intra_bw=self.intra_bw * efficiency, inter_bw=self.inter_bw * efficiency)
+
 
 @dataclass(frozen=True)
 class Collectives:
@@ -74,9 +79,8 @@ class Collectives:
         if fit is not None:
             b = np.asarray(nbytes, dtype=float)
             return np.where(b > 0, fit[0] + fit[1] * b, 0.0)
-        eff = self.params.link_efficiency  # line rates -> what NCCL's collectives reach on them
-        return _FORMULA[collective](nbytes, g.n_local, g.n_nodes, g.intra_bw * eff, g.intra_lat, g.inter_bw * eff,
-                                    g.inter_lat)
+        g = g.at_efficiency(self.params.link_efficiency)  # line rates -> what NCCL's collectives reach on them
+        return _FORMULA[collective](nbytes, g.n_local, g.n_nodes, g.intra_bw, g.intra_lat, g.inter_bw, g.inter_lat)
 
     def reduction(self, collective: str, nbytes: ArrayLike, g: GroupLinks) -> ArrayLike:
         """GenModel's gamma term of a reducing collective, or 0 where a measured fit already includes it."""

@@ -92,12 +92,11 @@ def layer_sync_time(grad_bytes: float, stage_sizes: Sequence[int], lane_links: S
     s = grad_bytes / k
     fan_in = math.ceil(max(stage_sizes) / k)
     worst = 0.0
-    for g in lane_links:
+    for g in (lane.at_efficiency(link_efficiency) for lane in lane_links):
         bw, lat = g.slowest
-        bw *= link_efficiency
         flat = float(comm.allreduce_time(s, P, bw, lat))
-        hier = float(comm.hierarchical_allreduce_time(s, g.n_local, g.n_nodes, g.intra_bw * link_efficiency,
-                                                      g.intra_lat, g.inter_bw * link_efficiency, g.inter_lat))
+        hier = float(comm.hierarchical_allreduce_time(s, g.n_local, g.n_nodes, g.intra_bw, g.intra_lat,
+                                                      g.inter_bw, g.inter_lat))
         gamma = float(comm.reduction_time(s, P, hbm_bw))
         incast = comm.incast_time(s, P, fan_in, bw)
         worst = max(worst, max(min(flat, hier), gamma) + incast)  # reduced under the transfer, as Collectives.reduced

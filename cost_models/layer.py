@@ -299,8 +299,9 @@ def layer_costs(layer: Layer, strategies: list[Strategy], stage: Stage) -> Layer
     z_bwd = no_reshard_backward(z_bwd, b_comp, rs_grad / p.zero3_comm_eff, zero, reshard, p.overlap_zero3)
     fwd = (f_comp + z_fwd) + tp_fwd
     bwd = (b_comp + z_bwd) + tp_bwd
+    shard = shard_params(layer, tp)
     if p.grad_accum_bytes > 0:  # the framework's per-micro-batch gradient accumulation pass over the rank's parameters
-        bwd = bwd + memory_bound_time(shard_params(layer, tp) * p.grad_accum_bytes, stage.hbm_bw)
+        bwd = bwd + memory_bound_time(shard * p.grad_accum_bytes, stage.hbm_bw)
     cp = cp_array(strategies)  # context parallel: dp above is dp x cp, b_local per rank's tokens
     if (cp > 1).any():
         cp_fwd, cp_bwd = cp_comm_times(layer, tp, cp, ckpt, b_local, stage.cp_links, coll)
@@ -308,7 +309,6 @@ def layer_costs(layer: Layer, strategies: list[Strategy], stage: Stage) -> Layer
         saved = saved + cp_kept_bytes(layer, tp, cp, ckpt)
 
     # Step-level: gradient sync left after this layer's last backward, then the optimizer update.
-    shard = shard_params(layer, tp)
     sync = np.select([zero == 0, zero == 1, zero == 2], [ar, rs_grad + ag_param, ag_param], 0.0)
     exposed = np.maximum(0.0, sync - p.overlap_sync * b_comp)
     exposed = overlapped_sync(exposed, f_comp, b_comp, ag_param, rs_grad, zero, overlap, p)

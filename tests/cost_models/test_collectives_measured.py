@@ -31,7 +31,7 @@ def test_rows_read_as_times(table):
     if table["unit"] == "busbw_gbps":  # nccl-tests' bus bandwidth back from the time: algbw x the bus factor
         for r, (size, busbw) in zip(rows, table["rows"]):
             algbw = size / (r["measured_us"] * 1e-6) / 1e9
-            assert algbw * cf.BUS_FACTOR[r["collective"]](r["gpus"] * r["nodes"]) == pytest.approx(busbw, rel=1e-12)
+            assert algbw * cf.bus_factor(r["collective"], r["gpus"] * r["nodes"]) == pytest.approx(busbw, rel=1e-12)
 
 
 def test_the_a100_sweep_reproduces_its_published_bus_bandwidth():
