@@ -2,11 +2,11 @@
 
 Reads every ``autopar-collectives/1`` file in ``benchmarks/data/collectives/`` (tables of one collective
 over the GPUs of one or more nodes, payload -> elapsed time or nccl-tests bus bandwidth; the format is
-described at the top of each file), builds the nodes from the catalogue (``autopar.cluster.load_cluster``: its link
-bandwidth and latency, as a plan on that GPU gets them) and prices every row as the estimate prices a
-collective over such a group (``cost_models.collectives.Collectives.time``, the wire time a TP all-reduce
-is charged; the default ``CostParams``, so ``link_efficiency`` included). Beside it, the same formula at
-the link's line rate (``link_efficiency`` 1), the model before that factor.
+described at the top of each file), builds the nodes from the catalogue (``autopar.cluster.load_cluster``:
+its link bandwidth and latency, as a plan on that GPU gets them) and prices every row as the estimate
+prices a collective over a stage of those GPUs (``StageContext.stage_links``, ``Collectives.time``: the
+wire time a TP all-reduce is charged; the default ``CostParams``, so ``link_efficiency`` included). Beside
+it, the same formula at the link's line rate (``link_efficiency`` 1), the model before that factor.
 
 Per table: predicted / measured per row, and MAPE over the rows of three payload bands (< 1 MiB: latency
 bound; 1-64 MiB: the TP all-reduces of training; >= 64 MiB: bandwidth bound, gradient syncs). Rows NCCL ran
@@ -26,8 +26,8 @@ import yaml
 
 from autopar.calibrate.nccl_fit import bus_factor
 from autopar.cluster import load_cluster
+from autopar.estimate import StageContext
 from cost_models import CostParams
-from cost_models.collectives import Collectives, GroupLinks
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "data" / "collectives"
@@ -60,11 +60,8 @@ def price_us(gpu: str, row: dict, params: CostParams) -> float:
     """What the cost model charges ``row``'s collective over ``row['gpus']`` GPUs on each of ``row['nodes']``
     catalogue nodes of ``gpu`` (its node class's network), the group's share of each node's network its own."""
     n, k = row["gpus"], row["nodes"]
-    cluster = load_cluster(f"{k}x{n}x{gpu}")
-    ibw, ilat, xbw, xlat = cluster.group_links(list(range(n * k)))
-    g = GroupLinks(n * k, n, k, ibw, ilat, xbw / n if k > 1 else xbw, xlat)  # inter: one rank's share of the node's
-    coll = Collectives(params, cluster.gpu_of(0).hbm_bw)
-    return float(coll.time(row["collective"], row["bytes"], g)) * 1e6
+    stage = StageContext(load_cluster(f"{k}x{n}x{gpu}"), tuple(range(n * k)), 1, 1, params)  # the whole group
+    return float(stage.collectives.time(row["collective"], row["bytes"], stage.stage_links)) * 1e6
 
 
 def _mape(rows: list[dict], key: str) -> float | None:
