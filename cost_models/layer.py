@@ -28,7 +28,7 @@ from cost_models import communication as comm
 from cost_models import moe as expert_parallel
 from cost_models.async_tp import async_tp_layer
 from cost_models.collectives import Collectives, GroupLinks
-from cost_models.compute import activation_traffic_times, compute_time, memory_bound_time
+from cost_models.compute import activation_traffic_times, compute_time, layer_efficiency, memory_bound_time
 from cost_models.context_parallel import cp_array, cp_comm_times, cp_kept_bytes, cp_transient_bytes
 from cost_models.gemm_shapes import wave_times
 from cost_models.memory import model_state_bytes
@@ -107,6 +107,8 @@ class Stage(Protocol):
     @property
     def sms(self) -> int: ...  # streaming multiprocessors of that device (0: not known; cost_models.gemm_shapes)
     @property
+    def matmul_ratios(self) -> tuple[float, float]: ...  # its linear layers' and attention core's GPUType.matmul_ratio
+    @property
     def hbm_bw(self) -> float: ...
     @property
     def collectives(self) -> Collectives: ...
@@ -169,14 +171,17 @@ def per_ckpt(of_mode: Callable[[str], float], ckpt: np.ndarray) -> np.ndarray:
 
 def compute_times(layer: Layer, tp: np.ndarray, zero: np.ndarray, ckpt: np.ndarray, dp: np.ndarray,
                   b_local: np.ndarray, peak_flops: float, p: CostParams,
-                  attn_peak_flops: float | None = None, sms: int = 0) -> tuple[np.ndarray, np.ndarray]:
+                  attn_peak_flops: float | None = None, sms: int = 0,
+                  ratios: tuple[float, float] = (1.0, 1.0)) -> tuple[np.ndarray, np.ndarray]:
     """(forward, backward) compute seconds of one micro-batch of ``b_local`` samples per rank.
 
     Forward FLOPs split over TP; backward is twice forward plus the recomputation its checkpoint
     mode asks for; measured curves per (kind, tp degree, ZeRO-3 or not) where the profile has them.
     On a device of ``sms`` SMs, the layer's matmuls (``gemms``) also pay for the tiles and waves
     their per-rank shapes leave idle (``cost_models.gemm_shapes``), unless a measured curve of the
-    layer's kind already times them.
+    layer's kind already times them. ``ratios``: the linear layers' and the attention core's
+    ``matmul_ratio`` (``Stage``), which move ``eff_max`` by ``compute.layer_efficiency``; a measured curve
+    is its precision's own.
     """
     f_flops = layer.flops * b_local / tp
     recompute = per_ckpt(layer.recompute_flops, ckpt) * b_local / tp
@@ -184,18 +189,22 @@ def compute_times(layer: Layer, tp: np.ndarray, zero: np.ndarray, ckpt: np.ndarr
     if p.eff_by_kind:
         curves = [p.efficiency(layer.kind, int(t), int(z) if d > 1 else 0) for t, z, d in zip(tp, zero, dp)]
         eff_max, overhead = np.array([c[0] for c in curves]), np.array([c[1] for c in curves])
-    peak_f = peak_r = peak_flops
-    if attn_peak_flops is not None and attn_peak_flops != peak_flops and layer.flops > 0:
-        # the linear layers at ``peak_flops``, the attention core at ``attn_peak_flops``: one call's
-        # time is sum(F_part / peak_part), i.e. its FLOPs at the harmonic mix of the two peaks
+    measured = p.has_curve(layer.kind)
+    rate = peak_flops * (eff_max if measured else layer_efficiency(eff_max, ratios[0]))
+    rate_f = rate_r = rate
+    if layer.flops > 0 and ((attn_peak_flops is not None and attn_peak_flops != peak_flops) or ratios[1] != ratios[0]):
+        # the linear layers at ``rate``, the attention core at its own: one call's time is
+        # sum(F_part / rate_part), i.e. its FLOPs at the harmonic mix of the two rates
+        attn = (peak_flops if attn_peak_flops is None else attn_peak_flops) * (
+            eff_max if measured else layer_efficiency(eff_max, ratios[1]))
         a = layer.attn_core_flops / layer.flops
-        peak_f = 1.0 / ((1.0 - a) / peak_flops + a / attn_peak_flops)
-        peak_r = np.select([ckpt == CKPT_CODE["selective"]], [attn_peak_flops], peak_f)  # reruns the attention core
-    f_comp = compute_time(f_flops, peak_f, eff_max, overhead)
-    b_comp = 2.0 * f_comp + compute_time(recompute, peak_r, eff_max, overhead)
-    if sms > 0 and getattr(layer, "gemms", ()) and not p.has_curve(layer.kind):
+        rate_f = 1.0 / ((1.0 - a) / rate + a / attn)
+        rate_r = np.select([ckpt == CKPT_CODE["selective"]], [attn], rate_f)  # reruns the attention core
+    f_comp = compute_time(f_flops, rate_f, 1.0, overhead)
+    b_comp = 2.0 * f_comp + compute_time(recompute, rate_r, 1.0, overhead)
+    if sms > 0 and getattr(layer, "gemms", ()) and not measured:
         rec_gemm = per_ckpt(layer.recompute_gemm_flops, ckpt)
-        w_fwd, w_bwd = wave_times(layer.gemms, layer.gemm_rows, tp, b_local, rec_gemm, sms, peak_flops * eff_max)
+        w_fwd, w_bwd = wave_times(layer.gemms, layer.gemm_rows, tp, b_local, rec_gemm, sms, rate)
         f_comp, b_comp = f_comp + w_fwd, b_comp + w_bwd
     return f_comp, b_comp
 
@@ -283,7 +292,7 @@ def layer_costs(layer: Layer, strategies: list[Strategy], stage: Stage) -> Layer
     b_local = stage.micro_batch_size / dp  # samples per rank per micro-batch
 
     f_comp, b_comp = compute_times(layer, tp, zero, ckpt, dp, b_local, stage.peak_flops, p, stage.attn_peak_flops,
-                                   stage.sms)
+                                   stage.sms, stage.matmul_ratios)
     saved = np.array([layer.saved_bytes(s.ckpt, s.tp, s.sp) for s in strategies], dtype=float)
     if p.act_traffic > 0:
         saved_none = np.array([layer.saved_bytes("none", s.tp, s.sp) for s in strategies], dtype=float)

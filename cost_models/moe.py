@@ -31,7 +31,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from cost_models import communication as comm
-from cost_models.compute import compute_time, memory_bound_time
+from cost_models.compute import compute_time, layer_efficiency, memory_bound_time
 from cost_models.memory import model_state_bytes
 
 _FIELDS = ("fwd", "bwd", "step", "cost", "mem_states", "mem_act")
@@ -83,8 +83,9 @@ def _ep_rows(layer, strategies: list, stage, ep: int, t) -> dict[str, np.ndarray
     b_local = stage.micro_batch_size / dp
 
     f_comp, b_comp = t.compute_times(layer, tp, zero, ckpt, dp, b_local, stage.peak_flops, p, stage.attn_peak_flops,
-                                     stage.sms)
-    extra = compute_time(moe.expert_flops * (p.moe_imbalance - 1.0) * b_local / tp, stage.peak_flops, p.eff_max, 0.0)
+                                     stage.sms, stage.matmul_ratios)
+    extra = compute_time(moe.expert_flops * (p.moe_imbalance - 1.0) * b_local / tp, stage.peak_flops,
+                         layer_efficiency(p.eff_max, stage.matmul_ratios[0]), 0.0)
     full = ckpt == FULL
     f_comp = f_comp + extra
     b_comp = b_comp + 2.0 * extra + np.where(full, extra, 0.0)

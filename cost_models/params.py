@@ -5,6 +5,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 
 GIB = 1024**3
+# The measured achievable matmul efficiency (catalogue ``mamf``) of the GPU ``CostParams.eff_max`` was set on: the
+# A100 SXM's bf16 figure (catalogue A100-80G; a test keeps them equal). A GPU whose figure is known runs its
+# GEMMs at eff_max x its figure / this one (``GPUType.matmul_factor``), so eff_max keeps its meaning and the GPUs
+# without a figure their speed; ``cost_models.compute.layer_efficiency`` splits eff_max at this figure into the
+# matmuls and the rest of a layer.
+REFERENCE_MAMF = 0.869
 
 
 @dataclass(frozen=True)
@@ -18,7 +24,9 @@ class CostParams:
         waves of smaller matmuls leave idle comes on top, on a GPU whose SM count is known
         (``cost_models.gemm_shapes``). It is the A100's: a GPU whose large matmuls reach a different measured
         share of their peak (catalogue ``mamf``) runs at eff_max times its share over the A100's
-        (``GPUType.matmul_factor``).
+        (``GPUType.matmul_factor``). At a precision whose matmuls run at another speed than half precision's
+        (plain FP32 on the CUDA cores, FP8), the part of eff_max beyond the matmuls keeps its half-precision
+        time (``compute.layer_efficiency``).
     layer_overhead_s: fixed time per layer call (forward; backward pays it twice): kernel launches
         and dispatch, ~10 kernels of ~5 us on a GPU. It is what makes small per-rank work slow.
     param_bytes: bytes of a parameter in the compute dtype (bf16).

@@ -80,8 +80,9 @@ PRECISIONS: dict[str, Precision] = {p.name: p for p in (
 NAMES = tuple(PRECISIONS)
 PEAK_COLUMNS = tuple(dict.fromkeys(p.peak for p in PRECISIONS.values()))
 # The catalogue column of measured achievable matmul efficiency (MAMF, ``GPUType.matmul_factor``) that belongs to a
-# peak column: half-precision and FP8 tensor matmuls were measured; TF32 and plain FP32 were not.
-MAMF_COLUMNS = {"tflops": "mamf", "tflops_fp8": "mamf_fp8"}
+# peak column: half-precision, FP8 and plain FP32 matmuls were measured; TF32 was not.
+MAMF_COLUMNS = {"tflops": "mamf", "tflops_fp8": "mamf_fp8", "tflops_fp32": "mamf_fp32"}
+HALF_PEAK = "tflops"  # the half-precision tensor column, the one eff_max was set at (CostParams.eff_max)
 
 
 def precision(name: str) -> Precision | None:

@@ -23,6 +23,6 @@ def weight_grad_time(layer: Layer, strategy: Strategy, stage: Stage) -> float:
     dp = stage.n / tp
     b_local = stage.micro_batch_size / dp
     f_comp, _ = compute_times(layer, tp, zero, ckpt, dp, b_local, stage.peak_flops, stage.params,
-                              stage.attn_peak_flops, stage.sms)
+                              stage.attn_peak_flops, stage.sms, stage.matmul_ratios)
     linear = max(0.0, 1.0 - layer.attn_core_flops / layer.flops)
     return float(f_comp[0]) * linear

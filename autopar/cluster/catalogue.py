@@ -56,7 +56,7 @@ def gpu_from_entry(name: str | None, entry: object, where: str) -> tuple[GPUType
     planning that precision on the GPU is refused, naming the field), sustained (1: the fraction of
     those peaks a power-capped part holds on long GEMMs), gddr_ecc (false: GDDR memory with ECC on,
     which leaves less memory and bandwidth usable, ``cluster.ECC_MEMORY_FRACTION``), sms (0: the streaming
-    multiprocessor count is not known, so GEMMs are not quantised into waves), mamf / mamf_fp8 (0: the measured
+    multiprocessor count is not known, so GEMMs are not quantised into waves), mamf / mamf_fp8 / mamf_fp32 (0: the measured
     achievable matmul efficiency is not known, so its GEMMs run at the reference GPU's), class and node (overrides of
     the class defaults) are optional; ``name`` is read from
     the mapping when ``name`` is None (an inline GPU). The default class is ``sxm`` when the GPU has

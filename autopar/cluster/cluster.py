@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from autopar.errors import AutoparError
-from cost_models.precision import DEFAULT, MAMF_COLUMNS, NAMES, PEAK_COLUMNS, precision
+from cost_models.params import REFERENCE_MAMF
+from cost_models.precision import DEFAULT, HALF_PEAK, MAMF_COLUMNS, NAMES, PEAK_COLUMNS, precision
 
 GIB = 1024**3
 # GDDR memory with ECC on (``GPUType.gddr_ecc``): the CUDA C++ Best Practices Guide ("Theoretical Bandwidth
@@ -26,10 +27,6 @@ MAX_DEVICES = 1_000_000
 PEAK_FIELDS = tuple(c for c in PEAK_COLUMNS if c != "tflops")  # optional per-precision peaks (0: unknown)
 MAMF_FIELDS = tuple(MAMF_COLUMNS.values())  # optional measured achievable matmul shares (0: unknown)
 MAX_MATRIX_NODES = 4096  # nodes of a cluster whose links differ per node pair (a node x node matrix)
-# The measured achievable matmul efficiency (``GPUType.mamf``) of the GPU ``CostParams.eff_max`` was set on: the
-# A100 SXM's bf16 figure (catalogue A100-80G; a test keeps them equal). A GPU whose figure is known runs its
-# GEMMs at eff_max x its figure / this one, so eff_max keeps its meaning and the GPUs without a figure their speed.
-REFERENCE_MAMF = 0.869
 
 
 def check_size(where: str, devices: int, matrix_nodes: int = 0) -> None:
@@ -67,6 +64,7 @@ class GPUType:
     sms: int = 0  # streaming multiprocessors (0: not known): what GEMM tiles are scheduled over (cost_models.gemm_shapes)
     mamf: float = 0.0  # measured fraction of ``tflops`` the best large bf16/fp16 matmul reaches (0: not known)
     mamf_fp8: float = 0.0  # the same for ``tflops_fp8``
+    mamf_fp32: float = 0.0  # the same for ``tflops_fp32`` (plain FP32 matmuls, without TF32)
     precision: str = DEFAULT
 
     def __post_init__(self) -> None:
@@ -119,6 +117,13 @@ class GPUType:
         column = MAMF_COLUMNS.get(peak)
         value = getattr(self, column) if column else 0.0
         return value / REFERENCE_MAMF if value else 1.0
+
+    def matmul_ratio(self, peak: str) -> float:
+        """How fast its large matmuls run at the ``peak`` column against its half-precision tensor matmuls
+        (``tflops``), each at its measured achievable share (the reference's where not known): 1 for bf16/fp16,
+        about 0.06 for plain FP32 on an H100, about 1.8 for FP8. What ``cost_models.compute.layer_efficiency``
+        needs to keep the rest of a layer at the speed ``eff_max`` was set at."""
+        return getattr(self, peak) * self.matmul_factor(peak) / (getattr(self, HALF_PEAK) * self.matmul_factor(HALF_PEAK))
 
     @property
     def sustained_attn_flops(self) -> float:

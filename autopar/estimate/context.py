@@ -9,9 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from autopar.cluster.cluster import GIB, Cluster
+from autopar.cluster.cluster import GIB, Cluster, GPUType
 from cost_models import CostParams
 from cost_models.collectives import Collectives, GroupLinks
+from cost_models.precision import precision
 
 
 @dataclass
@@ -80,10 +81,20 @@ class StageContext:
         return min(self.cluster.nodes[n].gpu.sustained_attn_flops for n in self.nodes)
 
     @cached_property
+    def pace_gpu(self) -> GPUType:
+        """The device that sets the pace (``peak_flops``)."""
+        return min((self.cluster.nodes[n].gpu for n in self.nodes), key=lambda g: g.sustained_flops)
+
+    @property
     def sms(self) -> int:
-        """Streaming multiprocessors of the device that sets the pace (``peak_flops``); 0: not known."""
-        gpus = [self.cluster.nodes[n].gpu for n in self.nodes]
-        return min(gpus, key=lambda g: g.sustained_flops).sms
+        """Streaming multiprocessors of the device that sets the pace; 0: not known."""
+        return self.pace_gpu.sms
+
+    @cached_property
+    def matmul_ratios(self) -> tuple[float, float]:
+        """``GPUType.matmul_ratio`` of the pacing device at its precision's linear-layer and attention columns."""
+        g, prec = self.pace_gpu, precision(self.pace_gpu.precision)
+        return g.matmul_ratio(prec.peak), g.matmul_ratio(prec.attn_peak)
 
     @cached_property
     def hbm_bw(self) -> float:

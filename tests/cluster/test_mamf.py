@@ -1,4 +1,4 @@
-"""Measured achievable matmul efficiency (catalogue mamf / mamf_fp8): GEMMs run at eff_max x the GPU's figure over
+"""Measured achievable matmul efficiency (catalogue mamf / mamf_fp8 / mamf_fp32): GEMMs run at eff_max x the GPU's figure over
 the reference A100's; MFU stays against the datasheet; plans, cluster files and profiles carry it as they should."""
 
 from __future__ import annotations
@@ -23,14 +23,15 @@ def test_the_reference_is_the_a100_entry_eff_max_was_set_on():
 
 
 @pytest.mark.parametrize("name, precision, column", [("H100", "bf16", "mamf"), ("H100", "fp8", "mamf_fp8"),
-                                                     ("H200", "fp8", "mamf_fp8"), ("MI300X", "bf16", "mamf")])
+                                                     ("H200", "fp8", "mamf_fp8"), ("MI300X", "bf16", "mamf"),
+                                                     ("H100", "fp32", "mamf_fp32")])
 def test_a_gpu_with_a_figure_runs_its_gemms_at_its_share_of_the_reference(name, precision, column):
     g = replace(catalogue.gpu(name), precision=precision)
     assert 0 < getattr(g, column) < REFERENCE_MAMF
     assert g.sustained_flops == pytest.approx(g.flops * g.sustained * getattr(g, column) / REFERENCE_MAMF, rel=1e-12)
 
 
-def test_no_figure_no_change_and_tf32_fp32_have_none():
+def test_no_figure_no_change_and_tf32_has_none():
     t4 = catalogue.gpu("T4")
     assert t4.mamf == 0 and t4.sustained_flops == pytest.approx(t4.flops * t4.sustained)
     h100 = replace(catalogue.gpu("H100"), precision="tf32")
@@ -68,3 +69,12 @@ def test_a_bad_figure_is_one_line_naming_the_field(value, problem):
                       "count": 2}]}
     with pytest.raises(AutoparError, match=f"mamf.*{problem}"):
         cluster_from_doc(doc, None, standalone=True)
+
+
+def test_matmul_ratio_is_the_columns_achievable_speed_over_half_precisions():
+    h100 = catalogue.gpu("H100")
+    assert h100.matmul_ratio("tflops") == 1.0
+    assert h100.matmul_ratio("tflops_fp32") == pytest.approx(67 * 0.778 / (989 * 0.803), rel=1e-12)
+    assert h100.matmul_ratio("tflops_fp8") == pytest.approx(1979 * 0.709 / (989 * 0.803), rel=1e-12)
+    gh200 = catalogue.gpu("GH200")  # no FP32 figure: the reference's share
+    assert gh200.matmul_ratio("tflops_fp32") == pytest.approx(67 * REFERENCE_MAMF / (989 * 0.838), rel=1e-12)

@@ -59,6 +59,7 @@ class OneNodeStage:
     attn_peak_flops: float = 1e14
     hbm_bw: float = HBM
     sms: int = 0  # not known: no GEMM wave quantisation (cost_models.gemm_shapes)
+    matmul_ratios: tuple[float, float] = (1.0, 1.0)  # half-precision matmuls (cost_models.compute.layer_efficiency)
 
     @property
     def collectives(self) -> Collectives:
