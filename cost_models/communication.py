@@ -71,38 +71,42 @@ def reduction_time(nbytes: ArrayLike, n: ArrayLike, hbm_bw: ArrayLike) -> Second
 
 def node_ring(n_local: ArrayLike, n_nodes: ArrayLike, intra_bw: ArrayLike, intra_lat: ArrayLike,
               inter_bw: ArrayLike, inter_lat: ArrayLike) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(ranks, bandwidth, latency) of NCCL's ring over n_local ranks on each of n_nodes nodes.
+    """(ranks, bandwidth, latency per step) of NCCL's ring over n_local ranks on each of n_nodes nodes.
 
     NCCL opens one ring per channel and lays each across the nodes through a different rank's NIC, so the
     rings together leave a node over all of its n_local ranks' shares of the network: a ring step runs at
-    the node fabric's bandwidth or at n_local x ``inter_bw``, whichever is less, and waits the slower
-    latency. (stas00/ml-engineering network/README.md @ 744d01e1: a 4 GiB all-reduce over 4 nodes of 8
-    B200 measured 22.05 ms against 20.8 ms for this ring at the nodes' 400 GB/s; one NIC would take 166 ms.)
+    the node fabric's bandwidth or at n_local x ``inter_bw``, whichever is less. (stas00/ml-engineering
+    network/README.md @ 744d01e1: a 4 GiB all-reduce over 4 nodes of 8 B200 measured 22.05 ms against
+    20.8 ms for this ring at the nodes' 400 GB/s; one NIC would take 166 ms.) Of a ring's n - 1 steps per
+    pass, n_nodes - 1 cross the network and the others stay inside a node, as NCCL's own latency model
+    counts them (NVIDIA/nccl src/graph/tuning.cc @ 01afd20: ``(nsteps - nInterSteps) * intraLat +
+    nInterSteps * interLat`` with nInterSteps = nNodes - 1 per pass): the latency returned is their mean.
     """
     nl, nn = _arr(n_local), _arr(n_nodes)
-    return nl * nn, np.minimum(_arr(intra_bw), nl * _arr(inter_bw)), np.maximum(_arr(intra_lat), _arr(inter_lat))
+    n = nl * nn
+    steps = np.maximum(n - 1, 1)
+    lat = ((n - nn) * _arr(intra_lat) + (nn - 1) * _arr(inter_lat)) / steps
+    return n, np.minimum(_arr(intra_bw), nl * _arr(inter_bw)), lat
 
 
 def hierarchical_allgather_time(nbytes: ArrayLike, n_local: ArrayLike, n_nodes: ArrayLike, intra_bw: ArrayLike,
                                 intra_lat: ArrayLike, inter_bw: ArrayLike, inter_lat: ArrayLike) -> Seconds:
-    """All-gather over n_local ranks on each of n_nodes nodes: the faster of two ways.
-
-    Hierarchical: peers with the same local rank gather across nodes (each gathers nbytes/n_local over the
-    network), then an intra-node all-gather of the full buffer. NCCL's ring over the nodes (``node_ring``):
-    one all-gather at the nodes' whole network bandwidth. ``inter_bw`` is the share of the node's network
-    bandwidth one rank gets.
+    """All-gather over n_local ranks on each of n_nodes nodes: NCCL's ring (``node_ring``), the one algorithm
+    NCCL runs all-gather and reduce-scatter with on more than one GPU per node (tuning.cc prices no other),
+    n - 1 latency steps however many ranks. Inside one node or with one rank per node it is the flat ring
+    over that node's fabric or the network. ``inter_bw`` is the share of the node's network bandwidth one
+    rank gets.
     """
     b, nl, nn = _arr(nbytes), _arr(n_local), _arr(n_nodes)
-    inter = allgather_time(b / np.maximum(nl, 1), nn, inter_bw, inter_lat)
-    intra = allgather_time(b, nl, intra_bw, intra_lat)
+    one_level = np.where(nn > 1, allgather_time(b, nn, inter_bw, inter_lat), allgather_time(b, nl, intra_bw, intra_lat))
     n, bw, lat = node_ring(nl, nn, intra_bw, intra_lat, inter_bw, inter_lat)
-    return np.where((nn > 1) & (nl > 1), np.minimum(inter + intra, allgather_time(b, n, bw, lat)), inter + intra)
+    return np.where((nn > 1) & (nl > 1), allgather_time(b, n, bw, lat), one_level)
 
 
 def hierarchical_reduce_scatter_time(nbytes: ArrayLike, n_local: ArrayLike, n_nodes: ArrayLike, intra_bw: ArrayLike,
                                      intra_lat: ArrayLike, inter_bw: ArrayLike, inter_lat: ArrayLike) -> Seconds:
-    """Reduce-scatter of ``nbytes`` per rank, mirrored from the all-gather (intra-node first, then
-    across nodes): the same wire cost, phase for phase. Its reduction is ``reduction_time``."""
+    """Reduce-scatter of ``nbytes`` per rank: the all-gather's ring run backwards, the same wire cost and
+    latency steps. Its reduction is ``reduction_time``."""
     return hierarchical_allgather_time(nbytes, n_local, n_nodes, intra_bw, intra_lat, inter_bw, inter_lat)
 
 

@@ -62,12 +62,27 @@ def test_crossing_nodes_is_slower_than_staying_inside():
     assert across > inside
 
 
-def test_hierarchical_allgather_and_reduce_scatter_hand_value():
-    # 2 nodes x 4: inter all-gather of S/4 between 2 nodes (1/2 * S/4 / inter + lat), then intra of S (3/4 S / intra + 3 lat)
+def test_allgather_and_reduce_scatter_across_nodes_are_nccls_ring_hand_value():
+    # 2 nodes x 4: one ring of 8 ranks at min(intra, 4 x inter) = 50 GB/s, 7/8 of S through each rank; of its
+    # 7 latency steps 1 crosses the network and 6 stay inside a node (NCCL's tuning.cc counts them so)
     S, intra, inter = 1e9, 300 * GB, 12.5 * GB
-    expected = (1 / 2 * (S / 4) / inter + 5e-6) + (3 / 4 * S / intra + 3 * 3e-6)
+    expected = 7 / 8 * S / (4 * inter) + 6 * 3e-6 + 1 * 5e-6
     assert comm.hierarchical_allgather_time(S, 4, 2, intra, 3e-6, inter, 5e-6) == pytest.approx(expected)
     assert comm.hierarchical_reduce_scatter_time(S, 4, 2, intra, 3e-6, inter, 5e-6) == pytest.approx(expected)
+    # inside one node, or one rank per node: the flat ring over that fabric
+    assert comm.hierarchical_allgather_time(S, 4, 1, intra, 3e-6, inter, 5e-6) == pytest.approx(
+        comm.allgather_time(S, 4, intra, 3e-6))
+    assert comm.hierarchical_allgather_time(S, 1, 4, intra, 3e-6, inter, 5e-6) == pytest.approx(
+        comm.allgather_time(S, 4, inter, 5e-6))
+
+
+def test_a_ring_over_many_nodes_pays_a_latency_step_per_rank():
+    """1536 ranks on 192 nodes: 1535 steps, 191 over the network, where a two-level gather would pay 191 + 7."""
+    n, bw, lat = comm.node_ring(8, 192, 300 * GB, 3e-6, 25 * GB, 5e-6)
+    assert n == 1536 and bw == pytest.approx(200 * GB)
+    assert 1535 * lat == pytest.approx(1344 * 3e-6 + 191 * 5e-6)
+    small = comm.hierarchical_allgather_time(1536 * 1024, 8, 192, 300 * GB, 3e-6, 25 * GB, 5e-6)
+    assert small > 1344 * 3e-6 + 191 * 5e-6
 
 
 def test_incast_hand_value():
@@ -101,12 +116,12 @@ def test_nccl_ring_over_the_nodes_wins_where_the_network_is_fast():
     """2 nodes x 8 at 50 GB/s of network per rank: the rings leave each node over all 8 ranks' NICs (400 GB/s,
     so NVLink's 300 bounds them); one all-reduce over 16 ranks beats reduce-scatter + all-reduce + all-gather."""
     S, intra, inter = 1e9, 300 * GB, 50 * GB
-    ring = 2 * 15 / 16 * S / intra + 2 * 15 * 5e-6
+    ring = 2 * 15 / 16 * S / intra + 2 * (14 * 3e-6 + 1 * 5e-6)  # 2 x 15 steps, 2 x 1 over the network
     hier = (7 / 8 * S / intra + 7 * 3e-6) * 2 + min(2 * 1 / 2 * (S / 8) / inter + 2 * 5e-6,
                                                      2 * 5e-6 + 2 * (S / 8) / inter)
     assert ring < hier
     assert comm.hierarchical_allreduce_time(S, 8, 2, intra, 3e-6, inter, 5e-6) == pytest.approx(ring)
-    ag_ring = 15 / 16 * S / intra + 15 * 5e-6
+    ag_ring = 15 / 16 * S / intra + 14 * 3e-6 + 1 * 5e-6
     assert comm.hierarchical_allgather_time(S, 8, 2, intra, 3e-6, inter, 5e-6) == pytest.approx(ag_ring)
     assert comm.hierarchical_reduce_scatter_time(S, 8, 2, intra, 3e-6, inter, 5e-6) == pytest.approx(ag_ring)
     # a slow network: the hierarchical phases, which send only 1/8 of the buffer across
