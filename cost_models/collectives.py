@@ -3,7 +3,7 @@
 A profile (``CostParams.comm_fit``) measures ``alpha + beta * bytes`` per collective and group size
 inside one node. Where such a fit covers a group it replaces the formula, and since the measured
 time already includes summing the buffers, GenModel's gamma term is then not added on top. Every
-other group is priced by the hierarchical alpha-beta formulas of ``cost_models.communication`` plus
+other group is priced by the alpha-beta formulas of ``cost_models.communication`` (NCCL's rings, trees) plus
 the gamma term for the collectives that reduce, over its links at ``CostParams.link_efficiency`` of their
 line rate (NCCL's rings reach about 80% of a link; a measured fit already includes what they reach).
 """
@@ -18,11 +18,11 @@ from numpy.typing import ArrayLike
 from cost_models import communication as comm
 from cost_models.params import CostParams
 
-# Formula per collective, all with the signature of ``hierarchical_allgather_time``.
+# Formula per collective, all with the signature of ``nccl_allgather_time``.
 _FORMULA = {
     "allreduce": comm.hierarchical_allreduce_time,
-    "allgather": comm.hierarchical_allgather_time,
-    "reduce_scatter": comm.hierarchical_reduce_scatter_time,
+    "allgather": comm.nccl_allgather_time,
+    "reduce_scatter": comm.nccl_reduce_scatter_time,
 }
 
 
@@ -72,7 +72,7 @@ class Collectives:
 
         ``nbytes`` counts as ``cost_models.communication`` does (all-reduce / reduce-scatter: the
         buffer each rank holds; all-gather: the gathered output). A measured fit where it covers the
-        group, else the hierarchical formula over the group's links at ``link_efficiency`` of their
+        group, else the formula over the group's links at ``link_efficiency`` of their
         bandwidth; zero bytes cost nothing either way.
         """
         fit = self.fit(collective, g)

@@ -89,7 +89,7 @@ def node_ring(n_local: ArrayLike, n_nodes: ArrayLike, intra_bw: ArrayLike, intra
     return n, np.minimum(_arr(intra_bw), nl * _arr(inter_bw)), lat
 
 
-def hierarchical_allgather_time(nbytes: ArrayLike, n_local: ArrayLike, n_nodes: ArrayLike, intra_bw: ArrayLike,
+def nccl_allgather_time(nbytes: ArrayLike, n_local: ArrayLike, n_nodes: ArrayLike, intra_bw: ArrayLike,
                                 intra_lat: ArrayLike, inter_bw: ArrayLike, inter_lat: ArrayLike) -> Seconds:
     """All-gather over n_local ranks on each of n_nodes nodes: NCCL's ring (``node_ring``), the one algorithm
     NCCL runs all-gather and reduce-scatter with on more than one GPU per node (tuning.cc prices no other),
@@ -103,11 +103,11 @@ def hierarchical_allgather_time(nbytes: ArrayLike, n_local: ArrayLike, n_nodes: 
     return np.where((nn > 1) & (nl > 1), allgather_time(b, n, bw, lat), one_level)
 
 
-def hierarchical_reduce_scatter_time(nbytes: ArrayLike, n_local: ArrayLike, n_nodes: ArrayLike, intra_bw: ArrayLike,
+def nccl_reduce_scatter_time(nbytes: ArrayLike, n_local: ArrayLike, n_nodes: ArrayLike, intra_bw: ArrayLike,
                                      intra_lat: ArrayLike, inter_bw: ArrayLike, inter_lat: ArrayLike) -> Seconds:
     """Reduce-scatter of ``nbytes`` per rank: the all-gather's ring run backwards, the same wire cost and
     latency steps. Its reduction is ``reduction_time``."""
-    return hierarchical_allgather_time(nbytes, n_local, n_nodes, intra_bw, intra_lat, inter_bw, inter_lat)
+    return nccl_allgather_time(nbytes, n_local, n_nodes, intra_bw, intra_lat, inter_bw, inter_lat)
 
 
 def hierarchical_allreduce_time(nbytes: ArrayLike, n_local: ArrayLike, n_nodes: ArrayLike, intra_bw: ArrayLike,

@@ -190,13 +190,13 @@ def compute_times(layer: Layer, tp: np.ndarray, zero: np.ndarray, ckpt: np.ndarr
         curves = [p.efficiency(layer.kind, int(t), int(z) if d > 1 else 0) for t, z, d in zip(tp, zero, dp)]
         eff_max, overhead = np.array([c[0] for c in curves]), np.array([c[1] for c in curves])
     measured = p.has_curve(layer.kind)
-    rate = peak_flops * (eff_max if measured else layer_efficiency(eff_max, ratios[0]))
+    lin_eff, attn_eff = (eff_max, eff_max) if measured else (layer_efficiency(eff_max, r) for r in ratios)
+    rate = peak_flops * lin_eff
     rate_f = rate_r = rate
     if layer.flops > 0 and ((attn_peak_flops is not None and attn_peak_flops != peak_flops) or ratios[1] != ratios[0]):
         # the linear layers at ``rate``, the attention core at its own: one call's time is
         # sum(F_part / rate_part), i.e. its FLOPs at the harmonic mix of the two rates
-        attn = (peak_flops if attn_peak_flops is None else attn_peak_flops) * (
-            eff_max if measured else layer_efficiency(eff_max, ratios[1]))
+        attn = (peak_flops if attn_peak_flops is None else attn_peak_flops) * attn_eff
         a = layer.attn_core_flops / layer.flops
         rate_f = 1.0 / ((1.0 - a) / rate + a / attn)
         rate_r = np.select([ckpt == CKPT_CODE["selective"]], [attn], rate_f)  # reruns the attention core

@@ -67,12 +67,12 @@ def test_allgather_and_reduce_scatter_across_nodes_are_nccls_ring_hand_value():
     # 7 latency steps 1 crosses the network and 6 stay inside a node (NCCL's tuning.cc counts them so)
     S, intra, inter = 1e9, 300 * GB, 12.5 * GB
     expected = 7 / 8 * S / (4 * inter) + 6 * 3e-6 + 1 * 5e-6
-    assert comm.hierarchical_allgather_time(S, 4, 2, intra, 3e-6, inter, 5e-6) == pytest.approx(expected)
-    assert comm.hierarchical_reduce_scatter_time(S, 4, 2, intra, 3e-6, inter, 5e-6) == pytest.approx(expected)
+    assert comm.nccl_allgather_time(S, 4, 2, intra, 3e-6, inter, 5e-6) == pytest.approx(expected)
+    assert comm.nccl_reduce_scatter_time(S, 4, 2, intra, 3e-6, inter, 5e-6) == pytest.approx(expected)
     # inside one node, or one rank per node: the flat ring over that fabric
-    assert comm.hierarchical_allgather_time(S, 4, 1, intra, 3e-6, inter, 5e-6) == pytest.approx(
+    assert comm.nccl_allgather_time(S, 4, 1, intra, 3e-6, inter, 5e-6) == pytest.approx(
         comm.allgather_time(S, 4, intra, 3e-6))
-    assert comm.hierarchical_allgather_time(S, 1, 4, intra, 3e-6, inter, 5e-6) == pytest.approx(
+    assert comm.nccl_allgather_time(S, 1, 4, intra, 3e-6, inter, 5e-6) == pytest.approx(
         comm.allgather_time(S, 4, inter, 5e-6))
 
 
@@ -81,7 +81,7 @@ def test_a_ring_over_many_nodes_pays_a_latency_step_per_rank():
     n, bw, lat = comm.node_ring(8, 192, 300 * GB, 3e-6, 25 * GB, 5e-6)
     assert n == 1536 and bw == pytest.approx(200 * GB)
     assert 1535 * lat == pytest.approx(1344 * 3e-6 + 191 * 5e-6)
-    small = comm.hierarchical_allgather_time(1536 * 1024, 8, 192, 300 * GB, 3e-6, 25 * GB, 5e-6)
+    small = comm.nccl_allgather_time(1536 * 1024, 8, 192, 300 * GB, 3e-6, 25 * GB, 5e-6)
     assert small > 1344 * 3e-6 + 191 * 5e-6
 
 
@@ -122,8 +122,8 @@ def test_nccl_ring_over_the_nodes_wins_where_the_network_is_fast():
     assert ring < hier
     assert comm.hierarchical_allreduce_time(S, 8, 2, intra, 3e-6, inter, 5e-6) == pytest.approx(ring)
     ag_ring = 15 / 16 * S / intra + 14 * 3e-6 + 1 * 5e-6
-    assert comm.hierarchical_allgather_time(S, 8, 2, intra, 3e-6, inter, 5e-6) == pytest.approx(ag_ring)
-    assert comm.hierarchical_reduce_scatter_time(S, 8, 2, intra, 3e-6, inter, 5e-6) == pytest.approx(ag_ring)
+    assert comm.nccl_allgather_time(S, 8, 2, intra, 3e-6, inter, 5e-6) == pytest.approx(ag_ring)
+    assert comm.nccl_reduce_scatter_time(S, 8, 2, intra, 3e-6, inter, 5e-6) == pytest.approx(ag_ring)
     # a slow network: the hierarchical phases, which send only 1/8 of the buffer across
     slow = comm.hierarchical_allreduce_time(S, 8, 2, intra, 3e-6, 1 * GB, 5e-6)
     assert slow == pytest.approx((7 / 8 * S / intra + 7 * 3e-6) * 2 + 2 * 1 / 2 * (S / 8) / GB + 2 * 5e-6)
