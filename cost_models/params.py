@@ -24,9 +24,9 @@ class CostParams:
         waves of smaller matmuls leave idle comes on top, on a GPU whose SM count is known
         (``cost_models.gemm_shapes``). It is the A100's: a GPU whose large matmuls reach a different measured
         share of their peak (catalogue ``mamf``) runs at eff_max times its share over the A100's
-        (``GPUType.matmul_factor``). At a precision whose matmuls run at another speed than half precision's
-        (plain FP32 on the CUDA cores, FP8), the part of eff_max beyond the matmuls keeps its half-precision
-        time (``compute.layer_efficiency``).
+        (``GPUType.matmul_factor``). At a precision whose matmuls run slower than half precision's (plain FP32
+        on the CUDA cores), the part of eff_max beyond the matmuls keeps its half-precision time
+        (``compute.layer_efficiency``).
     layer_overhead_s: fixed time per layer call (forward; backward pays it twice): kernel launches
         and dispatch, ~10 kernels of ~5 us on a GPU. It is what makes small per-rank work slow.
     param_bytes: bytes of a parameter in the compute dtype (bf16).
