@@ -90,7 +90,7 @@ def node_ring(n_local: ArrayLike, n_nodes: ArrayLike, intra_bw: ArrayLike, intra
 
 
 def nccl_allgather_time(nbytes: ArrayLike, n_local: ArrayLike, n_nodes: ArrayLike, intra_bw: ArrayLike,
-                                intra_lat: ArrayLike, inter_bw: ArrayLike, inter_lat: ArrayLike) -> Seconds:
+                        intra_lat: ArrayLike, inter_bw: ArrayLike, inter_lat: ArrayLike) -> Seconds:
     """All-gather over n_local ranks on each of n_nodes nodes: NCCL's ring (``node_ring``), the one algorithm
     NCCL runs all-gather and reduce-scatter with on more than one GPU per node (tuning.cc prices no other),
     n - 1 latency steps however many ranks. Inside one node or with one rank per node it is the flat ring
@@ -104,7 +104,7 @@ def nccl_allgather_time(nbytes: ArrayLike, n_local: ArrayLike, n_nodes: ArrayLik
 
 
 def nccl_reduce_scatter_time(nbytes: ArrayLike, n_local: ArrayLike, n_nodes: ArrayLike, intra_bw: ArrayLike,
-                                     intra_lat: ArrayLike, inter_bw: ArrayLike, inter_lat: ArrayLike) -> Seconds:
+                             intra_lat: ArrayLike, inter_bw: ArrayLike, inter_lat: ArrayLike) -> Seconds:
     """Reduce-scatter of ``nbytes`` per rank: the all-gather's ring run backwards, the same wire cost and
     latency steps. Its reduction is ``reduction_time``."""
     return nccl_allgather_time(nbytes, n_local, n_nodes, intra_bw, intra_lat, inter_bw, inter_lat)
