@@ -69,8 +69,8 @@ class Layer(Protocol):
     @property
     def tp_collectives(self) -> int: ...  # TP collectives per forward
 
-    def saved_bytes(self, ckpt: str, tp: int = 1, sp: bool = False) -> float:
-        """Activation bytes per sample kept for backward under (ckpt, tp, sp)."""
+    def saved_bytes(self, ckpt: str, tp: int = 1, sp: bool = False, input_share: float = 1.0) -> float:
+        """Activation bytes per sample kept for backward under (ckpt, tp, sp), linear inputs at ``input_share``."""
 
     def recompute_flops(self, ckpt: str) -> float:
         """Forward FLOPs per sample (tp 1) that backward reruns under ``ckpt``."""
@@ -293,9 +293,9 @@ def layer_costs(layer: Layer, strategies: list[Strategy], stage: Stage) -> Layer
 
     f_comp, b_comp = compute_times(layer, tp, zero, ckpt, dp, b_local, stage.peak_flops, p, stage.attn_peak_flops,
                                    stage.sms, stage.matmul_ratios)
-    saved = np.array([layer.saved_bytes(s.ckpt, s.tp, s.sp) for s in strategies], dtype=float)
+    saved = np.array([layer.saved_bytes(s.ckpt, s.tp, s.sp, p.linear_input_share) for s in strategies], dtype=float)
     if p.act_traffic > 0:
-        saved_none = np.array([layer.saved_bytes("none", s.tp, s.sp) for s in strategies], dtype=float)
+        saved_none = np.array([layer.saved_bytes("none", s.tp, s.sp, p.linear_input_share) for s in strategies])
         m_fwd, m_bwd = activation_traffic_times(saved_none, saved, ckpt, b_local, stage.hbm_bw, p)
         f_comp, b_comp = f_comp + m_fwd, b_comp + m_bwd
     tp_fwd, tp_bwd = tp_comm_times(layer, tp, sp, ckpt, b_local, stage.tp_links, coll)
@@ -364,16 +364,16 @@ def transient_bytes(layer: Layer, stage: Stage, strategy: Strategy) -> float:
     resident and counted in the model states: a TP-8 layer of a 1T model holds no extra copy. A unit with a loss
     adds the logits copies its backward holds beyond those (``memory_terms.loss_extra_bytes``).
     """
-    b_local = stage.micro_batch_size * strategy.tp / stage.n
-    act = layer.saved_bytes("none", strategy.tp, strategy.sp) * b_local * stage.params.act_mem_factor
-    act += cp_transient_bytes(layer, strategy.tp, getattr(strategy, "cp", 1), b_local) * stage.params.act_mem_factor
-    act += loss_extra_bytes(layer, strategy.tp, b_local, stage.params.loss_copies) * stage.params.act_mem_factor
+    b_local, p = stage.micro_batch_size * strategy.tp / stage.n, stage.params
+    act = layer.saved_bytes("none", strategy.tp, strategy.sp, p.linear_input_share) * b_local
+    act += cp_transient_bytes(layer, strategy.tp, getattr(strategy, "cp", 1), b_local)
+    act = (act + loss_extra_bytes(layer, strategy.tp, b_local, p.loss_copies)) * p.act_mem_factor
     if strategy.zero != 3 or strategy.tp >= stage.n:  # ZeRO-3 without data parallelism gathers nothing
         return act
     copies = transient_copies(strategy)  # reshard: false holds its own gathered copy in its model states
     if getattr(strategy, "ep", 1) > 1:  # expert parallel: a rank gathers only its own experts (cost_models.moe)
-        return act + copies * expert_parallel.ep_shard_params(layer, strategy.ep, float(strategy.tp)) * stage.params.param_bytes
-    return act + copies * float(shard_params(layer, np.array([float(strategy.tp)]))[0]) * stage.params.param_bytes
+        return act + copies * expert_parallel.ep_shard_params(layer, strategy.ep, float(strategy.tp)) * p.param_bytes
+    return act + copies * float(shard_params(layer, np.array([float(strategy.tp)]))[0]) * p.param_bytes
 
 
 def transient_bound(layer: Layer, stage: Stage, strategies: list[Strategy], priced: np.ndarray | None = None) -> float:

@@ -89,9 +89,10 @@ def _ep_rows(layer, strategies: list, stage, ep: int, t) -> dict[str, np.ndarray
     full = ckpt == FULL
     f_comp = f_comp + extra
     b_comp = b_comp + 2.0 * extra + np.where(full, extra, 0.0)
-    saved = np.array([layer.saved_bytes(s.ckpt, s.tp, s.sp) for s in strategies], dtype=float)
+    share = p.linear_input_share
+    saved = np.array([layer.saved_bytes(s.ckpt, s.tp, s.sp, share) for s in strategies], dtype=float)
     if p.act_traffic > 0:
-        saved_none = np.array([layer.saved_bytes("none", s.tp, s.sp) for s in strategies], dtype=float)
+        saved_none = np.array([layer.saved_bytes("none", s.tp, s.sp, share) for s in strategies], dtype=float)
         m_fwd, m_bwd = t.activation_traffic_times(saved_none, saved, ckpt, b_local, stage.hbm_bw, p)
         f_comp, b_comp = f_comp + m_fwd, b_comp + m_bwd
     a2a = alltoall_seconds(layer, stage, ep, b_local)

@@ -98,6 +98,12 @@ class CostParams:
         _exec_backward_pass calls optimizer.update_hp_grads after each micro-batch's backward; bf16_optimizer.py
         update_hp_grads runs hp_grad.add_(lp.grad.to(float32)) per parameter: the cast reads 2 and writes 4
         bytes, the add reads 4 + 4 and writes 4), a framework fact a measured file states (``framework``).
+    linear_input_share: the share of the activations' bytes at which a linear layer keeps its input for the
+        weight gradient. 1 by default: the input itself (PyTorch's nn.Linear, autopar's runtime, torchao's
+        Float8Linear, which saves its high-precision input and casts again in backward). Transformer Engine's
+        FP8 linear layers keep the FP8 cast instead (NVIDIA/TransformerEngine v1.8 module/linear.py and
+        layernorm_linear.py: ``save_for_backward`` of the FP8 ``inputmat`` / ``ln_out`` under fp8): 0.5 of
+        bf16's bytes, a framework fact a measured file states (``LayerSpec.cast_input_delta``).
     act_traffic: HBM bytes the memory-bound kernels of a layer (norms, activations, softmax, dropout,
         residual adds, their gradients) move per byte of activations the layer saves for backward,
         forward and backward together (a third in forward, two thirds in backward, like FLOPs). Each
@@ -148,6 +154,7 @@ class CostParams:
     link_efficiency: float = 0.8
     reserve_gib: float = 1.0
     act_mem_factor: float = 1.0
+    linear_input_share: float = 1.0
     loss_copies: float = 0.0
     act_traffic: float = 3.0
     slot_overhead_s: float = 0.0

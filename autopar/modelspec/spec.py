@@ -103,6 +103,14 @@ class LayerSpec:
                      per-rank shapes decide how much of the GPU's SMs they keep busy. Empty: not known (the
                      unit's FLOPs run at the large-GEMM efficiency).
     gemm_rows:       rows per sample of those matmuls (the sample's tokens).
+    lin_in_seq_bytes:    saved bytes per sample (in ``act_seq_bytes``) that only a column-parallel linear layer
+                     keeps, its input for the weight gradient: the norm outputs feeding QKV and the MLP.
+    lin_in_tp_bytes:     the same for row-parallel linear layers (in ``act_tp_bytes``): the MLP's
+                     down-projection input.
+    lin_in_shared_bytes: row-parallel linear inputs another op keeps too (in ``act_tp_bytes``): flash
+                     attention's output, which the out-projection reads. These three say what a framework
+                     that keeps linear inputs in a narrower dtype saves (``cast_input_delta``); 0 (traced
+                     units, MoE blocks): not known, nothing changes.
     """
 
     name: str
@@ -125,11 +133,14 @@ class LayerSpec:
     loss_bytes: float = 0.0
     gemms: tuple[Gemm, ...] = ()
     gemm_rows: int = 0
+    lin_in_seq_bytes: float = 0.0
+    lin_in_tp_bytes: float = 0.0
+    lin_in_shared_bytes: float = 0.0
 
     def __post_init__(self) -> None:
         for f in ("params", "tp_params", "flops", "attn_core_flops", "act_tp_bytes", "act_seq_bytes",
                   "act_attn_bytes", "boundary_bytes", "tp_comm_bytes", "tp_collectives", "kv_bytes",
-                  "loss_bytes"):
+                  "loss_bytes", "lin_in_seq_bytes", "lin_in_tp_bytes", "lin_in_shared_bytes"):
             if getattr(self, f) < 0:
                 raise AutoparError(f"layer {self.name}.{f}", f"is negative ({getattr(self, f)})",
                                    "give a count or size of at least 0")
@@ -155,23 +166,39 @@ class LayerSpec:
             return True
         return self.supports_tp and all(d % tp == 0 for d in self.tp_divisors)
 
-    def saved_bytes(self, ckpt: str, tp: int = 1, sp: bool = False) -> float:
+    def saved_bytes(self, ckpt: str, tp: int = 1, sp: bool = False, input_share: float = 1.0) -> float:
         """Activation bytes per sample this unit keeps for backward under (ckpt, tp, sp).
 
         Korthikanti et al. (2205.05198) split: TP shards the attention/MLP interior, sequence
         parallelism shards the rest; selective recompute drops the attention core; full recompute
         keeps only the unit's input; ``op`` keeps what torchtitan's op policy saves (``op_policy``).
+        ``input_share`` < 1: the linear layers keep their inputs at that share of the activations'
+        bytes (``CostParams.linear_input_share``, ``cast_input_delta``; the interior modes only).
         """
         seq_div = tp if sp else 1
         if ckpt == "none":
-            return (self.act_tp_bytes + self.act_attn_bytes) / tp + self.act_seq_bytes / seq_div
+            return ((self.act_tp_bytes + self.act_attn_bytes) / tp + self.act_seq_bytes / seq_div
+                    + self.cast_input_delta(tp, sp, input_share))
         if ckpt == "selective":
-            return self.act_tp_bytes / tp + self.act_seq_bytes / seq_div
+            return self.act_tp_bytes / tp + self.act_seq_bytes / seq_div + self.cast_input_delta(tp, sp, input_share)
         if ckpt == "full":  # the loss runs after the checkpointed forward: its saved logits stay
             return self.boundary_bytes / seq_div + self.loss_bytes / tp
         if ckpt == "op":
             return self.op_facts().saved_bytes(tp, sp)
         raise AutoparError("ckpt", f"unknown mode {ckpt!r}", f"use one of {', '.join(CKPT_MODES)}")
+
+    def cast_input_delta(self, tp: int, sp: bool, share: float) -> float:
+        """Bytes per sample the saved activations change by when every linear layer keeps its input at
+        ``share`` of the activations' bytes instead of the activation itself: the inputs only a linear layer
+        keeps shrink to that share, and one another op keeps too gains the linear layer's own narrower copy.
+        Transformer Engine's FP8 linear layers keep the FP8 cast of their input (share 0.5 of bf16; TE v1.8
+        module/linear.py saves ``inputmat`` cast to FP8, layernorm_linear.py its FP8 ``ln_out``) while flash
+        attention keeps its bf16 output, the out-projection's input. 0 at share 1 (the same tensor)."""
+        if share >= 1.0:
+            return 0.0
+        seq_div = tp if sp else 1
+        only = self.lin_in_seq_bytes / seq_div + self.lin_in_tp_bytes / tp
+        return (share - 1.0) * only + share * self.lin_in_shared_bytes / tp
 
     def recompute_flops(self, ckpt: str) -> float:
         """Forward FLOPs per sample recomputed in backward under ``ckpt``."""

@@ -216,7 +216,11 @@ def _block(x: _Shape, i: int) -> LayerSpec:
         act_attn_bytes=act_attn, boundary_bytes=s * h * d,
         tp_divisors=(a, f) if e["tp_family"] == "gpt" else (a, x.kv, f), tp_comm_bytes=2 * s * h * d, tp_collectives=2,
         tp_plan=f"{e['tp_family']}.block", op=_block_op(x, attn_core), kv_bytes=2.0 * s * x.hkv * d,
-        gemms=_block_gemms(x), gemm_rows=s)
+        gemms=_block_gemms(x), gemm_rows=s,
+        # linear inputs (LayerSpec.cast_input_delta): the two norm outputs (QKV's, the MLP's), the down-projection's
+        # input, and the out-projection's, which flash attention keeps as its own output (eager attention does not)
+        lin_in_seq_bytes=2.0 * s * h * d, lin_in_tp_bytes=s * f * d + (0.0 if e["flash"] else s * h * d),
+        lin_in_shared_bytes=s * h * d if e["flash"] else 0.0)
 
 
 def _head_lm(x: _Shape) -> LayerSpec:

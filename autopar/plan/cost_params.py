@@ -22,6 +22,7 @@ _BYTES = ("param_bytes", "grad_comm_bytes", "grad_bytes", "state_bytes", "opt_by
 _EFF = ("eff_max", "zero3_comm_eff", "link_efficiency")
 _FRACTIONS = ("overlap_sync", "overlap_zero3", "overlap_grad_reduce", "overlap_param_gather", "async_tp_overlap")
 _FACTORS = ("act_mem_factor",)
+_SHARES = ("linear_input_share",)  # in (0, 1]
 _NONNEG = ("layer_overhead_s", "reserve_gib", "step_overhead_per_unit_s", "act_traffic", "slot_overhead_s", "loss_copies",
            "grad_accum_bytes")
 EFF_HIGH = 4.0
@@ -29,7 +30,7 @@ EFF_HIGH = 4.0
 # plans written before them hold no strategy that reads them: ep and zero_overlap came with them; every plan
 # reads link_efficiency, so an older plan is re-estimated at its default, as after any change of the model).
 _LATER = ("moe_imbalance", "overlap_grad_reduce", "overlap_param_gather", "zero3_comm_eff", "async_tp_overlap",
-          "loss_copies", "link_efficiency", "grad_accum_bytes")
+          "loss_copies", "link_efficiency", "grad_accum_bytes", "linear_input_share")
 
 
 def _finite(x: float, field: str, fix: str, high: float | None = None) -> float:
@@ -99,6 +100,8 @@ def read_cost_params(doc: object, path: str, fix: str, *, partial: bool = False)
             out[name] = _num(value, at, fix, gt=0, high=EFF_HIGH)
         elif name == "moe_imbalance":  # the most loaded EP rank's tokens over the even share
             out[name] = _num(value, at, fix, ge=1, high=10)
+        elif name in _SHARES:
+            out[name] = _num(value, at, fix, gt=0, high=1)
         elif name in _FACTORS:
             out[name] = _num(value, at, fix, gt=0, high=10)
         elif name in _FRACTIONS:

@@ -22,7 +22,7 @@ class Unit:
     tp_comm_bytes: float = 2e5
     tp_collectives: int = 2
 
-    def saved_bytes(self, ckpt: str, tp: int = 1, sp: bool = False) -> float:
+    def saved_bytes(self, ckpt: str, tp: int = 1, sp: bool = False, input_share: float = 1.0) -> float:
         return {"none": 3e6, "selective": 2e6, "full": 1e5, "op": 1.5e6}[ckpt] / tp
 
     def recompute_flops(self, ckpt: str) -> float:

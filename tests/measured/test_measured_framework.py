@@ -49,6 +49,21 @@ def test_by_precision_adds_gradient_bytes_on_its_cases_only(tmp_path):
     assert after.memory_bytes - before.memory_bytes == pytest.approx(2 * params, rel=1e-9)
 
 
+def test_fp8_linear_inputs_shrink_every_stage_s_activations_only(tmp_path):
+    """A framework stating Transformer Engine's FP8 linear inputs: the stages keep fewer activation bytes,
+    the model states are untouched, and a run at another precision keeps the default share."""
+    plain = _by_id(load_runs(write(tmp_path, name="plain.yaml")))
+    rs = load_runs(write(tmp_path, _framework(by_precision={"fp16": {"linear_input_share": 0.5}})))
+    got = _by_id(rs)
+    assert plan_cost_params(got["tp2-even"].plan).linear_input_share == 0.5
+    for case in ("tp2-even", "pp2"):  # no recomputation; full recomputation (its transient keeps the interior)
+        run, ref = got[case], plain[case]
+        stage, stage_plain = estimate_plan(run.plan, run.model).pipelines[0][0], estimate_plan(ref.plan, ref.model).pipelines[0][0]
+        assert stage.memory_bytes < stage_plain.memory_bytes
+    blocks = [ly for ly in run.model.layers if ly.kind == "block"]
+    assert blocks and all(ly.lin_in_seq_bytes > 0 and ly.lin_in_tp_bytes > 0 for ly in blocks)
+
+
 def test_megatron_cross_entropy_holds_less_at_the_head(tmp_path):
     plain = _by_id(load_runs(write(tmp_path, name="plain.yaml")))["pp2"]
     run = _by_id(load_runs(write(tmp_path, _framework(cost_params={"loss_copies": 1.5}))))["pp2"]

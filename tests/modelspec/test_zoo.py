@@ -91,6 +91,27 @@ def test_korthikanti_closed_forms(t):
     assert head.act_tp_bytes == 4 * s * m.vocab  # fp32 logits for the loss, vocab-parallel (4sbv/t)
 
 
+@pytest.mark.parametrize("t", [1, 4])
+def test_fp8_linear_inputs_kept_at_half_bytes(t):
+    """Transformer Engine FP8 (linear_input_share 0.5): the two norm outputs, the out-projection's and the
+    down-projection's inputs are kept at 1 byte of 2: Korthikanti's 34 sbh/t becomes 27 (eager attention, SP);
+    with flash attention the out-projection's input is flash's own bf16 output, so the linear layer's FP8 copy
+    comes on top: 34 - 6 + 1 = 29 (its attention statistics aside)."""
+    eager = _gpt_no_flash().layers[1]
+    flash = from_zoo("gpt3-175b").layers[1]
+    s, h = from_zoo("gpt3-175b").seq_len, from_zoo("gpt3-175b").hidden
+    sp = t > 1
+    assert eager.saved_bytes("none", t, sp, 0.5) == pytest.approx(eager.saved_bytes("none", t, sp) - 7 * s * h / t)
+    assert eager.saved_bytes("selective", t, sp, 0.5) == pytest.approx(27 * s * h / t) if sp else True
+    assert flash.saved_bytes("none", t, sp, 0.5) == pytest.approx(flash.saved_bytes("none", t, sp) - 5 * s * h / t)
+    assert flash.saved_bytes("none", t, sp, 1.0) == flash.saved_bytes("none", t, sp)
+    assert flash.saved_bytes("full", t, sp, 0.5) == flash.saved_bytes("full", t, sp)  # only the unit's input
+    assert from_zoo("gpt3-175b").layers[-1].cast_input_delta(t, sp, 0.5) == 0.0  # the head: no such inputs named
+    if not sp:  # TP alone replicates the norm outputs: their half byte is saved on every rank
+        two_norms = 2 * s * h * 2
+        assert eager.cast_input_delta(t, False, 0.5) == pytest.approx(-0.5 * (two_norms + (4 * h + h) * s * 2 / t))
+
+
 def test_flash_swiglu_gqa_adjustments():
     s, h, f = 4096, 8192, 28672
     ly = from_zoo("llama2-70b").layers[1]  # 64 heads, 8 KV heads, no dropout, flash

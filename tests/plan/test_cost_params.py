@@ -29,3 +29,15 @@ def test_a_partial_mapping_is_checked_only_when_it_states_all_three():
     with pytest.raises(AutoparError, match="state_bytes"):
         read_cost_params({"state_bytes": 3, "param_bytes": 2, "grad_bytes": 2}, "profile.cost_params", "x",
                          partial=True)
+
+
+@pytest.mark.parametrize("share", [0, -0.5, 1.5])
+def test_linear_input_share_outside_0_1_is_refused(share):
+    with pytest.raises(AutoparError, match="search.cost_params.linear_input_share"):
+        read_cost_params({**_stored(), "linear_input_share": share}, "search.cost_params", "search again")
+
+
+def test_a_plan_written_before_linear_input_share_reads_at_its_default():
+    stored = {k: v for k, v in _stored().items() if k != "linear_input_share"}
+    assert "linear_input_share" not in read_cost_params(stored, "search.cost_params", "x")
+    assert CostParams(**read_cost_params(stored, "search.cost_params", "x")).linear_input_share == 1.0
