@@ -82,7 +82,8 @@ def async_tp_layer(layer, stage, sel: np.ndarray, tp: np.ndarray, b_local: np.nd
     p = stage.params
     for t in np.unique(tp[sel]):
         s = sel & (tp == t)
-        boundary = stage.collectives.time("allgather", layer.boundary_bytes * b_local[s], stage.tp_links(int(t)))
+        boundary = p.tp_boundary_gather * stage.collectives.time("allgather", layer.boundary_bytes * b_local[s],
+                                                                 stage.tp_links(int(t)))
         factor = np.where(tp_fwd[s] > 0, tp_bwd[s] / np.where(tp_fwd[s] > 0, tp_fwd[s], 1.0), 1.0)
         eff = p.efficiency(layer.kind, int(t), 0)[0]
         if not p.has_curve(layer.kind):  # a measured curve is its precision's own (as in layer.compute_times)

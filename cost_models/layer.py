@@ -12,7 +12,7 @@ which is exact for one stage and keeps the stage cost additive over layers (so d
 over layers is exact under this model).
 
 The terms are separate functions (``compute_times``, ``activation_traffic_times``, ``tp_comm_times``,
-``dp_comm_times``, ``zero_exposed``) so that the profiler can take off a measured layer time exactly what this adds.
+``dp_comm_times``, ``zero_options.zero_exposed``) so that the profiler can take off a measured layer time exactly what this adds.
 """
 
 from __future__ import annotations
@@ -34,20 +34,21 @@ from cost_models.gemm_shapes import wave_times
 from cost_models.memory import model_state_bytes
 from cost_models.memory_terms import loss_extra_bytes
 from cost_models.params import CostParams
+from cost_models.tp_backward import async_backward
 from cost_models.zero_options import (
     gathered_bytes,
     no_reshard_backward,
     option_arrays,
     overlapped_sync,
     transient_copies,
+    zero_exposed,
 )
 
 CKPT_CODE = {"none": 0, "selective": 1, "full": 2, "op": 3}
 CKPT_NAME = {code: name for name, code in CKPT_CODE.items()}
-# Backward's TP collectives as a multiple of forward's: full recomputation reruns the forward's; op-level
-# selective checkpointing (torchtitan's policy) saves reduce-scatter outputs but no all-reduce or
-# all-gather, so it reruns what full does without SP and only the all-gather half with SP (counted on
-# autopar's runtime: tests/runtime/test_op_checkpoint_collectives.py).
+# Backward's TP collectives as a multiple of forward's: full recomputation reruns the forward's; op-level selective
+# checkpointing (torchtitan's policy) saves reduce-scatter outputs but no all-reduce or all-gather, so it reruns what full
+# does without SP and the all-gather half with SP (autopar's runtime: tests/runtime/test_op_checkpoint_collectives.py).
 TP_BWD_FACTOR = {"none": (1.0, 1.0), "selective": (1.0, 1.0), "full": (2.0, 2.0), "op": (2.0, 1.5)}  # (no sp, sp)
 
 
@@ -210,12 +211,14 @@ def compute_times(layer: Layer, tp: np.ndarray, zero: np.ndarray, ckpt: np.ndarr
 
 
 def tp_comm_times(layer: Layer, tp: np.ndarray, sp: np.ndarray, ckpt: np.ndarray, b_local: np.ndarray,
-                  tp_links: Callable[[int], GroupLinks], coll: Collectives) -> tuple[np.ndarray, np.ndarray]:
+                  tp_links: Callable[[int], GroupLinks], coll: Collectives,
+                  boundary: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
     """(forward, backward) seconds of TP collectives of one micro-batch, per strategy.
 
     Megatron: ``tp_collectives`` all-reduces of the activations per forward (with SP an all-gather
     and a reduce-scatter of the same bytes, priced alike); backward repeats them, plus what its
-    checkpoint mode's recomputation reruns (``TP_BWD_FACTOR``).
+    checkpoint mode's recomputation reruns (``TP_BWD_FACTOR``). ``boundary``: SP boundary all-gathers per
+    forward (``CostParams.tp_boundary_gather``).
     """
     tp_fwd = np.zeros_like(tp)
     for t in np.unique(tp):
@@ -225,11 +228,11 @@ def tp_comm_times(layer: Layer, tp: np.ndarray, sp: np.ndarray, ckpt: np.ndarray
         sel = tp == t
         per_coll = layer.tp_comm_bytes * b_local[sel] / layer.tp_collectives
         tp_fwd[sel] = layer.tp_collectives * coll.time("allreduce", per_coll, g)
-        # autopar's runtime keeps unit boundaries at full sequence length, so a sequence-parallel
-        # unit gathers its output sequence once more (and reduce-scatters its gradient in backward).
+        # autopar's runtime keeps unit boundaries at full sequence length, so a sequence-parallel unit gathers its
+        # output sequence once more (and reduce-scatters its gradient in backward); Megatron's stays sharded (boundary 0).
         sp_sel = sel & sp
         if sp_sel.any():
-            tp_fwd[sp_sel] += coll.time("allgather", layer.boundary_bytes * b_local[sp_sel], g)
+            tp_fwd[sp_sel] += boundary * coll.time("allgather", layer.boundary_bytes * b_local[sp_sel], g)
     factor = np.array([TP_BWD_FACTOR[CKPT_NAME[c]][int(s)] for c, s in zip(ckpt, sp)], dtype=float)
     tp_bwd = tp_fwd * factor
     return tp_fwd, tp_bwd
@@ -262,22 +265,6 @@ def dp_comm_times(layer: Layer, tp: np.ndarray, dp_links: Callable[[int], GroupL
     return ar, ag_param, rs_grad
 
 
-def zero_exposed(f_comp: np.ndarray, b_comp: np.ndarray, ag_param: np.ndarray, rs_grad: np.ndarray,
-                 zero: np.ndarray, overlap: float, zero3_eff: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
-    """(forward, backward) seconds of per-micro-batch ZeRO traffic not hidden behind compute.
-
-    ZeRO-3 gathers the parameters in forward and again in backward, and reduce-scatters the
-    gradients in backward, at ``zero3_eff`` (``CostParams.zero3_comm_eff``) of the modelled
-    bandwidth; ZeRO-2 reduce-scatters them. Prefetching hides them behind the same pass's compute
-    as far as ``overlap`` (``CostParams.overlap_zero3``) allows.
-    """
-    ag3, rs3 = ag_param / zero3_eff, rs_grad / zero3_eff
-    fwd = np.where(zero == 3, np.maximum(0.0, ag3 - overlap * f_comp), 0.0)
-    bwd = np.select([zero == 3, zero == 2], [np.maximum(0.0, ag3 + rs3 - overlap * b_comp),
-                                             np.maximum(0.0, rs_grad - overlap * b_comp)], 0.0)
-    return fwd, bwd
-
-
 def layer_costs(layer: Layer, strategies: list[Strategy], stage: Stage) -> LayerCosts:
     """Time and memory of ``layer`` under each strategy (tp must divide the stage and the micro-batch split).
 
@@ -298,7 +285,8 @@ def layer_costs(layer: Layer, strategies: list[Strategy], stage: Stage) -> Layer
         saved_none = np.array([layer.saved_bytes("none", s.tp, s.sp, p.linear_input_share) for s in strategies])
         m_fwd, m_bwd = activation_traffic_times(saved_none, saved, ckpt, b_local, stage.hbm_bw, p)
         f_comp, b_comp = f_comp + m_fwd, b_comp + m_bwd
-    tp_fwd, tp_bwd = tp_comm_times(layer, tp, sp, ckpt, b_local, stage.tp_links, coll)
+    tp_fwd, tp_bwd = tp_comm_times(layer, tp, sp, ckpt, b_local, stage.tp_links, coll, p.tp_boundary_gather)
+    tp_bwd = async_backward(layer, tp_fwd, tp_bwd, sp, f_comp, p.tp_async_backward)  # Megatron's (tp_backward)
     atp = np.array([getattr(s, "async_tp", False) for s in strategies], dtype=bool) & sp & (tp > 1)
     if atp.any():  # async TP: SP's collectives overlapped with the matmuls they feed (cost_models/async_tp.py)
         tp_fwd, tp_bwd = async_tp_layer(layer, stage, atp, tp, b_local, tp_fwd, tp_bwd)

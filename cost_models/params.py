@@ -98,6 +98,13 @@ class CostParams:
         _exec_backward_pass calls optimizer.update_hp_grads after each micro-batch's backward; bf16_optimizer.py
         update_hp_grads runs hp_grad.add_(lp.grad.to(float32)) per parameter: the cast reads 2 and writes 4
         bytes, the add reads 4 + 4 and writes 4), a framework fact a measured file states (``framework``).
+    tp_boundary_gather: all-gathers of a sequence-parallel unit's output per forward (and reduce-scatters of its
+        gradient in backward) that keep unit boundaries at full sequence length: 1 in autopar's runtime; 0 where the
+        residual stream stays sequence-sharded between blocks (Megatron-LM / Megatron-Core, Transformer Engine), a
+        framework fact a measured file states.
+    tp_async_backward: how much of the column-parallel layers' backward matmul time Megatron's asynchronous
+        backward TP collectives hide behind (``cost_models.tp_backward``): 0 by default (autopar's runtime runs them
+        synchronously); 1 for a Megatron-LM / Transformer Engine run, which a measured file states.
     linear_input_share: the share of the activations' bytes at which a linear layer keeps its input for the
         weight gradient. 1 by default: the input itself (PyTorch's nn.Linear, autopar's runtime, torchao's
         Float8Linear, which saves its high-precision input and casts again in backward). Transformer Engine's
@@ -151,6 +158,8 @@ class CostParams:
     overlap_grad_reduce: float = 1.0
     overlap_param_gather: float = 1.0
     async_tp_overlap: float = 1.0
+    tp_boundary_gather: float = 1.0
+    tp_async_backward: float = 0.0
     link_efficiency: float = 0.8
     reserve_gib: float = 1.0
     act_mem_factor: float = 1.0

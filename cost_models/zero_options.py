@@ -1,5 +1,6 @@
-"""The cost of two sharding options users run: FSDP without resharding after forward, and the
-distributed optimizer with overlapped communication. ``layer.layer_costs`` calls these as a hook.
+"""ZeRO's per-micro-batch traffic left exposed (``zero_exposed``), and the cost of two sharding options users
+run: FSDP without resharding after forward, and the distributed optimizer with overlapped communication.
+``layer.layer_costs`` calls these as a hook.
 
 **ZeRO-3, ``reshard: false``** (FSDP2 ``reshard_after_forward=False``; FSDP1's ``SHARD_GRAD_OP``).
 FSDP2 gathers a unit's parameters before its forward and keeps them gathered until its backward has
@@ -85,3 +86,19 @@ def transient_copies(strategy: object) -> float:
     unit and the prefetched next one) when it reshards after forward; 1 (the prefetched next one) with
     ``reshard: false``, whose own gathered copy ``gathered_bytes`` already counts in the model states."""
     return 2.0 if getattr(strategy, "reshard", True) else 1.0
+
+
+def zero_exposed(f_comp: np.ndarray, b_comp: np.ndarray, ag_param: np.ndarray, rs_grad: np.ndarray,
+                 zero: np.ndarray, overlap: float, zero3_eff: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """(forward, backward) seconds of per-micro-batch ZeRO traffic not hidden behind compute.
+
+    ZeRO-3 gathers the parameters in forward and again in backward, and reduce-scatters the
+    gradients in backward, at ``zero3_eff`` (``CostParams.zero3_comm_eff``) of the modelled
+    bandwidth; ZeRO-2 reduce-scatters them. Prefetching hides them behind the same pass's compute
+    as far as ``overlap`` (``CostParams.overlap_zero3``) allows.
+    """
+    ag3, rs3 = ag_param / zero3_eff, rs_grad / zero3_eff
+    fwd = np.where(zero == 3, np.maximum(0.0, ag3 - overlap * f_comp), 0.0)
+    bwd = np.select([zero == 3, zero == 2], [np.maximum(0.0, ag3 + rs3 - overlap * b_comp),
+                                             np.maximum(0.0, rs_grad - overlap * b_comp)], 0.0)
+    return fwd, bwd

@@ -18,7 +18,8 @@ import numpy as np
 from autopar.modelspec.spec import LayerSpec
 from cost_models import CostParams
 from cost_models.collectives import Collectives, GroupLinks
-from cost_models.layer import CKPT_CODE, dp_comm_times, tp_comm_times, zero_exposed
+from cost_models.layer import CKPT_CODE, dp_comm_times, tp_comm_times
+from cost_models.zero_options import zero_exposed
 
 COMM_FIT_COLLECTIVES = ("allreduce", "allgather", "reduce_scatter")
 _BISECTIONS = 60  # halvings of the compute interval when overlap makes the exposed traffic depend on it

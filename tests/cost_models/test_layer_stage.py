@@ -159,7 +159,7 @@ def test_zero3_gathers_slow_down_with_their_collective_efficiency():
     exposed ZeRO-3 traffic is that of twice the bytes; ZeRO-2's reduce-scatter and plain DP are untouched."""
     import numpy as np
 
-    from cost_models.layer import zero_exposed
+    from cost_models.zero_options import zero_exposed
 
     f, b = np.full(3, 1.0), np.full(3, 2.0)
     ag, rs = np.full(3, 3.0), np.full(3, 4.0)

@@ -41,3 +41,10 @@ def test_a_plan_written_before_linear_input_share_reads_at_its_default():
     stored = {k: v for k, v in _stored().items() if k != "linear_input_share"}
     assert "linear_input_share" not in read_cost_params(stored, "search.cost_params", "x")
     assert CostParams(**read_cost_params(stored, "search.cost_params", "x")).linear_input_share == 1.0
+
+
+@pytest.mark.parametrize("field", ["tp_boundary_gather", "tp_async_backward"])
+def test_tp_schedule_fields_are_fractions(field):
+    with pytest.raises(AutoparError, match=f"search.cost_params.{field}"):
+        read_cost_params({**_stored(), field: 1.5}, "search.cost_params", "search again")
+    assert read_cost_params({**_stored(), field: 0}, "search.cost_params", "x")[field] == 0
