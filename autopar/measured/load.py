@@ -145,7 +145,9 @@ def _case(c: Fields, top: Fields, strict: bool, cache: dict, framework: Framewor
         raise AutoparError(c.at("gpus"), f"is {c.doc['gpus']} but pp x tp x cp x dp = {world}", "fix gpus or the layout")
     sizes = chunk_sizes(c, model, shape, stage_sizes(c, model, shape.pp, notes))
     try:
-        cluster, cluster_notes = cluster_for_case(top.raw("cluster"), world, f"{c.path} cluster")
+        own = c.has("cluster")  # a case on other hardware than the file's gives its own cluster block
+        cluster, cluster_notes = cluster_for_case((c if own else top).raw("cluster"), world,
+                                                  c.at("cluster") if own else f"{c.path} cluster")
     except UnknownGPU as err:
         if strict:
             raise

@@ -18,7 +18,9 @@ Two fields describe what FSDP users configure: ``dp_replicate`` R (HSDP, torchti
 ``data_parallel_replicate_degree``, FSDP1's ``HYBRID_SHARD`` over nodes): R data-parallel replicas of
 dp / R ranks each, the ranks of one replica consecutive, read as R pipelines (autopar's asymmetric plan
 form, whose gradient all-reduce across pipelines ``cost_models.cross_pipeline`` prices); ``ckpt_every`` k:
-the case's ``ckpt`` on every k-th transformer block only.
+the case's ``ckpt`` on every k-th transformer block only. ``zero_overlap`` (ZeRO 1 or 2): the framework overlaps
+the distributed optimizer's step traffic (Megatron's ``overlap_grad_reduce`` / ``overlap_param_gather``, NeMo's
+apex ``overlap_grad_sync`` / ``overlap_param_sync``), on every unit but MoE ones (``cost_models.moe`` prices no option).
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ class Shape:
     async_tp: bool = False  # torchtitan's enable_async_tensor_parallel (needs tp > 1 with sequence_parallel)
     replicas: int = 1  # HSDP: the dp ranks form this many replicas, each sharding over dp / replicas ranks
     ckpt_every: int = 1  # ckpt on every k-th transformer block only (the k-th, 2k-th, ...); the others run without
+    zero_overlap: bool = False  # ZeRO-1/2's step traffic overlapped with backward / the next forward (zero_options)
 
 
 def read_shape(f: Fields, global_batch_size: int, schedule: str) -> Shape:
@@ -79,15 +82,20 @@ def read_shape(f: Fields, global_batch_size: int, schedule: str) -> Shape:
     if replicas > 1 and pp > 1:
         raise AutoparError(f.at("dp_replicate"), f"is {replicas} with pp = {pp}: HSDP cases are read with pp 1 only",
                            "give dp_replicate 1, or pp 1")
+    zero = f.req_int("zero", low=0, high=3)
+    zero_overlap = bool(f.opt_bool("zero_overlap", False))
+    if zero_overlap and zero not in (1, 2):
+        raise AutoparError(f.at("zero_overlap"), f"is true with zero {zero}: it overlaps the distributed optimizer's "
+                           "gradient reduce-scatter and parameter all-gather", "give zero 1 or 2, or zero_overlap: false")
     ckpt = f.req_str("ckpt", choices=CKPT_MODES)
     every = f.opt_int("ckpt_every", 1, low=1)
     if every > 1 and ckpt == "none":
         raise AutoparError(f.at("ckpt_every"), f"is {every} with ckpt none", "give the checkpointed blocks' ckpt mode")
     return Shape(pp=pp, tp=tp, dp=dp, micro_batch_size=mbs, num_microbatches=m,
-                 zero=f.req_int("zero", low=0, high=3), ckpt=ckpt,
+                 zero=zero, ckpt=ckpt,
                  sp=sp, global_batch_size=global_batch_size, schedule="interleaved" if v > 1 else schedule,
                  virtual_stages=v, ep=f.opt_int("ep", 1, low=1), cp=f.opt_int("cp", 1, low=1), async_tp=async_tp,
-                 replicas=replicas, ckpt_every=every)
+                 replicas=replicas, ckpt_every=every, zero_overlap=zero_overlap)
 
 
 def stage_sizes(f: Fields, model: ModelSpec, pp: int, notes: list[str]) -> list[int]:
@@ -156,7 +164,8 @@ def build_plan(shape: Shape, sizes: list[int], model: ModelSpec, cluster: Cluste
                 blocks += ly.kind == "block"
                 layers.append(StageLayer(ly.name, Strategy(
                     tp=shape.tp, zero=shape.zero, sp=shape.sp, ckpt=_ckpt(shape, blocks) if ly.kind == "block" else "none",
-                    ep=shape.ep if ly.moe is not None else 1, cp=shape.cp, async_tp=shape.async_tp and ly.kind == "block")))
+                    ep=shape.ep if ly.moe is not None else 1, cp=shape.cp, async_tp=shape.async_tp and ly.kind == "block",
+                    zero_overlap=shape.zero_overlap and ly.moe is None)))
             s = j * shape.pp + k % shape.pp
             stages.append(Stage(devices=list(range(s * width, (s + 1) * width)), layers=layers))
             first += size
