@@ -170,6 +170,8 @@ def _case(c: Fields, top: Fields, strict: bool, cache: dict, framework: Framewor
         return Skip(cid, "refused", problems[0])
     gpus = "+".join(dict.fromkeys(nd.gpu.name for nd in cluster.nodes))
     group = f"{model.num_layers - 2}x{model.hidden}a{model.num_heads} s{model.seq_len} gbs{shape.global_batch_size} on {world}x{gpus}"
+    if c.has("container"):  # another software release is another cluster: its runs are not ranked against these
+        group += f" ({c.req_str('container')})"
     return Run(cid, plan, model, measured, status, group, c.opt_num("source_predicted_s", None, gt=0), notes,
                published_memory(c))
 

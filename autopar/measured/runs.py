@@ -18,7 +18,8 @@ class Run:
 
     ``status`` is ``ok`` (``measured_s`` is the step time) or ``failed`` (did not run, e.g. out of
     memory; ``measured_s`` is None). ``group`` names the cases that did the same work on the same
-    cluster (model shape with its heads, sequence length, global batch, GPUs), whose plans can be ranked against each other.
+    cluster (model shape with its heads, sequence length, global batch, GPUs; the case's ``container``, its
+    software release, where it names one), whose plans can be ranked against each other.
     ``notes``: what the reader assumed (catalogue bandwidths, an even layer split, precision).
     """
 

@@ -45,3 +45,14 @@ def test_a_case_with_its_own_cluster_runs_there(tmp_path):
     assert got["tp2-even"].plan.cluster.gpu_of(0).name == "H100-SXM"
     assert got["pp2"].plan.cluster.gpu_of(0).name == "A100-80G"  # the others keep the file's
     assert "H100" in got["tp2-even"].group and "A100" in got["pp2"].group
+
+
+def test_runs_of_another_software_release_form_their_own_group(tmp_path):
+    """The same layout measured in two releases (Megatron-Bridge's containers) is not ranked against itself."""
+    def edit(doc):
+        doc["cases"][0]["container"] = "NeMo 25.09"
+
+    got = _by_id(load_runs(write(tmp_path, edit)))
+    plain = _by_id(load_runs(write(tmp_path, name="plain.yaml")))
+    assert got["pp2"].group == plain["pp2"].group + " (NeMo 25.09)"
+    assert got["tp2-even"].group == plain["tp2-even"].group
