@@ -56,3 +56,14 @@ def test_runs_of_another_software_release_form_their_own_group(tmp_path):
     plain = _by_id(load_runs(write(tmp_path, name="plain.yaml")))
     assert got["pp2"].group == plain["pp2"].group + " (NeMo 25.09)"
     assert got["tp2-even"].group == plain["tp2-even"].group
+
+
+def test_a_bad_case_cluster_names_the_case_field(tmp_path):
+    def edit(doc):
+        doc["cases"][1]["cluster"] = {"nodes": [{"gpu": "H999", "count": 4, "repeat": None, "intra_bw_gbps": None}],
+                                      "inter_bw_gbps": None}
+
+    with pytest.raises(AutoparError, match=r"case tp2-even\.cluster\.nodes\[0\]\.gpu: unknown GPU type 'H999'"):
+        load_runs(write(tmp_path, edit), strict=True)
+    skipped = {s.case_id: s.reason for s in load_runs(write(tmp_path, edit)).skipped}
+    assert skipped["tp2-even"] == "unknown GPU"  # counted and named, not dropped
