@@ -286,8 +286,8 @@ def layer_costs(layer: Layer, strategies: list[Strategy], stage: Stage) -> Layer
         m_fwd, m_bwd = activation_traffic_times(saved_none, saved, ckpt, b_local, stage.hbm_bw, p)
         f_comp, b_comp = f_comp + m_fwd, b_comp + m_bwd
     tp_fwd, tp_bwd = tp_comm_times(layer, tp, sp, ckpt, b_local, stage.tp_links, coll, p.tp_boundary_gather)
-    tp_bwd = async_backward(layer, tp_fwd, tp_bwd, sp, f_comp, p.tp_async_backward)  # Megatron's (tp_backward)
     atp = np.array([getattr(s, "async_tp", False) for s in strategies], dtype=bool) & sp & (tp > 1)
+    tp_bwd = np.where(atp, tp_bwd, async_backward(layer, tp_fwd, tp_bwd, sp, f_comp, p.tp_async_backward))  # async TP: own
     if atp.any():  # async TP: SP's collectives overlapped with the matmuls they feed (cost_models/async_tp.py)
         tp_fwd, tp_bwd = async_tp_layer(layer, stage, atp, tp, b_local, tp_fwd, tp_bwd)
     ar, ag_param, rs_grad = dp_comm_times(layer, tp, stage.dp_links, coll, p)

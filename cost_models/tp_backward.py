@@ -20,7 +20,8 @@ less what hides: at most the forward's TP time, and at most ``overlap`` times th
 backward matmuls (twice their forward FLOPs, a ``LayerSpec.gemms`` share of the forward compute).
 Recomputation's rerun forward collectives (``layer.TP_BWD_FACTOR``) stay exposed. autopar's own runtime
 runs these collectives synchronously: ``CostParams.tp_async_backward`` 0 by default; a measured file states
-1 for a Megatron or Transformer Engine run (``framework``).
+1 for a Megatron or Transformer Engine run (``framework``). A unit under async TP (Transformer Engine's userbuffers
+overlap, torchtitan's async TP) is priced by ``cost_models.async_tp`` alone, forward and backward.
 """
 
 from __future__ import annotations

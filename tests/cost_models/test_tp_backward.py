@@ -71,3 +71,11 @@ def test_megatron_schedule_in_layer_costs_hides_backward_only_and_keeps_recomput
     hidden = sync.bwd - got.bwd
     assert hidden[0] == pytest.approx(_core(), rel=1e-9)  # the fake's compute is long: all of one pass hides
     assert hidden[1] == pytest.approx(hidden[0], rel=1e-9)  # the recomputation's rerun forward stays exposed
+
+
+def test_an_async_tp_unit_prices_its_backward_by_async_tp_alone():
+    strats = [Strat(tp=2, sp=True, async_tp=True)]
+    base = replace(P, tp_boundary_gather=0.0)
+    off = layer_costs(GemmUnit(), strats, OneNodeStage(n=2, micro_batch_size=4, params=base))
+    on = layer_costs(GemmUnit(), strats, OneNodeStage(n=2, micro_batch_size=4, params=replace(base, tp_async_backward=1.0)))
+    assert on.bwd[0] == off.bwd[0] and on.fwd[0] == off.fwd[0]
