@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cost_models.compute import layer_efficiency
+from cost_models.compute import linear_efficiency
 from cost_models.gemm_shapes import wave_times
 
 
@@ -85,9 +85,7 @@ def async_tp_layer(layer, stage, sel: np.ndarray, tp: np.ndarray, b_local: np.nd
         boundary = p.tp_boundary_gather * stage.collectives.time("allgather", layer.boundary_bytes * b_local[s],
                                                                  stage.tp_links(int(t)))
         factor = np.where(tp_fwd[s] > 0, tp_bwd[s] / np.where(tp_fwd[s] > 0, tp_fwd[s], 1.0), 1.0)
-        eff = p.efficiency(layer.kind, int(t), 0)[0]
-        if not p.has_curve(layer.kind):  # a measured curve is its precision's own (as in layer.compute_times)
-            eff = float(layer_efficiency(eff, stage.matmul_ratios[0]))
+        eff = float(linear_efficiency(p.efficiency(layer.kind, int(t), 0)[0], stage.matmul_ratios[0], p, layer.kind))
         matmul = max(layer.flops - layer.attn_core_flops, 0.0) * b_local[s] / t / (stage.peak_flops * eff)
         fwd[s], bwd[s] = async_tp_times(tp_fwd[s], tp_bwd[s], boundary, factor, tp[s], matmul,
                                         layer.tp_comm_bytes * b_local[s], stage.hbm_bw, p.async_tp_overlap)

@@ -42,6 +42,13 @@ def layer_efficiency(eff_max: ArrayLike, matmul_ratio: float) -> np.ndarray:
     return REFERENCE_MAMF / (1.0 + rest * matmul_ratio)
 
 
+def linear_efficiency(eff_max: ArrayLike, matmul_ratio: float, p: CostParams, kind: str) -> ArrayLike:
+    """The efficiency a layer of ``kind`` runs its linear layers at: ``eff_max`` moved by ``layer_efficiency``
+    for ``matmul_ratio``, or ``eff_max`` as it is where ``p`` holds a measured curve of that kind (a measured
+    curve is its precision's own)."""
+    return eff_max if p.has_curve(kind) else layer_efficiency(eff_max, matmul_ratio)
+
+
 def memory_bound_time(nbytes: ArrayLike, hbm_bytes_per_s: float) -> np.ndarray:
     """Seconds for a bandwidth-bound kernel moving ``nbytes`` (optimizer step, reductions)."""
     return np.asarray(nbytes, dtype=float) / hbm_bytes_per_s

@@ -28,7 +28,7 @@ from cost_models import communication as comm
 from cost_models import moe as expert_parallel
 from cost_models.async_tp import async_tp_layer
 from cost_models.collectives import Collectives, GroupLinks
-from cost_models.compute import activation_traffic_times, compute_time, layer_efficiency, memory_bound_time
+from cost_models.compute import activation_traffic_times, compute_time, linear_efficiency, memory_bound_time
 from cost_models.context_parallel import cp_array, cp_comm_times, cp_kept_bytes, cp_transient_bytes
 from cost_models.gemm_shapes import wave_times
 from cost_models.memory import model_state_bytes
@@ -181,8 +181,8 @@ def compute_times(layer: Layer, tp: np.ndarray, zero: np.ndarray, ckpt: np.ndarr
     On a device of ``sms`` SMs, the layer's matmuls (``gemms``) also pay for the tiles and waves
     their per-rank shapes leave idle (``cost_models.gemm_shapes``), unless a measured curve of the
     layer's kind already times them. ``ratios``: the linear layers' and the attention core's
-    ``matmul_ratio`` (``Stage``), which move ``eff_max`` by ``compute.layer_efficiency``; a measured curve
-    is its precision's own.
+    ``matmul_ratio`` (``Stage``), which move ``eff_max`` by ``compute.layer_efficiency``
+    (``compute.linear_efficiency``: a measured curve is its precision's own).
     """
     f_flops = layer.flops * b_local / tp
     recompute = per_ckpt(layer.recompute_flops, ckpt) * b_local / tp
@@ -190,8 +190,7 @@ def compute_times(layer: Layer, tp: np.ndarray, zero: np.ndarray, ckpt: np.ndarr
     if p.eff_by_kind:
         curves = [p.efficiency(layer.kind, int(t), int(z) if d > 1 else 0) for t, z, d in zip(tp, zero, dp)]
         eff_max, overhead = np.array([c[0] for c in curves]), np.array([c[1] for c in curves])
-    measured = p.has_curve(layer.kind)
-    lin_eff, attn_eff = (eff_max, eff_max) if measured else (layer_efficiency(eff_max, r) for r in ratios)
+    lin_eff, attn_eff = (linear_efficiency(eff_max, r, p, layer.kind) for r in ratios)
     rate = peak_flops * lin_eff
     rate_f = rate_r = rate
     if layer.flops > 0 and ((attn_peak_flops is not None and attn_peak_flops != peak_flops) or ratios[1] != ratios[0]):
@@ -203,7 +202,7 @@ def compute_times(layer: Layer, tp: np.ndarray, zero: np.ndarray, ckpt: np.ndarr
         rate_r = np.select([ckpt == CKPT_CODE["selective"]], [attn], rate_f)  # reruns the attention core
     f_comp = compute_time(f_flops, rate_f, 1.0, overhead)
     b_comp = 2.0 * f_comp + compute_time(recompute, rate_r, 1.0, overhead)
-    if sms > 0 and getattr(layer, "gemms", ()) and not measured:
+    if sms > 0 and getattr(layer, "gemms", ()) and not p.has_curve(layer.kind):
         rec_gemm = per_ckpt(layer.recompute_gemm_flops, ckpt)
         w_fwd, w_bwd = wave_times(layer.gemms, layer.gemm_rows, tp, b_local, rec_gemm, sms, rate)
         f_comp, b_comp = f_comp + w_fwd, b_comp + w_bwd
