@@ -34,6 +34,7 @@ from cost_models.gemm_shapes import wave_times
 from cost_models.memory import model_state_bytes
 from cost_models.memory_terms import loss_extra_bytes
 from cost_models.params import CostParams
+from cost_models.ties import held_params, tie_sync_times
 from cost_models.tp_backward import async_backward
 from cost_models.zero_options import (
     gathered_bytes,
@@ -115,6 +116,10 @@ class Stage(Protocol):
     def collectives(self) -> Collectives: ...
     @property
     def stage_links(self) -> GroupLinks: ...  # the whole stage as one group
+    @property
+    def tie_apart(self) -> bool: ...  # the other copy of a tied tensor is on another stage (cost_models.ties)
+    def tie_links(self) -> GroupLinks: ...  # every rank holding either copy of a tied tensor, as one group
+    def tie_pair_links(self) -> GroupLinks: ...  # each rank with its counterpart on that stage (the worst pair)
 
     def tp_links(self, tp: int) -> GroupLinks:
         """The worst TP group of degree ``tp`` (consecutive devices)."""
@@ -237,19 +242,20 @@ def tp_comm_times(layer: Layer, tp: np.ndarray, sp: np.ndarray, ckpt: np.ndarray
     return tp_fwd, tp_bwd
 
 
-def shard_params(layer: Layer, tp: np.ndarray) -> np.ndarray:
-    """Parameters one rank of a TP group holds: its share of the TP-sharded ones plus the replicated rest."""
-    return layer.tp_params / tp + (layer.params - layer.tp_params)
+def shard_params(layer: Layer, tp: np.ndarray, held: float = 0.0) -> np.ndarray:
+    """Parameters one rank of a TP group holds: its share of the TP-sharded ones (and of the ``held`` copy of
+    an earlier unit's tensors, ``cost_models.ties``) plus the replicated rest."""
+    return (layer.tp_params + held) / tp + (layer.params - layer.tp_params)
 
 
 def dp_comm_times(layer: Layer, tp: np.ndarray, dp_links: Callable[[int], GroupLinks], coll: Collectives,
-                  p: CostParams) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                  p: CostParams, held: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(gradient all-reduce, parameter all-gather, gradient reduce-scatter) over each strategy's DP group.
 
     Gradients travel at ``grad_comm_bytes`` per element and are reduced (gamma term unless measured);
     parameters are gathered at ``param_bytes``.
     """
-    shard = shard_params(layer, tp)
+    shard = shard_params(layer, tp, held)
     param_b = shard * p.param_bytes
     grad_b = shard * p.grad_comm_bytes
     ar = np.zeros_like(tp)
@@ -289,13 +295,14 @@ def layer_costs(layer: Layer, strategies: list[Strategy], stage: Stage) -> Layer
     tp_bwd = np.where(atp, tp_bwd, async_backward(layer, tp_fwd, tp_bwd, sp, f_comp, p.tp_async_backward))  # async TP: own
     if atp.any():  # async TP: SP's collectives overlapped with the matmuls they feed (cost_models/async_tp.py)
         tp_fwd, tp_bwd = async_tp_layer(layer, stage, atp, tp, b_local, tp_fwd, tp_bwd)
-    ar, ag_param, rs_grad = dp_comm_times(layer, tp, stage.dp_links, coll, p)
+    held = held_params(layer, stage, p)  # its copy of an earlier unit's tensors (tied embeddings), if it keeps one
+    ar, ag_param, rs_grad = dp_comm_times(layer, tp, stage.dp_links, coll, p, held)
     z_fwd, z_bwd = zero_exposed(f_comp, b_comp, ag_param, rs_grad, zero, p.overlap_zero3, p.zero3_comm_eff)
     reshard, overlap = option_arrays(strategies)  # ZeRO-3 reshard: false, ZeRO-1/2 zero_overlap (zero_options)
     z_bwd = no_reshard_backward(z_bwd, b_comp, rs_grad / p.zero3_comm_eff, zero, reshard, p.overlap_zero3)
     fwd = (f_comp + z_fwd) + tp_fwd
     bwd = (b_comp + z_bwd) + tp_bwd
-    shard = shard_params(layer, tp)
+    shard = shard_params(layer, tp, held)
     if p.grad_accum_bytes > 0:  # the framework's per-micro-batch gradient accumulation pass over the rank's parameters
         bwd = bwd + memory_bound_time(shard * p.grad_accum_bytes, stage.hbm_bw)
     cp = cp_array(strategies)  # context parallel: dp above is dp x cp, b_local per rank's tokens
@@ -310,6 +317,7 @@ def layer_costs(layer: Layer, strategies: list[Strategy], stage: Stage) -> Layer
     exposed = overlapped_sync(exposed, f_comp, b_comp, ag_param, rs_grad, zero, overlap, p)
     owned = np.where(zero >= 1, shard / dp, shard)
     step = exposed + memory_bound_time(owned * p.opt_bytes_touched, stage.hbm_bw) + p.step_overhead_per_unit_s
+    step = step + tie_sync_times(layer, tp, zero, stage, coll, p)  # tied copies' gradients summed (cost_models.ties)
 
     mem_states = model_state_bytes(shard, zero, dp, p.state_bytes, p.param_bytes, p.state_table, p.grad_bytes)
     mem_states = mem_states + gathered_bytes(shard, dp, zero, reshard, p.param_bytes)
@@ -360,7 +368,8 @@ def transient_bytes(layer: Layer, stage: Stage, strategy: Strategy) -> float:
     copies = transient_copies(strategy)  # reshard: false holds its own gathered copy in its model states
     if getattr(strategy, "ep", 1) > 1:  # expert parallel: a rank gathers only its own experts (cost_models.moe)
         return act + copies * expert_parallel.ep_shard_params(layer, strategy.ep, float(strategy.tp)) * p.param_bytes
-    return act + copies * float(shard_params(layer, np.array([float(strategy.tp)]))[0]) * p.param_bytes
+    held = held_params(layer, stage, p)
+    return act + copies * float(shard_params(layer, np.array([float(strategy.tp)]), held)[0]) * p.param_bytes
 
 
 def transient_bound(layer: Layer, stage: Stage, strategies: list[Strategy], priced: np.ndarray | None = None) -> float:
@@ -372,15 +381,14 @@ def transient_bound(layer: Layer, stage: Stage, strategies: list[Strategy], pric
     return max((transient_bytes(layer, stage, s) - float(x) for s, x in zip(strategies, less)), default=0.0)
 
 
-def loss_excess(layer: Layer, stage: Stage, strategies: list[Strategy]) -> np.ndarray:
-    """Per strategy, the loss's logits copies in its transient (``memory_terms.loss_extra_bytes``) above
-    the least of ``strategies``: the part of a head's transient that varies with the strategy (PyTorch's
-    cross entropy holds 3 copies at tp 1, 4 under loss parallel). A search prices it in the strategy's
-    own memory and reserves the rest (``transient_bound`` with ``priced``): its plan still fits under
-    its estimate, and a reservation sized for the tp > 1 strategies does not reject a tp 1 plan."""
+def head_excess(layer: Layer, stage: Stage, strategies: list[Strategy]) -> np.ndarray:
+    """Per strategy, a head's transient (``transient_bytes``) above the least of ``strategies``: the part that
+    varies with the strategy (the loss's logits copies, PyTorch's cross entropy holding 3 at tp 1 and 4 under
+    loss parallel; its parameters gathered under ZeRO-3, a tied copy included). A search prices it in the
+    strategy's own memory and reserves the rest (``transient_bound`` with ``priced``): its plan still fits
+    under its estimate, and a reservation sized for the costliest strategy does not reject a plan whose head
+    needs less. Other units: nothing (summed over many units, a priced excess would reject what fits)."""
     if not getattr(layer, "loss_bytes", 0.0):  # every unit but a head: nothing, without a loop per strategy
         return np.zeros(len(strategies))
-    b = np.array([stage.micro_batch_size * s.tp / stage.n for s in strategies], dtype=float)
-    extra = np.array([loss_extra_bytes(layer, s.tp, float(x), stage.params.loss_copies) for s, x in zip(strategies, b)],
-                     dtype=float) * stage.params.act_mem_factor
-    return extra - extra.min() if len(extra) else extra
+    t = np.array([transient_bytes(layer, stage, s) for s in strategies], dtype=float)
+    return t - t.min() if len(t) else t

@@ -105,6 +105,16 @@ class CostParams:
     tp_async_backward: how much of the column-parallel layers' backward matmul time Megatron's asynchronous
         backward TP collectives hide behind (``cost_models.tp_backward``): 0 by default (autopar's runtime runs them
         synchronously); 1 for a Megatron-LM / Transformer Engine run, which a measured file states.
+    tied_copy_one_stage: whether a unit that uses a tensor of an earlier unit on its own stage (tied
+        embeddings: the LM head's weight is the token embedding's) holds its own copy of it
+        (``LayerSpec.tied_params``): 1 in autopar's runtime, which places and shards every unit on its own and
+        gives the later one a clone (runtime/ties.py ``untie``); 0 where one tensor serves both (Megatron-LM's
+        ``setup_embeddings_and_output_layer``, DeepSpeed's pipeline engine building one module per
+        ``TiedLayerSpec`` key and stage). On another stage the copy exists either way.
+    tied_sync_full: how the copies' gradients are summed once per step (``cost_models.ties``): 1 (autopar's
+        ``TiedGrads``) rebuilds each copy's full gradient over its shards and all-reduces it over every rank
+        holding a copy; 0 (Megatron's embedding group, DeepSpeed's tie group) all-reduces each rank's TP shard
+        with the rank holding the same shard on the other stage.
     linear_input_share: the share of the activations' bytes at which a linear layer keeps its input for the
         weight gradient. 1 by default: the input itself (PyTorch's nn.Linear, autopar's runtime, torchao's
         Float8Linear, which saves its high-precision input and casts again in backward). Transformer Engine's
@@ -160,6 +170,8 @@ class CostParams:
     async_tp_overlap: float = 1.0
     tp_boundary_gather: float = 1.0
     tp_async_backward: float = 0.0
+    tied_copy_one_stage: float = 1.0
+    tied_sync_full: float = 1.0
     link_efficiency: float = 0.8
     reserve_gib: float = 1.0
     act_mem_factor: float = 1.0

@@ -25,6 +25,9 @@ class StageContext:
     num_microbatches: int
     params: CostParams = field(default_factory=CostParams)
     cp: int = 1  # the context-parallel degree the search gives this stage's units (estimates read strategies)
+    # The devices of the stage holding the other copy of a tied tensor (tied embeddings: the first stage for the
+    # last, the last for the first; ``pipeline_contexts``); empty: this stage holds both (cost_models.ties).
+    tie_devices: tuple[int, ...] = ()
 
     @property
     def n(self) -> int:
@@ -48,6 +51,8 @@ class StageContext:
         # Interned once per device group: hashing a pattern costs a pass over the stage's devices.
         pattern_id = c.memoised(("pattern_id", self.group), lambda: c.intern("pattern", self._pattern()[0]))
         key: tuple = (id(c), pattern_id, self.micro_batch_size, self.num_microbatches, self.params, self.cp)
+        if self.tie_devices:  # the tie's links depend on where the other stage is
+            key += (self.group, c.intern("devices", self.tie_devices))
         if not c.is_homogeneous:
             nodes = self.nodes
             props = tuple((c.nodes[n].gpu, c.nodes[n].intra_bw, c.nodes[n].intra_lat_us) for n in nodes)
@@ -152,6 +157,46 @@ class StageContext:
     def stage_links(self) -> GroupLinks:
         """The whole stage as one group (activation redistribution between layouts)."""
         return self.cluster.memoised(("stage", self.group), lambda: self._links([list(self.devices)]))
+
+    @property
+    def tie_apart(self) -> bool:
+        """Whether the other copy of a tied tensor sits on another stage (``tie_devices``)."""
+        return bool(self.tie_devices)
+
+    def tie_links(self) -> GroupLinks:
+        """Every rank holding either copy of a tied tensor (this stage and ``tie_devices``) as one group."""
+        if not self.tie_devices:
+            return self.stage_links
+        holders = sorted(set(self.devices) | set(self.tie_devices))
+        return self.cluster.memoised(("tie", self.group, tuple(self.tie_devices)), lambda: self._links([holders]))
+
+    def tie_pair_links(self) -> GroupLinks:
+        """Each device of this stage with the device at the same position of ``tie_devices`` (the worst such
+        pair, the network shared as by every rank of the stage at once); the stage itself without them."""
+        if not self.tie_devices:
+            return self.stage_links
+        pairs = [[a, b] for a, b in zip(self.devices, self.tie_devices)]
+        return self.cluster.memoised(("tie_pairs", self.group, tuple(self.tie_devices)), lambda: self._links(pairs))
+
+
+def pipeline_contexts(cluster: Cluster, stages: list[tuple[int, ...]], micro_batch_size: int, num_microbatches: int,
+                      params: CostParams) -> list[StageContext]:
+    """The contexts of one pipeline's stages (devices in stage order): the first and the last stage, where
+    tied embeddings' two copies sit, name each other's devices (``tie_devices``)."""
+    out = []
+    for i, devs in enumerate(stages):
+        partner = stages[-1] if i == 0 else stages[0] if i == len(stages) - 1 else ()
+        out.append(StageContext(cluster, tuple(devs), micro_batch_size, num_microbatches, params,
+                                tie_devices=tuple(partner) if len(stages) > 1 else ()))
+    return out
+
+
+def chunk_contexts(pipe: object, cluster: Cluster, params: CostParams) -> list[StageContext]:
+    """A plan pipeline's context per entry of ``pipe.stages`` (chunk g of an interleaved pipeline runs on
+    physical stage g mod p): ``pipeline_contexts`` of its physical stages."""
+    phys = pipeline_contexts(cluster, [tuple(st.devices) for st in pipe.physical_stages], pipe.micro_batch_size,
+                             pipe.num_microbatches, params)
+    return [phys[g % len(phys)] for g in range(len(pipe.stages))]
 
 
 def context_link(src: StageContext, dst: StageContext) -> tuple[float, float]:

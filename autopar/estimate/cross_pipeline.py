@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from autopar.cluster.cluster import Cluster
 from autopar.estimate.cache import CostCache
-from autopar.estimate.context import StageContext
+from autopar.estimate.context import chunk_contexts
 from autopar.estimate.interleaved import estimate_any
 from autopar.estimate.pipeline import StageEstimate
 from autopar.modelspec.spec import ModelSpec
@@ -14,6 +14,7 @@ from cost_models import CostParams
 from cost_models import cross_pipeline as cp
 from cost_models.collectives import GroupLinks
 from cost_models.cross_pipeline import LayerSync
+from cost_models.ties import held_params
 
 __all__ = ["LayerSync", "cross_pipeline_sync_time", "lane_links", "layer_sync_time", "sync_schedule"]
 
@@ -82,19 +83,22 @@ def sync_schedule(plan: Plan, model: ModelSpec, params: CostParams, pipes: list[
     cluster = plan.cluster
     index = model.index()
     holders: dict[str, list[tuple[int, ...]]] = {}
+    held: dict[str, float] = {}  # a tied copy a unit keeps (cost_models.ties): its gradient is synced too
     backward = []
     for pipe, est, T in zip(plan.pipelines, pipes, times):
         stages = []
-        for st, st_est in zip(pipe.stages, est):
-            ctx = StageContext(cluster, tuple(st.devices), pipe.micro_batch_size, pipe.num_microbatches, params)
+        for st, st_est, ctx in zip(pipe.stages, est, chunk_contexts(pipe, cluster, params)):
             names = [ly.name for ly in st.layers]
+            for name in names:
+                held[name] = max(held.get(name, 0.0), held_params(model.layers[index[name]], ctx, params))
             bwds = [cache.layer_cost(model.layers[index[ly.name]], ly.strategy, ctx).bwd for ly in st.layers]
             for name in names:
                 holders.setdefault(name, []).append(tuple(st.devices))
             stages.append(cp.StageBackward(names, bwds, st_est.bwd_s, st_est.p2p_s))
         backward.append((T, stages))
     ready = cp.ready_times(backward)
-    seconds = {n: layer_sync_time(cluster, holders[n], model.layers[index[n]].params, params, cache) for n in ready}
+    seconds = {n: layer_sync_time(cluster, holders[n], model.layers[index[n]].params + held[n], params, cache)
+               for n in ready}
     return cp.sync_schedule(ready, seconds, index)
 
 

@@ -30,6 +30,14 @@ from autopar.plan.cost_params import read_cost_params
 from autopar.plan.precision import NAMES
 
 KEYS = ("name", "source", "cost_params", "by_precision", "by_flag")
+# How the published runs' frameworks keep tied embeddings (cost_models/ties.py), under any file's own framework
+# block: one tensor where the embedding and the LM head share a stage; on another stage a copy, whose gradient
+# each rank all-reduces with its counterpart's. Megatron-LM core_r0.8.0
+# megatron/core/models/common/language_module/language_module.py ``setup_embeddings_and_output_layer`` (so
+# NeMo and Megatron-Bridge); DeepSpeed's pipeline engine, which builds one module per ``TiedLayerSpec`` key
+# and stage and all-reduces it in ``allreduce_tied_weight_gradients`` (runtime/pipe/module.py as vendored
+# by DachengLi1/AMP @ 72eeea45; BLOOM's Megatron-DeepSpeed). The FSDP sources train untied models.
+PUBLISHED_TIES = {"tied_copy_one_stage": 0.0, "tied_sync_full": 0.0}
 FLAGS = ("compile",)  # case flags whose framework behaviour a file may state (torchtitan compiles its loss)
 FIX = ("give framework: {name, source, cost_params: {field: value}, by_precision: {bf16: {field: value}}, "
        "by_flag: {compile: {field: value}}}")

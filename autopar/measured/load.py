@@ -15,7 +15,7 @@ import yaml
 from autopar.errors import AutoparError
 from autopar.fields import Fields, as_list
 from autopar.measured.cluster import UnknownGPU, cluster_for_case
-from autopar.measured.framework import FLAGS, Framework, read_framework
+from autopar.measured.framework import FLAGS, PUBLISHED_TIES, Framework, read_framework
 from autopar.measured.model import model_from_config
 from autopar.measured.plan import build_plan, chunk_sizes, read_shape, stage_sizes
 from autopar.measured.runs import Run, RunSet, Skip
@@ -158,7 +158,7 @@ def _case(c: Fields, top: Fields, strict: bool, cache: dict, framework: Framewor
     except AutoparError as err:  # the GPU has no peak for it: name the case
         raise AutoparError(c.at("precision_mode"), f"{err.field}: {err.problem}", err.fix) from err
     stated = framework.overrides(precision, {k for k in FLAGS if c.raw(k, False) is True})
-    cost_params = {**precision_params(precision).to_dict(), **stated}  # the file's framework over the defaults
+    cost_params = {**precision_params(precision).to_dict(), **PUBLISHED_TIES, **stated}  # the file's over the defaults
     if stated:
         check_state_bytes(cost_params, top.at("framework"))
     plan = build_plan(shape, sizes, model, cluster, cost_params)

@@ -111,6 +111,13 @@ class LayerSpec:
                      attention's output, which the out-projection reads. These three say what a framework
                      that keeps linear inputs in a narrower dtype saves (``cast_input_delta``); 0 (traced
                      units, MoE blocks): not known, nothing changes.
+    tied_params:     parameters the unit uses that an earlier unit owns (an LM head tied to the token
+                     embedding), not in ``params`` (each tensor counts once, at its first unit). A runtime
+                     that keeps a copy for the later unit (``CostParams.tied_copy_one_stage``, or any stage
+                     but the earlier unit's) holds, syncs and updates it as the unit's own, TP-sharded.
+    shared_params:   parameters of the unit (in ``params``) that a later unit also uses: where that unit
+                     keeps a copy, their gradients are summed once per step (``cost_models.ties``), charged
+                     here, on the stage whose gradient is ready last.
     """
 
     name: str
@@ -136,14 +143,20 @@ class LayerSpec:
     lin_in_seq_bytes: float = 0.0
     lin_in_tp_bytes: float = 0.0
     lin_in_shared_bytes: float = 0.0
+    tied_params: int = 0
+    shared_params: int = 0
 
     def __post_init__(self) -> None:
         for f in ("params", "tp_params", "flops", "attn_core_flops", "act_tp_bytes", "act_seq_bytes",
                   "act_attn_bytes", "boundary_bytes", "tp_comm_bytes", "tp_collectives", "kv_bytes",
-                  "loss_bytes", "lin_in_seq_bytes", "lin_in_tp_bytes", "lin_in_shared_bytes"):
+                  "loss_bytes", "lin_in_seq_bytes", "lin_in_tp_bytes", "lin_in_shared_bytes", "tied_params",
+                  "shared_params"):
             if getattr(self, f) < 0:
                 raise AutoparError(f"layer {self.name}.{f}", f"is negative ({getattr(self, f)})",
                                    "give a count or size of at least 0")
+        if self.shared_params > self.params:
+            raise AutoparError(f"layer {self.name}.shared_params", "exceeds params",
+                               "shared_params counts the part of params a later unit also uses")
         if self.tp_params > self.params:
             raise AutoparError(f"layer {self.name}.tp_params", "exceeds params",
                                "tp_params counts the TP-sharded part of params")

@@ -49,6 +49,7 @@ from autopar.errors import AutoparError
 from autopar.modelspec.spec import LayerSpec, ModelSpec
 from autopar.modelspec.trace_moe import ExpertFlops, unit_moe
 from autopar.modelspec.trace_ops import OpTrace, SdpaTrace, gemm_facts, op_facts
+from autopar.modelspec.unit_params import unit_params, unit_ties
 from autopar.units import discover
 from cost_models.gemm_shapes import flops_per_token
 
@@ -281,30 +282,6 @@ def spec_from_module(module: nn.Module, example_input, name: str | None = None, 
                   expert_flops)
 
 
-def _unit_params(module: nn.Module, units, order: list[str]) -> dict[str, list[nn.Parameter]]:
-    """Each parameter once, by unit: first runner of a tied weight; root's own -> first unit; unused -> previous."""
-    rank = {n: i for i, n in enumerate(order)}
-    owner: dict[str, str] = {}  # unit that never ran -> the preceding unit (registration order) that did
-    prev = order[0]
-    for n, _ in units:
-        if n in rank:
-            prev = n
-        owner[n] = prev
-    seen: set[int] = set()
-    out: dict[str, list[nn.Parameter]] = {n: [] for n in order}
-    by_order = sorted(units, key=lambda u: rank.get(u[0], len(rank)))
-    for n, m in by_order:
-        for p in m.parameters():
-            if id(p) not in seen:
-                seen.add(id(p))
-                out[owner[n]].append(p)
-    for p in module.parameters(recurse=False):
-        if id(p) not in seen:
-            seen.add(id(p))
-            out[order[0]].append(p)
-    return out
-
-
 def _tp_facts(model: nn.Module, name: str, unit: nn.Module) -> tuple[str | None, str, tuple[int, ...], set[nn.Module]]:
     """(plan name, unit kind, TP divisors, row-parallel modules) from the unit contract (autopar/units.py);
     (None, "", (), set()) without a plan."""
@@ -325,7 +302,8 @@ def _sharded(p: torch.Tensor, rule: str, divisors: tuple[int, ...]) -> bool:
 def _build(module, name, units, rec: _Recorder, ops: OpTrace, seq, batch, dbytes, source, trace_meta,
            expert_flops: ExpertFlops) -> ModelSpec:
     mods = dict(units)
-    per_unit = _unit_params(module, units, rec.order)
+    per_unit = unit_params(module, units, rec.order)
+    tied, shared = unit_ties(units, rec.order)
     layers = []
     for i, n in enumerate(rec.order):
         st, mod = rec.stats[n], mods[n]
@@ -349,7 +327,7 @@ def _build(module, name, units, rec: _Recorder, ops: OpTrace, seq, batch, dbytes
             n, kind, params=count, tp_params=tp_params, flops=flops, moe=moe,
             attn_core_flops=st["attn"] / batch, act_tp_bytes=st["tp"] / batch, act_seq_bytes=st["seq"] / batch,
             act_attn_bytes=st["attn_b"] / batch, boundary_bytes=boundary, tp_divisors=divisors,
-            tp_comm_bytes=comm, tp_collectives=coll, tp_plan=plan,
+            tp_comm_bytes=comm, tp_collectives=coll, tp_plan=plan, tied_params=tied[n], shared_params=shared[n],
             op=op_facts(ops.events.get(n, []), st["in"] / batch, st["flops"] / batch, rows, batch),
             **_gemms(ops.events.get(n, []), rows, batch, seq, flops)))
     ran = set(rec.order)

@@ -23,8 +23,9 @@ Conventions (stated once, used by every formula below):
   vocab-parallel under TP). The head's ``boundary_bytes`` is its input (s*h*dtype): its output goes
   to the loss on the same stage, and that input is what full checkpointing keeps. ``loss_bytes``
   states those logits (the loss's backward holds several copies: cost_models/memory_terms.py).
-* Tied embeddings: the shared matrix is counted once, in ``embed``; the head's params then hold only
-  its own tensors (``meta["tied_embeddings"]`` tells the cost model a last stage keeps a copy).
+* Tied embeddings: the shared matrix is counted once, in ``embed`` (its ``shared_params``); the head's
+  params then hold only its own tensors and its ``tied_params`` the matrix it uses, whose copy the cost
+  model charges where the runtime keeps one (``CostParams.tied_copy_one_stage``, cost_models/ties.py).
 * Op-level selective checkpointing (ckpt ``op``, torchtitan's policy; ``op_policy.py``): a block's
   matmuls run Q, K, V (one fused QKV with ``fused_qkv``: GPT-2, GPT-NeoX), the attention output, then
   the MLP's up (SwiGLU: gate, up) and down projections, as torchtitan's Llama and autopar's models
@@ -156,6 +157,11 @@ class _Shape:
     def norm(self) -> int:
         return NORM_PARAMS[self.e["norm"]] * self.h
 
+    @property
+    def tied(self) -> int:
+        """Parameters the LM head shares with the token embedding: the V x h matrix when tied, else 0."""
+        return self.V * self.h if self.e["tied"] else 0
+
 
 def _embed_tokens(x: _Shape) -> LayerSpec:
     e, s, h, d = x.e, x.s, x.h, x.d
@@ -166,7 +172,7 @@ def _embed_tokens(x: _Shape) -> LayerSpec:
     act_seq = s * INDEX_BYTES * ids + s * h * x.m + (s * h * d if e["embed_norm"] else 0)
     return LayerSpec("embed", "embedding", params=params, tp_params=x.V * h, act_seq_bytes=act_seq,
                      boundary_bytes=s * h * d, tp_divisors=(x.V,), tp_comm_bytes=s * h * d,
-                     tp_collectives=1, tp_plan=f"{e['tp_family']}.embed")
+                     tp_collectives=1, tp_plan=f"{e['tp_family']}.embed", shared_params=x.tied)
 
 
 def _embed_patches(x: _Shape) -> LayerSpec:
@@ -226,7 +232,7 @@ def _block(x: _Shape, i: int) -> LayerSpec:
 def _head_lm(x: _Shape) -> LayerSpec:
     s, h, d, V = x.s, x.h, x.d, x.V
     own = 0 if x.e["tied"] else V * h
-    return LayerSpec("head", "head", params=x.norm + own, tp_params=own, flops=2.0 * s * h * V,
+    return LayerSpec("head", "head", params=x.norm + own, tp_params=own, tied_params=x.tied, flops=2.0 * s * h * V,
                      act_tp_bytes=s * V * STATS_BYTES, act_seq_bytes=2 * s * h * d, boundary_bytes=s * h * d,
                      tp_divisors=(V,), tp_comm_bytes=s * h * d, tp_collectives=1,
                      tp_plan=f"{x.e['tp_family']}.head", loss_bytes=s * V * STATS_BYTES,
@@ -237,7 +243,7 @@ def _head_mlm(x: _Shape) -> LayerSpec:
     """BERT masked-LM head: dense + GeLU + LayerNorm, then the (tied) decoder with its own bias."""
     s, h, d, V = x.s, x.h, x.d, x.V
     own = V + (0 if x.e["tied"] else V * h)
-    return LayerSpec("head", "head", params=h * h + h + x.norm + own, tp_params=own,
+    return LayerSpec("head", "head", params=h * h + h + x.norm + own, tp_params=own, tied_params=x.tied,
                      flops=2.0 * s * h * (h + V), act_tp_bytes=s * V * STATS_BYTES, act_seq_bytes=4 * s * h * d,
                      boundary_bytes=s * h * d, tp_divisors=(V,), tp_comm_bytes=s * h * d, tp_collectives=1,
                      tp_plan=f"{x.e['tp_family']}.head", loss_bytes=s * V * STATS_BYTES)

@@ -21,7 +21,7 @@ COLLECTIVES = ("allreduce", "allgather", "reduce_scatter")
 _BYTES = ("param_bytes", "grad_comm_bytes", "grad_bytes", "state_bytes", "opt_bytes_touched")
 _EFF = ("eff_max", "zero3_comm_eff", "link_efficiency")
 _FRACTIONS = ("overlap_sync", "overlap_zero3", "overlap_grad_reduce", "overlap_param_gather", "async_tp_overlap",
-              "tp_boundary_gather", "tp_async_backward")
+              "tp_boundary_gather", "tp_async_backward", "tied_copy_one_stage", "tied_sync_full")
 _FACTORS = ("act_mem_factor",)
 _SHARES = ("linear_input_share",)  # in (0, 1]
 _NONNEG = ("layer_overhead_s", "reserve_gib", "step_overhead_per_unit_s", "act_traffic", "slot_overhead_s", "loss_copies",
@@ -32,7 +32,7 @@ EFF_HIGH = 4.0
 # reads link_efficiency, so an older plan is re-estimated at its default, as after any change of the model).
 _LATER = ("moe_imbalance", "overlap_grad_reduce", "overlap_param_gather", "zero3_comm_eff", "async_tp_overlap",
           "loss_copies", "link_efficiency", "grad_accum_bytes", "linear_input_share", "tp_boundary_gather",
-          "tp_async_backward")
+          "tp_async_backward", "tied_copy_one_stage", "tied_sync_full")
 
 
 def _finite(x: float, field: str, fix: str, high: float | None = None) -> float:

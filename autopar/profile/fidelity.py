@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from autopar.estimate import StageContext, layer_costs
+from autopar.estimate import layer_costs
+from autopar.estimate.context import chunk_contexts
 from autopar.modelspec.spec import ModelSpec
 from autopar.plan.schema import Plan
 from cost_models import CostParams
@@ -27,8 +28,7 @@ def predicted_memory(plan: Plan, model: ModelSpec, params: CostParams) -> dict[i
     for pipe in plan.pipelines:
         p, v, m = pipe.num_stages, pipe.virtual_stages, pipe.num_microbatches
         states, acts = [0.0] * p, [[0.0] * v for _ in range(p)]  # per stage; per stage and chunk, one micro-batch
-        for g, st in enumerate(pipe.stages):
-            ctx = StageContext(plan.cluster, tuple(st.devices), pipe.micro_batch_size, m, params)
+        for g, (st, ctx) in enumerate(zip(pipe.stages, chunk_contexts(pipe, plan.cluster, params))):
             for ly in st.layers:
                 lc = layer_costs(model.layers[index[ly.name]], [ly.strategy], ctx)
                 states[g % p] += float(lc.mem_states[0])

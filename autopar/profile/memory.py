@@ -132,7 +132,8 @@ def unit_calibration(runs: dict, spec: ModelSpec, world: int) -> dict:
             tp_b = max(0.0, sharded - attn)
             seq_b = max(0.0, m_none - sharded)
             local = tp2["unit_params"].get(n)
-            row["tp_params"] = int(2 * (ly.params - local)) if local is not None else ly.tp_params
+            # local = (tp_params + tied copy) / 2 + the replicated rest: the runtime's head holds the copy, sharded
+            row["tp_params"] = int(2 * (ly.params - local) + ly.tied_params) if local is not None else ly.tp_params
             if tp2sp is not None:
                 row["measured"]["none_tp2_sp"] = _per_sample(tp2sp, n, spec, world)
                 row["predicted_tp2_sp"] = (tp_b + attn) / 2 + seq_b / 2

@@ -99,9 +99,14 @@ class HomogeneousSearch:
         n = self.cluster.num_devices // p
         return list(range(i * n, (i + 1) * n))
 
-    def context(self, p: int, m: int, i: int = 0) -> StageContext:
+    def context(self, p: int, m: int) -> StageContext:
+        """The first stage's context, every layer's candidates priced in it (the stages are alike); it names the
+        last stage as the other holder of a tied tensor (``pipeline_contexts``), so tied embeddings' copy and
+        sync are priced where the plan's estimate prices them."""
         mbs = self.global_batch_size // m
-        return StageContext(self.cluster, tuple(self.stage_devices(p, i)), mbs, m, self.opts.params, self.opts.cp)
+        tie = tuple(self.stage_devices(p, p - 1)) if p > 1 else ()
+        return StageContext(self.cluster, tuple(self.stage_devices(p, 0)), mbs, m, self.opts.params, self.opts.cp,
+                            tie_devices=tie)
 
     # -- one configuration --------------------------------------------------------------------
     def candidates_for(self, p: int, m: int):

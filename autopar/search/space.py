@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from autopar.estimate import LayerCosts, StageContext, layer_costs, loss_excess, transient_bound
+from autopar.estimate import LayerCosts, StageContext, head_excess, layer_costs, transient_bound
 from autopar.modelspec.spec import CKPT_MODES, LayerSpec
 from autopar.plan.schema import Strategy
 from autopar.search.rules import Rule
@@ -170,7 +170,7 @@ def layer_candidates(layer: LayerSpec, ctx: StageContext, tps: list[int], layout
     if not strategies:
         return LayerCandidates([], LayerCosts(*(np.zeros(0) for _ in range(6))), np.zeros(0, dtype=int), 0.0)
     costs = layer_costs(layer, strategies, ctx)
-    excess = loss_excess(layer, ctx, strategies)  # a head's strategy-dependent loss copies: priced, not reserved
+    excess = head_excess(layer, ctx, strategies)  # a head's strategy-dependent transient: priced, not reserved
     transient = transient_bound(layer, ctx, strategies, excess)
     costs = replace(costs, mem_states=costs.mem_states + excess)
     if prune:

@@ -15,14 +15,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from autopar.cluster.cluster import GIB
-from autopar.estimate import PlanEstimate, StageContext
+from autopar.estimate import PlanEstimate
 from autopar.estimate.cache import CostCache
+from autopar.estimate.context import chunk_contexts
 from autopar.estimate.pipeline import spec_layers
 from autopar.modelspec.spec import ModelSpec
 from autopar.plan.schema import Plan
 from cost_models import CostParams
 from cost_models.layer import shard_params, transient_bytes
 from cost_models.memory import model_state_bytes
+from cost_models.ties import held_params
 
 PARTS = ("parameters", "gradients", "optimizer states", "model states", "activations", "transient", "reserve")
 
@@ -60,8 +62,9 @@ def stage_memory(plan: Plan, model: ModelSpec, est: PlanEstimate, params: CostPa
     index = model.index()
     out = []
     for pi, (pipe, stages, budgets) in enumerate(zip(plan.pipelines, est.pipelines, est.stage_budget_gib)):
+        ctxs = chunk_contexts(pipe, plan.cluster, params)
         for si, (st, se, budget) in enumerate(zip(pipe.stages, stages, budgets)):
-            ctx = StageContext(plan.cluster, tuple(st.devices), pipe.micro_batch_size, pipe.num_microbatches, params)
+            ctx = ctxs[si]
             parts = dict.fromkeys(PARTS, 0.0)
             transient = 0.0
             for spec, ly in zip(spec_layers(model, index, [x.name for x in st.layers]), st.layers):
@@ -70,7 +73,7 @@ def stage_memory(plan: Plan, model: ModelSpec, est: PlanEstimate, params: CostPa
                 if params.state_table:
                     parts["model states"] += lc.mem_states
                 else:
-                    shard = float(shard_params(spec, np.array([float(s.tp)]))[0])
+                    shard = float(shard_params(spec, np.array([float(s.tp)]), held_params(spec, ctx, params))[0])
                     dp = len(st.devices) // s.tp
                     splits = [(shard, dp)]
                     if s.ep > 1 and spec.moe is not None:  # 1/ep of the experts, ZeRO over dp/ep (cost_models.moe)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from autopar.errors import AutoparError
 from autopar.estimate import PlanEstimate
 from autopar.estimate.cache import CostCache
-from autopar.estimate.context import StageContext
+from autopar.estimate.context import chunk_contexts
 from autopar.estimate.pipeline import StageEstimate, spec_layers
 from autopar.modelspec.spec import ModelSpec
 from autopar.plan.schema import Plan
@@ -64,8 +64,7 @@ def _recompute_share(model: ModelSpec, plan: Plan, params: CostParams, cache: Co
     out = []
     for pipe in plan.pipelines:
         row = []
-        for st in pipe.stages:
-            ctx = StageContext(plan.cluster, tuple(st.devices), pipe.micro_batch_size, pipe.num_microbatches, params)
+        for st, ctx in zip(pipe.stages, chunk_contexts(pipe, plan.cluster, params)):
             extra = 0.0
             for spec, ly in zip(spec_layers(model, index, [x.name for x in st.layers]), st.layers):
                 s = ly.strategy

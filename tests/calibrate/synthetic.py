@@ -9,9 +9,8 @@ from pathlib import Path
 
 import yaml
 
-from autopar.estimate import estimate_plan
+from autopar.estimate import estimate_plan, plan_cost_params
 from autopar.measured import load_runs
-from cost_models import CostParams
 
 TRUE = {"eff_max": 0.3, "layer_overhead_s": 4e-4, "overlap_sync": 0.3}
 # (pp, tp, dp, micro_batch_size per DP rank, micro-batches, zero, ckpt): global batch 32 on 8 GPUs
@@ -40,8 +39,9 @@ def write_measured(path: Path, true: dict | None = None, shapes=SHAPES, name: st
     """Write the measured file of ``shapes`` at ``path``, each time predicted under ``true`` (``TRUE``)."""
     doc = measured_doc(shapes, name)
     path.write_text(yaml.safe_dump(doc))
-    params = replace(CostParams(), **(TRUE if true is None else true))
-    times = {r.case_id: estimate_plan(r.plan, r.model, params).step_time_s for r in load_runs(path).runs}
+    true = TRUE if true is None else true  # over each run's own parameters (the reader's framework defaults)
+    times = {r.case_id: estimate_plan(r.plan, r.model, replace(plan_cost_params(r.plan), **true)).step_time_s
+             for r in load_runs(path).runs}
     for c in doc["cases"]:
         c["measured_s"] = times[c["id"]]
     path.write_text(yaml.safe_dump(doc))

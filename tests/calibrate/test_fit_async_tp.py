@@ -11,7 +11,7 @@ import yaml
 from autopar.calibrate.fit import fit, jacobian, refusals
 from autopar.calibrate.inputs import load_inputs
 from autopar.calibrate.table import choose
-from autopar.estimate import estimate_plan
+from autopar.estimate import estimate_plan, plan_cost_params
 from autopar.measured import load_runs
 from cost_models import CostParams
 from tests.calibrate.synthetic import measured_doc
@@ -27,7 +27,7 @@ def _write(path, async_flags: list[bool]):
     for c, flag in zip(doc["cases"], async_flags):
         c["sequence_parallel"], c["async_tp"] = True, flag
     path.write_text(yaml.safe_dump(doc))
-    times = {r.case_id: estimate_plan(r.plan, r.model, replace(CostParams(), **TRUE)).step_time_s
+    times = {r.case_id: estimate_plan(r.plan, r.model, replace(plan_cost_params(r.plan), **TRUE)).step_time_s
              for r in load_runs(path).runs}
     for c in doc["cases"]:
         c["measured_s"] = times[c["id"]]

@@ -26,7 +26,8 @@ def test_compute_runs_at_the_sustained_peak_and_mfu_is_against_the_datasheet():
                                                                        "sustained": 1.0}, "count": 4}]},
                                                   None, standalone=True))
     capped, uncapped = estimate_plan(plan, model), estimate_plan(full, model)
-    assert capped.step_time_s > 1.2 * uncapped.step_time_s  # the GEMMs run at 37% of the datasheet peak
+    # The GEMMs run at 37% of the datasheet peak; the step's collectives and memory-bound kernels keep their time.
+    assert capped.step_time_s > 1.15 * uncapped.step_time_s
     # MFU = model FLOPs / (time x datasheet peak): the same peak for both, so it scales with 1 / time
     assert capped.mfu / uncapped.mfu == pytest.approx(uncapped.step_time_s / capped.step_time_s, rel=1e-9)
 

@@ -60,6 +60,7 @@ class OneNodeStage:
     hbm_bw: float = HBM
     sms: int = 0  # not known: no GEMM wave quantisation (cost_models.gemm_shapes)
     matmul_ratios: tuple[float, float] = (1.0, 1.0)  # half-precision matmuls (cost_models.compute.layer_efficiency)
+    tie_apart: bool = False  # a tied tensor's other copy on another stage (cost_models.ties): here, on this node
 
     @property
     def collectives(self) -> Collectives:
@@ -74,3 +75,9 @@ class OneNodeStage:
 
     def dp_links(self, tp: int) -> GroupLinks:
         return links(self.n // tp)
+
+    def tie_links(self) -> GroupLinks:
+        return links(2 * self.n if self.tie_apart else self.n)
+
+    def tie_pair_links(self) -> GroupLinks:
+        return links(2)

@@ -15,7 +15,7 @@ from torch.utils._pytree import tree_flatten
 
 from autopar.modelspec.zoo import spec_from_entry, zoo_entry
 from cost_models import CostParams
-from cost_models.layer import loss_excess, transient_bound, transient_bytes
+from cost_models.layer import head_excess, transient_bound, transient_bytes
 from cost_models.memory_terms import LOSS_COPIES_TP1, loss_copies, loss_extra_bytes, loss_peak_bytes
 from tests.cost_models.fakes import OneNodeStage, Strat, Unit
 
@@ -133,14 +133,25 @@ def test_the_search_prices_the_strategy_dependent_copies_and_reserves_the_rest()
     own memory, the reservation keeps the rest: 7e6 instead of 11e6, and reservation + excess still
     covers every strategy's transient."""
     st, strategies = _stage(), [Strat(), Strat(tp=2)]
-    excess = loss_excess(Head(), st, strategies)
+    excess = head_excess(Head(), st, strategies)
     assert list(excess) == pytest.approx([0.0, 4e6], rel=1e-12)
     bound = transient_bound(Head(), st, strategies, excess)
     assert transient_bound(Head(), st, strategies) == pytest.approx(3e6 / 2 * 2 + 8e6, rel=1e-12)
     assert bound == pytest.approx(3e6 + 4e6, rel=1e-12)
     for s, x in zip(strategies, excess):
         assert bound + x >= transient_bytes(Head(), st, s) * (1 - 1e-12)
-    assert list(loss_excess(Unit(), st, strategies)) == [0.0, 0.0]
+    assert list(head_excess(Unit(), st, strategies)) == [0.0, 0.0]
+
+
+def test_a_heads_zero3_gather_is_priced_in_its_strategy_not_reserved_for_every_plan():
+    """ZeRO-3 gathers the head's parameters (two copies: the running unit and the prefetched next) on top of
+    the transient the other strategies need: the excess of that strategy alone, so the reservation is the
+    plain strategy's transient and a plan whose head runs without ZeRO-3 is not charged the gathered copies."""
+    st, strategies = _stage(), [Strat(), Strat(zero=3)]
+    gathered = 2 * Head().params * CostParams().param_bytes
+    excess = head_excess(Head(), st, strategies)
+    assert list(excess) == pytest.approx([0.0, gathered], rel=1e-12)
+    assert transient_bound(Head(), st, strategies, excess) == pytest.approx(transient_bytes(Head(), st, Strat()))
 
 
 def test_stored_loss_copies_is_checked_and_older_plans_load_without_it():

@@ -113,3 +113,32 @@ def test_unknown_flag_is_refused(tmp_path):
     with pytest.raises(AutoparError) as info:
         load_runs(write(tmp_path, _framework(by_flag={"float8": {"loss_copies": 1}})))
     assert str(info.value).startswith("tiny.yaml:framework.by_flag.float8: is not a known field")
+
+
+def _untied(model):
+    """``model`` with its head holding no copy of the embedding it uses."""
+    from dataclasses import replace
+
+    return replace(model, layers=[replace(ly, tied_params=0, shared_params=0) for ly in model.layers])
+
+
+def test_published_runs_tie_embeddings_as_megatron_and_deepspeed_do(tmp_path):
+    """GPT-2 ties its embeddings. The published frameworks keep one tensor on one stage and a copy on the last
+    stage of a pipeline (measured.framework.PUBLISHED_TIES); a file's framework block may say otherwise."""
+    got = _by_id(load_runs(write(tmp_path)))
+    for case in ("pp2", "tp2-even"):
+        params = plan_cost_params(got[case].plan)
+        assert (params.tied_copy_one_stage, params.tied_sync_full) == (0.0, 0.0)
+    pp2, one = got["pp2"], got["tp2-even"]
+    head = pp2.model.layers[-1]
+    assert head.tied_params == pp2.model.vocab * pp2.model.hidden > 0
+    last, last_untied = (estimate_plan(pp2.plan, m).pipelines[0][-1] for m in (pp2.model, _untied(pp2.model)))
+    state = plan_cost_params(pp2.plan).state_bytes  # fp16, ZeRO 0, TP 1: the whole copy with its states
+    assert last.memory_bytes - last_untied.memory_bytes == pytest.approx(head.tied_params * state, rel=1e-9)
+    first, first_untied = (estimate_plan(pp2.plan, m).pipelines[0][0] for m in (pp2.model, _untied(pp2.model)))
+    assert first.step_s > first_untied.step_s  # the embedding's gradient all-reduced with the last stage's copy
+    assert estimate_plan(one.plan, one.model).step_time_s == estimate_plan(one.plan, _untied(one.model)).step_time_s
+    own = _by_id(load_runs(write(tmp_path, _framework(cost_params={"tied_copy_one_stage": 1}), name="own.yaml")))
+    copy, none = (estimate_plan(own["tp2-even"].plan, m).pipelines[0][0] for m in (own["tp2-even"].model,
+                                                                                  _untied(own["tp2-even"].model)))
+    assert copy.memory_bytes > none.memory_bytes

@@ -132,6 +132,25 @@ def test_glue_goes_to_last_unit_and_root_params_to_first():
     assert m.seq_len == 8 and m.vocab == 100
 
 
+def test_a_unit_using_an_earlier_units_weight_names_it_on_both():
+    """Tied embeddings as units: the head's weight is the embedding's. The spec counts it once, at the embedding
+    (``shared_params``), and names it on the head (``tied_params``): the tensor the runtime gives the head a copy
+    of (runtime/ties.py ``untie``), whose size the cost model charges there."""
+    from autopar.runtime.ties import untie
+    from autopar.units import units
+
+    emb, head = nn.Embedding(64, 16), nn.Linear(16, 64, bias=False)
+    head.weight = emb.weight
+    model = nn.Sequential(emb, nn.Linear(16, 16), nn.Tanh(), head)
+    m = spec_from_module(model, torch.zeros(2, 8, dtype=torch.long))
+    first, last = m.layers[0], m.layers[-1]
+    assert (first.params, first.shared_params, last.params, last.tied_params) == (64 * 16, 64 * 16, 0, 64 * 16)
+    assert all(ly.tied_params == ly.shared_params == 0 for ly in m.layers[1:-1])
+    _, ties = untie(units(model))
+    copies = [c for tie in ties for c in tie.copies[1:]]
+    assert [(c.unit, dict(units(model))[c.unit].get_parameter(c.fqn).numel()) for c in copies] == [("3", 64 * 16)]
+
+
 class Unused(nn.Module):
     def __init__(self):
         super().__init__()

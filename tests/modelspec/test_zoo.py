@@ -157,6 +157,16 @@ def test_tied_embeddings_counted_once():
     assert not from_zoo("llama2-7b").meta["tied_embeddings"]
 
 
+def test_tied_embeddings_name_the_matrix_on_both_units():
+    """The head uses the embedding's V x h matrix (the copy a runtime may keep), the embedding shares it."""
+    m = from_zoo("gpt3-175b")
+    embed, head = m.layers[0], m.layers[-1]
+    assert head.tied_params == embed.shared_params == m.vocab * m.hidden
+    assert embed.shared_params <= embed.params and m.num_params == sum(ly.params for ly in m.layers)
+    untied = from_zoo("llama2-7b")
+    assert untied.layers[-1].tied_params == untied.layers[0].shared_params == 0
+
+
 def test_vit_units():
     m = from_zoo("vit-huge")
     assert m.seq_len == 257 and m.layers[0].flops == 2 * 256 * 3 * 14 * 14 * 1280

@@ -41,7 +41,7 @@ def _searched(tmp_path_factory, name: str, cluster: str, opts: SearchOptions) ->
 def homogeneous(tmp_path_factory) -> Drawn:
     """2 stages of 4 A100s, a memory budget tight enough that some layers recompute."""
     return _searched(tmp_path_factory, "homogeneous", "2x4xA100-80G",
-                     SearchOptions(pp_degrees=[2], memory_budget_gib=4.0))
+                     SearchOptions(pp_degrees=[2], memory_budget_gib=4.3))
 
 
 @pytest.fixture(scope="session")
