@@ -20,7 +20,8 @@ dp / R ranks each, the ranks of one replica consecutive, read as R pipelines (au
 form, whose gradient all-reduce across pipelines ``cost_models.cross_pipeline`` prices); ``ckpt_every`` k:
 the case's ``ckpt`` on every k-th transformer block only. ``zero_overlap`` (ZeRO 1 or 2): the framework overlaps
 the distributed optimizer's step traffic (Megatron's ``overlap_grad_reduce`` / ``overlap_param_gather``, NeMo's
-apex ``overlap_grad_sync`` / ``overlap_param_sync``), on every unit but MoE ones (``cost_models.moe`` prices no option).
+apex ``overlap_grad_sync`` / ``overlap_param_sync``), on every unit but expert-sharded ones (ep > 1: ``cost_models.moe``
+prices no option, ``plan/expert_rules`` refuses it there).
 """
 
 from __future__ import annotations
@@ -165,7 +166,7 @@ def build_plan(shape: Shape, sizes: list[int], model: ModelSpec, cluster: Cluste
                 layers.append(StageLayer(ly.name, Strategy(
                     tp=shape.tp, zero=shape.zero, sp=shape.sp, ckpt=_ckpt(shape, blocks) if ly.kind == "block" else "none",
                     ep=shape.ep if ly.moe is not None else 1, cp=shape.cp, async_tp=shape.async_tp and ly.kind == "block",
-                    zero_overlap=shape.zero_overlap and ly.moe is None)))
+                    zero_overlap=shape.zero_overlap and (ly.moe is None or shape.ep == 1))))  # expert_rules
             s = j * shape.pp + k % shape.pp
             stages.append(Stage(devices=list(range(s * width, (s + 1) * width)), layers=layers))
             first += size

@@ -60,3 +60,17 @@ def test_an_ep_the_experts_cannot_take_is_skipped_with_the_rule(tmp_path):
     rs = load_runs(path)
     assert not rs.runs and rs.skipped[0].reason == "refused"
     assert "ep 16 does not divide the 8 experts" in rs.skipped[0].detail
+
+
+def test_zero_overlap_reaches_the_moe_units_unless_their_experts_are_sharded(tmp_path):
+    """The file's ``--overlap-grad-reduce`` (zero_overlap) holds for every unit the plan rules let take it: all
+    of them at ep 1, the dense units only at ep 8 (plan/expert_rules: expert parallel runs with plain ZeRO)."""
+    doc = yaml.safe_load(FILE.read_text())
+    assert doc["cases"][0]["zero_overlap"] is True
+    for ep, moe_overlaps in ((8, False), (1, True)):
+        doc["cases"][0]["ep"] = ep
+        path = tmp_path / f"ep{ep}.yaml"
+        path.write_text(yaml.safe_dump(doc))
+        run = load_runs(path, strict=True).runs[0]
+        for ly in (ly for st in run.plan.stages for ly in st.layers):
+            assert ly.strategy.zero_overlap == (run.model.layer(ly.name).moe is None or moe_overlaps)
