@@ -44,7 +44,8 @@ class CostCache:
 
     def layer_cost(self, ly: LayerSpec, s: Strategy, ctx: StageContext) -> LayerCost:
         """``one_layer_cost(ly, s, ctx)``, memoised."""
-        key = (self._nameless_layer(ly), s, ctx.shape_key)
+        shape = ctx.tie_key if ly.tied_params or ly.shared_params else ctx.shape_key  # a tie: where its copy is
+        key = (self._nameless_layer(ly), s, shape)
         hit = self._layers.get(key)
         if hit is None:
             if len(self._layers) > MAX_LAYER_ENTRIES:

@@ -51,14 +51,20 @@ class StageContext:
         # Interned once per device group: hashing a pattern costs a pass over the stage's devices.
         pattern_id = c.memoised(("pattern_id", self.group), lambda: c.intern("pattern", self._pattern()[0]))
         key: tuple = (id(c), pattern_id, self.micro_batch_size, self.num_microbatches, self.params, self.cp)
-        if self.tie_devices:  # the tie's links depend on where the other stage is
-            key += (self.group, c.intern("devices", self.tie_devices))
         if not c.is_homogeneous:
             nodes = self.nodes
             props = tuple((c.nodes[n].gpu, c.nodes[n].intra_bw, c.nodes[n].intra_lat_us) for n in nodes)
             links = tuple(c.node_link(a, b) for a in nodes for b in nodes if a != b)
             key += (props, links)
         return key
+
+    @cached_property
+    def tie_key(self) -> tuple:
+        """``shape_key`` for a unit with a tied tensor (``cost_models.ties``), whose cost also depends on where the
+        other copy is (``tie_devices``): this stage's and that stage's devices themselves."""
+        if not self.tie_devices:
+            return self.shape_key
+        return self.shape_key + (self.group, self.cluster.intern("devices", self.tie_devices))
 
     def _pattern(self) -> tuple[tuple[int, ...], list[int]]:
         """Each device's node, relabelled in order of appearance; and those nodes in that order
