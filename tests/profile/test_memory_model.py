@@ -88,3 +88,42 @@ def test_a_profiles_measured_peak_replaces_the_catalogues_achievable_matmul_figu
     assert all(nd.gpu.mamf == 0 and nd.gpu.matmul_factor("tflops") == 1.0 for nd in cluster.nodes)
     assert cluster.nodes[0].gpu.sustained_flops == apply_profile(plain, CostParams(), load_profile(tiny_profile))[0] \
         .nodes[0].gpu.sustained_flops
+
+
+TIE_PLANS = {  # (mbs, m, [(devices, [(unit, strategy)])]) over the HF units view's embed / layers.0-1 / head
+    "one-stage": [(4, 2, [([0, 1], _every(["embed", "layers.0", "layers.1", "head"]))])],
+    "two-stages": [(2, 4, [([0], _every(["embed", "layers.0"])), ([1], _every(["layers.1", "head"]))])],
+    "zero3": [(4, 2, [([0, 1], _every(["embed", "layers.0", "layers.1", "head"], zero=3))])],
+}
+
+
+@pytest.mark.parametrize("case", sorted(TIE_PLANS))
+def test_a_tied_head_holds_its_copy_in_the_runtime_and_in_the_model(tiny_profile, case):
+    """autopar's runtime gives a tied LM head its own copy of the embedding (runtime/ties.py): the ranks hold the
+    tied Llama's model states to the byte as they hold the untied one's, and the traced spec's ``tied_params``
+    makes the cost model say the same (cost_models/ties.py); without the copy it would be V x h short."""
+    transformers = pytest.importorskip("transformers")
+    from autopar.models.hf import from_transformers
+    from autopar.modelspec import spec_from_module
+
+    def build(tied: bool):
+        cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16,
+                                       tie_word_embeddings=tied)
+        return lambda: from_transformers(transformers.LlamaForCausalLM(cfg))
+
+    prof = load_profile(tiny_profile)
+    cluster, params = apply_profile(load_cluster("2xcpu"), CostParams(), prof)
+    g = torch.Generator().manual_seed(0)
+    batch = (torch.randint(0, 64, (8, 16), generator=g), torch.randint(0, 64, (8, 16), generator=g))
+    states = {}
+    for tied in (True, False):
+        model = spec_from_module(build(tied)(), batch[0][:1], name=f"llama-tied-{tied}")
+        plan = _plan(model, cluster, TIE_PLANS[case])
+        runtime = {r.rank: r.state_bytes for r in run_plan(build(tied), plan, batch, steps=0, warmup=1)}
+        predicted = {rank: v["states"] for rank, v in predicted_memory(plan, model, params).items()}
+        assert runtime == predicted, (tied, runtime, predicted)
+        states[tied] = runtime
+        if tied:
+            assert model.layers[-1].tied_params == model.layers[0].shared_params == 64 * 32
+    assert states[True] == states[False]
