@@ -375,7 +375,7 @@ def transient_bytes(layer: Layer, stage: Stage, strategy: Strategy) -> float:
 def transient_bound(layer: Layer, stage: Stage, strategies: list[Strategy], priced: np.ndarray | None = None) -> float:
     """The most ``transient_bytes`` any of ``strategies`` needs: what a search reserves for the layer
     before it has chosen, so every plan it accepts fits under the plan's own estimate too. ``priced``:
-    bytes per strategy the search adds to that strategy's own memory instead (``loss_excess``), taken
+    bytes per strategy the search adds to that strategy's own memory instead (``head_excess``), taken
     off each strategy's transient before the maximum."""
     less = np.zeros(len(strategies)) if priced is None else priced
     return max((transient_bytes(layer, stage, s) - float(x) for s, x in zip(strategies, less)), default=0.0)
