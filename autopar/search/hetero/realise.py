@@ -15,11 +15,11 @@ from autopar.errors import AutoparError
 from autopar.estimate import (
     CostCache,
     PlanEstimate,
-    StageContext,
     boundary_p2p_time,
     estimate_plan,
     stage_cost,
 )
+from autopar.estimate.context import pipeline_contexts
 from autopar.modelspec.spec import ModelSpec
 from autopar.plan.schema import ModelRef, Pipeline, Plan
 from autopar.search.hetero.batch_shares import PipelineRate, allocate, proportional
@@ -154,8 +154,9 @@ class Realiser:
         p = len(sp.stages)
         fb, st, p2p = [], [], 0.0
         index = self.model.index()
-        for i, (devs, layers) in enumerate(zip(sp.stages, sp.layers)):
-            ctx = StageContext(self.cluster, tuple(devs), sp.micro_batch_size, sp.num_microbatches, self.opts.params)
+        ctxs = pipeline_contexts(self.cluster, [tuple(d) for d in sp.stages], sp.micro_batch_size, sp.num_microbatches,
+                                 self.opts.params)  # the first and last stage name each other (tied embeddings)
+        for i, (devs, layers, ctx) in enumerate(zip(sp.stages, sp.layers, ctxs)):
             k = inflight_microbatches(self.opts.schedule, p, i, sp.num_microbatches)
             specs = [self.model.layers[index[ly.name]] for ly in layers]
             _, f, b, s, _ = stage_cost(specs, [ly.strategy for ly in layers], ctx, k, self.costs)
