@@ -89,11 +89,10 @@ def sync_schedule(plan: Plan, model: ModelSpec, params: CostParams, pipes: list[
         stages = []
         for st, st_est, ctx in zip(pipe.stages, est, chunk_contexts(pipe, cluster, params)):
             names = [ly.name for ly in st.layers]
-            for name in names:
-                held[name] = max(held.get(name, 0.0), held_params(model.layers[index[name]], ctx, params))
             bwds = [cache.layer_cost(model.layers[index[ly.name]], ly.strategy, ctx).bwd for ly in st.layers]
             for name in names:
                 holders.setdefault(name, []).append(tuple(st.devices))
+                held[name] = max(held.get(name, 0.0), held_params(model.layers[index[name]], ctx, params))
             stages.append(cp.StageBackward(names, bwds, st_est.bwd_s, st_est.p2p_s))
         backward.append((T, stages))
     ready = cp.ready_times(backward)
