@@ -16,7 +16,7 @@ def unit_ties(units, order: list[str]) -> tuple[dict[str, int], dict[str, int]]:
     shared = dict.fromkeys(order, 0)
     counted: set[int] = set()
     for n, m in sorted(units, key=lambda u: rank.get(u[0], len(rank))):
-        for p in dict.fromkeys(m.parameters()):
+        for p in m.parameters():  # each tensor once per unit (remove_duplicate)
             o = first.setdefault(id(p), owner[n])
             if o != owner[n]:
                 tied[owner[n]] += p.numel()
