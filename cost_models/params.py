@@ -127,7 +127,11 @@ class CostParams:
         saved byte is written once in forward and read once in backward, and its gradient is written
         and read once: about 3. This is what makes a small model on a low-bandwidth GPU (GPT-2 medium
         on a T4: 320 GB/s) and eager attention's s x s scores slow beyond their FLOPs; GEMMs are
-        ``eff_max``'s business. A measured profile times whole units, so it sets this to 0.
+        ``eff_max``'s business. A measured profile times whole units, so it sets this to 0. 3 is the floor
+        fused kernels reach (Megatron's, Transformer Engine's, torch.compile's); a block run op by op moves
+        several times more (11.4 for torchtitan's and transformers' eager Llama blocks, 12.4-14.3 for fms's,
+        counted from the ops they dispatch: ``benchmarks/eager_traffic.py``), which a measured file states
+        for its framework.
 
     Measured refinements (empty by default; ``autopar profile`` fills them, see autopar/profile):
     slot_overhead_s: fixed cost of one micro-batch on one stage, a slot of the pipeline schedule: its

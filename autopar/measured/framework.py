@@ -15,6 +15,10 @@ never fitted to the runs, so a file may state them with their origin::
       by_flag:                                 # more for the cases with a flag set (compile: true)
         compile: {loss_copies: 1}
 
+A fact that depends on the case's model as well as on the framework's code (the memory-bound traffic of an
+eager block, ``benchmarks/eager_traffic.py``, differs with the model's shape) is stated on the case itself,
+``cost_params: {act_traffic: 14.25}``, over the file's (``case_params``).
+
 Every value is checked as a plan's ``cost_params`` is (``read_cost_params``); the loader puts them on
 each case's plan over the precision's defaults (``measured.plan.build_plan``), so the file's runs are
 estimated, scored and calibrated with them. Without the block nothing changes.
@@ -62,6 +66,10 @@ class Framework:
                 out.update(self.by_flag.get(f, {}))
         return out
 
+    def states(self, flag: str) -> bool:
+        """Whether the file states what ``flag`` changes (so the flag is modelled, not just noted)."""
+        return bool(self.by_flag.get(flag))
+
     def note(self) -> list[str]:
         """One note for the run set when the file states anything."""
         if not (self.common or self.by_precision or self.by_flag):
@@ -88,3 +96,12 @@ def read_framework(top: Fields) -> Framework:
         raise AutoparError(f.at("cost_params"), "states no cost parameter", FIX)
     return Framework(name, common, by_precision, by_flag)
 
+
+def case_params(c: Fields) -> dict:
+    """The cost parameters a case states for itself (``cost_params``), checked as a framework's are."""
+    if not c.has("cost_params"):
+        return {}
+    own = read_cost_params(c.raw("cost_params"), c.at("cost_params"), FIX, partial=True)
+    if not own:
+        raise AutoparError(c.at("cost_params"), "states no cost parameter", "give {field: value}, or drop it")
+    return own

@@ -15,7 +15,7 @@ import yaml
 from autopar.errors import AutoparError
 from autopar.fields import Fields, as_list
 from autopar.measured.cluster import UnknownGPU, cluster_for_case
-from autopar.measured.framework import FLAGS, PUBLISHED_TIES, Framework, read_framework
+from autopar.measured.framework import FLAGS, PUBLISHED_TIES, Framework, case_params, read_framework
 from autopar.measured.model import model_from_config
 from autopar.measured.plan import build_plan, chunk_sizes, read_shape, stage_sizes
 from autopar.measured.runs import Run, RunSet, Skip
@@ -29,7 +29,9 @@ SCHEDULES = {"1f1b": "1f1b", "gpipe": "gpipe", "none": "1f1b"}  # none: pp = 1, 
 UNPUBLISHED = ("micro_batch_size", "num_microbatches", "ckpt")
 # torchao's Float8 scaling recipes; the fp8 row of cost_models.precision prices the first (one scale per tensor)
 FLOAT8_RECIPES = ("tensorwise", "rowwise")
-NOT_MODELLED = ("compile",)  # case flags (torchtitan) the cost model has no term for (async_tp: the plan's strategy)
+# case flags (torchtitan) the cost model has no term for unless the file's framework states what they change
+# (by_flag; async_tp is the plan's strategy)
+NOT_MODELLED = ("compile",)
 
 
 def _precision(c: Fields, model: Fields) -> tuple[str, list[str]]:
@@ -138,7 +140,7 @@ def _case(c: Fields, top: Fields, strict: bool, cache: dict, framework: Framewor
     notes += attn_notes
     model, model_notes = model_from_config(cfg, seq, cfg_at, cache, activation_bytes(precision))
     notes += model_notes
-    notes += [f"{c.at(k)}: not modelled" for k in NOT_MODELLED if c.raw(k, False) is True]
+    notes += [f"{c.at(k)}: not modelled" for k in NOT_MODELLED if c.raw(k, False) is True and not framework.states(k)]
     shape = read_shape(c, _per_case_int(c, top, "global_batch_size"), _schedule(top))  # interleaved: v > 1
     world = shape.pp * shape.tp * shape.cp * shape.dp
     if c.has("gpus") and c.req_int("gpus", low=1) != world:
@@ -157,7 +159,7 @@ def _case(c: Fields, top: Fields, strict: bool, cache: dict, framework: Framewor
         cluster = cluster.at_precision(precision)
     except AutoparError as err:  # the GPU has no peak for it: name the case
         raise AutoparError(c.at("precision_mode"), f"{err.field}: {err.problem}", err.fix) from err
-    stated = framework.overrides(precision, {k for k in FLAGS if c.raw(k, False) is True})
+    stated = {**framework.overrides(precision, {k for k in FLAGS if c.raw(k, False) is True}), **case_params(c)}
     cost_params = {**precision_params(precision).to_dict(), **PUBLISHED_TIES, **stated}  # the file's over the defaults
     if stated:
         check_state_bytes(cost_params, top.at("framework"))

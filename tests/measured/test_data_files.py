@@ -47,3 +47,39 @@ def test_step_times_from_tokens_per_gpu_reproduce_the_published_throughput(path)
         assert c["measured_s"] == pytest.approx(gbs * seq / (tps * gpus), rel=2e-3), c["id"]
         checked += 1
     assert checked
+
+
+def _eager_traffic():
+    """benchmarks/eager_traffic.py as a module (benchmarks/ is not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("eager_traffic", DATA.parent / "eager_traffic.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_eager_traffic_a_file_states_is_the_count_of_its_framework_s_block():
+    """act_traffic stated for an eager framework is counted (benchmarks/eager_traffic.py), never fitted: each
+    stated figure is the count for the case's own shape under that framework's transcribed block."""
+    bench = _eager_traffic()
+    checked = 0
+    for path, block in ((DATA / "torchtitan_h100_llama3_202412.yaml", bench.torchtitan_block),
+                        (DATA / "fms_fsdp_a100_llama2_202403.yaml", bench.fms_block),
+                        (DATA / "fms_fsdp_h100_llama2_202403.yaml", bench.fms_block)):
+        doc = yaml.safe_load(path.read_text())
+        seen = set()
+        for c in doc["cases"]:
+            if c.get("compile"):
+                continue
+            stated = (c.get("cost_params") or {}).get("act_traffic", doc["framework"]["cost_params"].get("act_traffic"))
+            cfg = c["hf_config"]
+            shape = (cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"],
+                     cfg["intermediate_size"], c.get("seq_len", doc["model"].get("seq_len")))
+            if shape in seen:
+                continue
+            seen.add(shape)
+            counted = block(*shape)
+            assert stated == pytest.approx((counted["fwd"] + counted["bwd"]) / bench.saved_bytes(*shape), abs=0.006)
+            checked += 1
+    assert checked == 9  # torchtitan's eager 8B; fms's 7B, 13B, 34B, 70B in each of its two files

@@ -109,6 +109,51 @@ def test_by_flag_applies_to_the_cases_with_the_flag(tmp_path):
     assert rs.notes[-1] == "framework example: loss_copies 3.0; compile: loss_copies 1.0"
 
 
+def test_compile_is_noted_unmodelled_until_the_framework_states_it(tmp_path):
+    def flagged(doc):
+        doc["cases"][0]["compile"] = True
+
+    def stated(doc):
+        flagged(doc)
+        _framework(cost_params={"act_traffic": 11.4}, by_flag={"compile": {"act_traffic": 3.0}})(doc)
+
+    plain = _by_id(load_runs(write(tmp_path, flagged, name="flagged.yaml")))["pp2"]
+    got = _by_id(load_runs(write(tmp_path, stated)))
+    assert "case pp2.compile: not modelled" in " ".join(plain.notes)
+    assert not any("not modelled" in n for n in got["pp2"].notes)
+    assert plan_cost_params(got["pp2"].plan).act_traffic == 3.0
+    assert plan_cost_params(got["tp2-even"].plan).act_traffic == 11.4  # eager: more traffic, a slower step
+    eager = estimate_plan(got["tp2-even"].plan, got["tp2-even"].model).step_time_s
+    other = _by_id(load_runs(write(tmp_path, name="plain.yaml")))["tp2-even"]
+    assert eager > estimate_plan(other.plan, other.model).step_time_s
+
+
+def test_a_case_states_its_own_params_over_the_framework_s(tmp_path):
+    def edit(doc):
+        _framework(cost_params={"act_traffic": 11.4, "loss_copies": 1.5})(doc)
+        doc["cases"][1]["cost_params"] = {"act_traffic": 14.25}  # tp2-even
+
+    got = _by_id(load_runs(write(tmp_path, edit)))
+    assert plan_cost_params(got["tp2-even"].plan).act_traffic == 14.25
+    assert plan_cost_params(got["tp2-even"].plan).loss_copies == 1.5
+    assert plan_cost_params(got["pp2"].plan).act_traffic == 11.4
+
+
+@pytest.mark.parametrize("params, start", [
+    ({"act_trafic": 3}, "tiny.yaml:case tp2-even.cost_params.act_trafic: is not a cost_params field"),
+    ({"act_traffic": -1}, "tiny.yaml:case tp2-even.cost_params.act_traffic: must be >= 0"),
+    ({}, "tiny.yaml:case tp2-even.cost_params: states no cost parameter"),
+])
+def test_bad_case_params_are_one_line_naming_the_field(tmp_path, params, start):
+    def edit(doc):
+        doc["cases"][1]["cost_params"] = params
+
+    with pytest.raises(AutoparError) as info:
+        load_runs(write(tmp_path, edit))
+    assert "\n" not in str(info.value)
+    assert str(info.value).startswith(start), str(info.value)
+
+
 def test_unknown_flag_is_refused(tmp_path):
     with pytest.raises(AutoparError) as info:
         load_runs(write(tmp_path, _framework(by_flag={"float8": {"loss_copies": 1}})))
