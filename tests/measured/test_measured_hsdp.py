@@ -71,10 +71,14 @@ def test_ckpt_every_checkpoints_every_kth_block_only(tmp_path):
 def test_fms_fsdp_files_read_every_case():
     for gpu, gpus, nodes in (("a100", 128, 16), ("h100", 96, 12)):
         rs = load_runs(DATA / f"fms_fsdp_{gpu}_llama2_202403.yaml", strict=True)
-        assert not rs.skipped and not rs.failed and len(rs.runs) == 4
+        assert not rs.skipped and not rs.failed and len(rs.runs) == 5
         runs = {r.case_id: r for r in rs.runs}
-        assert len(runs[f"fms-{gpu}-7b"].plan.pipelines) == nodes  # HSDP: one replica per node
-        assert all(len(r.plan.pipelines) == 1 for k, r in runs.items() if not k.endswith("-7b"))
+        for hsdp in ("7b", "7b-compile"):
+            assert len(runs[f"fms-{gpu}-{hsdp}"].plan.pipelines) == nodes  # HSDP: one replica per node
+        assert all(len(r.plan.pipelines) == 1 for k, r in runs.items() if "-7b" not in k)
+        # eager blocks move the counted traffic (benchmarks/eager_traffic.py); compiled ones the fused floor
+        assert runs[f"fms-{gpu}-7b"].plan.search["cost_params"]["act_traffic"] == 14.25
+        assert runs[f"fms-{gpu}-7b-compile"].plan.search["cost_params"]["act_traffic"] == 3.0
         assert all(r.plan.world_size == gpus for r in rs.runs)
         ckpt = [sl.strategy.ckpt for sl in runs[f"fms-{gpu}-13b"].plan.pipelines[0].stages[0].layers[1:-1]]
         assert ckpt.count("full") == ckpt.count("none") == 20  # every 2nd of 40 blocks
