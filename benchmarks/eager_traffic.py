@@ -202,6 +202,10 @@ class FmsBlock(nn.Module):
 # ---- end of transcription ----
 
 
+def _as_row(c) -> dict:
+    return {"fwd": c.fwd_bytes, "bwd": c.bwd_bytes, "by_op": dict(c.by_op.most_common())}
+
+
 def torchtitan_block(dim: int, heads: int, kv: int, hidden: int, seq: int) -> dict:
     """Counted bytes of one forward + backward of torchtitan's block, bf16 (FSDP2's param_dtype), one sample."""
     with torch.device("meta"):
@@ -209,7 +213,7 @@ def torchtitan_block(dim: int, heads: int, kv: int, hidden: int, seq: int) -> di
         x = torch.empty(1, seq, dim, dtype=DTYPE, requires_grad=True)
         freqs = torch.empty(seq, dim // heads // 2, dtype=torch.complex64)  # precompute_freqs_cis: complex64
     c = count_traffic(lambda: block(x, freqs))
-    return {"fwd": c.fwd_bytes, "bwd": c.bwd_bytes, "by_op": dict(c.by_op.most_common())}
+    return _as_row(c)
 
 
 def fms_block(dim: int, heads: int, kv: int, hidden: int, seq: int) -> dict:
@@ -220,7 +224,7 @@ def fms_block(dim: int, heads: int, kv: int, hidden: int, seq: int) -> dict:
         freqs = torch.empty(seq, dim // heads // 2, 2, 2)  # compute_freqs_cis: fp32 rotation matrices
         pos = torch.arange(seq)[None]
     c = count_traffic(lambda: block(x, freqs, pos))
-    return {"fwd": c.fwd_bytes, "bwd": c.bwd_bytes, "by_op": dict(c.by_op.most_common())}
+    return _as_row(c)
 
 
 def hf_block(dim: int, heads: int, kv: int, hidden: int, seq: int) -> dict:
@@ -241,7 +245,7 @@ def hf_block(dim: int, heads: int, kv: int, hidden: int, seq: int) -> dict:
         pos = torch.arange(seq)[None]
         cos, sin = rope(x, pos)
     c = count_traffic(lambda: layer(x, attention_mask=None, position_embeddings=(cos, sin), position_ids=pos))
-    return {"fwd": c.fwd_bytes, "bwd": c.bwd_bytes, "by_op": dict(c.by_op.most_common())}
+    return _as_row(c)
 
 
 def saved_bytes(dim: int, heads: int, kv: int, hidden: int, seq: int) -> float:

@@ -39,7 +39,6 @@ import json
 import math
 import os
 import statistics
-from dataclasses import replace
 from pathlib import Path
 
 import yaml
@@ -155,7 +154,7 @@ def score(rs: RunSet, select: bool = False) -> dict:
         fitted = held.get("fitted", by_group.get(run.group))
         cal_fits = None
         if fitted is not None and any(k in fitted for k in ("act_mem_factor", "reserve_gib")):
-            cal_fits = estimate_plan(run.plan, run.model, replace(plan_cost_params(run.plan), **fitted)).fits
+            cal_fits = estimate_plan(run.plan, run.model, plan_cost_params(run.plan).with_fitted(fitted)).fits
         cases.append({"id": run.case_id, "group": run.group, "status": run.status, "measured_s": run.measured_s,
                       "predicted_s": est.step_time_s, "fits": est.fits, "max_memory_gib": est.max_memory_gib,
                       "measured_memory_gib": run.measured_memory_gib,

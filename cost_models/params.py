@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 
 GIB = 1024**3
 # The measured achievable matmul efficiency (catalogue ``mamf``) of the GPU ``CostParams.eff_max`` was set on: the
@@ -11,6 +11,10 @@ GIB = 1024**3
 # without a figure their speed; ``cost_models.compute.layer_efficiency`` splits eff_max at this figure into the
 # matmuls and the rest of a layer.
 REFERENCE_MAMF = 0.869
+# Fields whose value a framework states relative to the default's meaning: act_traffic is the default's fused
+# kernels' traffic, and an eager framework's counted figure a multiple of it. A fitted value of such a field is a
+# fit of the default's quantity, so it scales a stated value by fitted / default (``CostParams.with_fitted``).
+RELATIVE_FIELDS = ("act_traffic",)
 
 
 @dataclass(frozen=True)
@@ -214,6 +218,14 @@ class CostParams:
             if c == collective and n == group_size:
                 return alpha, beta
         return None
+
+    def with_fitted(self, fitted: dict) -> CostParams:
+        """These parameters with a calibration's ``fitted`` fields: a field of ``RELATIVE_FIELDS`` scales this
+        value by fitted / the default (an eager framework's stated traffic keeps its ratio to fused kernels when
+        a fit moves theirs; at the default it is the fitted value), any other field is replaced."""
+        default = CostParams()
+        return replace(self, **{k: getattr(self, k) * v / getattr(default, k) if k in RELATIVE_FIELDS else v
+                                for k, v in fitted.items()})
 
     def to_dict(self) -> dict:
         return asdict(self)

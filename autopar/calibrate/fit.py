@@ -2,7 +2,8 @@
 
 Residuals are ``log(predicted / measured)`` per run (step time for the table's time rows; peak memory
 per GPU, for the memory rows, over the runs that publish one), each run estimated with its own cost parameters
-(``CalRun.base``) with the fitted fields replaced; ``scipy.optimize.least_squares`` minimises them
+(``CalRun.base``) with the fitted fields (``CostParams.with_fitted``: replaced, or scaled where a framework states
+its own act_traffic); ``scipy.optimize.least_squares`` minimises them
 with a robust loss (soft_l1: one odd run does not pull the fit) over the chosen table rows, in their
 fit coordinates (log space for scales) within their bounds, from their start points. Every evaluation
 shares one ``CostCache`` across the runs (equal layers under equal strategies are priced once).
@@ -15,7 +16,7 @@ run's prediction depends on, or two fields the runs cannot tell apart (a rank de
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 from scipy.optimize import least_squares
@@ -36,7 +37,7 @@ def evaluate(runs: list[CalRun], fitted: dict[str, float]) -> tuple[np.ndarray, 
     """(predicted step seconds, predicted peak GiB per GPU) of ``runs``, each with its own cost parameters
     and the ``fitted`` fields (``{}``: the run's own alone); one CostCache shared by the runs."""
     cache = CostCache()
-    ests = [estimate_plan(r.plan, r.model, replace(r.base, **fitted), cache) for r in runs]
+    ests = [estimate_plan(r.plan, r.model, r.base.with_fitted(fitted), cache) for r in runs]
     return np.array([e.step_time_s for e in ests]), np.array([e.max_memory_gib for e in ests])
 
 

@@ -82,7 +82,7 @@ def _apply_calibration(cluster: Cluster, params: CostParams, calibration: Profil
     links = calibration.get("communication") or {}
     if links.get("link") or links.get("inter_link"):
         cluster = with_links(cluster, links.get("link"), links.get("inter_link"))
-    return cluster, replace(params, **fitted)
+    return cluster, params.with_fitted(fitted)
 
 
 def apply_profile(cluster: Cluster, params: CostParams, profile: Profile) -> tuple[Cluster, CostParams]:
