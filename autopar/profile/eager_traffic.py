@@ -28,12 +28,13 @@ from torch.utils._pytree import tree_flatten
 # Priced by FLOPs, not by memory traffic: dense matmuls and the fused attention kernels.
 COMPUTE_OPS = ("mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "_scaled_mm", "convolution",
                "convolution_backward")
-# Ops that only reinterpret a tensor's metadata (no kernel, no traffic).
+# Ops that only reinterpret a tensor's metadata, or allocate storage without writing it (no kernel, no traffic).
+# Fills (zeros, ones, fill_) write their output and are counted.
 VIEW_OPS = ("view", "_unsafe_view", "reshape", "expand", "transpose", "t", "permute", "as_strided", "slice",
             "select", "unsqueeze", "squeeze", "view_as_complex", "view_as_real", "_reshape_alias", "detach",
-            "alias", "split", "split_with_sizes", "unbind", "chunk", "narrow", "_to_copy_view", "lift_fresh",
-            "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "zeros", "ones", "arange",
-            "_local_scalar_dense", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "is_same_size")
+            "alias", "split", "split_with_sizes", "unbind", "chunk", "narrow", "lift_fresh", "_local_scalar_dense",
+            "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "is_same_size")
+ALLOC_OPS = ("empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided")
 
 
 def _bytes(tensors: list) -> int:
@@ -44,7 +45,7 @@ def counted(name: str) -> bool:
     """Whether an aten op's traffic is memory-bound work the count includes (``name``: the overload packet's
     name, e.g. ``mul`` or ``_fused_rms_norm``)."""
     base = name.rstrip("_")
-    return not (base in COMPUTE_OPS or base in VIEW_OPS or "attention" in base)
+    return not (base in COMPUTE_OPS or base in VIEW_OPS or base in ALLOC_OPS or "attention" in base)
 
 
 @dataclass
