@@ -185,15 +185,23 @@ class StageContext:
         return self.cluster.memoised(("tie_pairs", self.group, tuple(self.tie_devices)), lambda: self._links(pairs))
 
 
+def tie_partner(stage: int, stages: int) -> int | None:
+    """The stage holding the other copy of a tied tensor for stage ``stage`` of ``stages``: the first and the
+    last stage, where tied embeddings' two copies sit, name each other; None for the others and a lone stage."""
+    if stages < 2 or 0 < stage < stages - 1:
+        return None
+    return stages - 1 if stage == 0 else 0
+
+
 def pipeline_contexts(cluster: Cluster, stages: list[tuple[int, ...]], micro_batch_size: int, num_microbatches: int,
                       params: CostParams) -> list[StageContext]:
-    """The contexts of one pipeline's stages (devices in stage order): the first and the last stage, where
-    tied embeddings' two copies sit, name each other's devices (``tie_devices``)."""
+    """The contexts of one pipeline's stages (devices in stage order), each naming its ``tie_partner``'s devices
+    (``tie_devices``)."""
     out = []
     for i, devs in enumerate(stages):
-        partner = stages[-1] if i == 0 else stages[0] if i == len(stages) - 1 else ()
+        partner = tie_partner(i, len(stages))
         out.append(StageContext(cluster, tuple(devs), micro_batch_size, num_microbatches, params,
-                                tie_devices=tuple(partner) if len(stages) > 1 else ()))
+                                tie_devices=() if partner is None else tuple(stages[partner])))
     return out
 
 

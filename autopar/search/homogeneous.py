@@ -31,6 +31,7 @@ from autopar.estimate import (
     layout_switch_time,
     stage_link,
 )
+from autopar.estimate.context import tie_partner
 from autopar.estimate.pipeline import estimate_pipeline
 from autopar.modelspec.spec import ModelSpec
 from autopar.plan.schema import ModelRef, Pipeline, Plan, Stage, StageLayer
@@ -104,7 +105,8 @@ class HomogeneousSearch:
         last stage as the other holder of a tied tensor (``pipeline_contexts``), so tied embeddings' copy and
         sync are priced where the plan's estimate prices them."""
         mbs = self.global_batch_size // m
-        tie = tuple(self.stage_devices(p, p - 1)) if p > 1 else ()
+        partner = tie_partner(0, p)
+        tie = () if partner is None else tuple(self.stage_devices(p, partner))
         return StageContext(self.cluster, tuple(self.stage_devices(p, 0)), mbs, m, self.opts.params, self.opts.cp,
                             tie_devices=tie)
 

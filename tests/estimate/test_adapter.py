@@ -94,3 +94,13 @@ def test_memory_is_per_stage_and_the_per_device_views_agree():
         assert est.memory_gib == dict.fromkeys(range(4), peak)
         assert est.budget_gib == {0: small, 1: small, 2: peak * 2, 3: peak * 2}
         assert est.fits is fits is all(est.memory_gib[d] <= est.budget_gib[d] for d in range(4))
+
+
+def test_the_first_and_last_stage_name_each_other_as_tie_holders():
+    from autopar.estimate.context import pipeline_contexts, tie_partner
+
+    assert [tie_partner(i, 4) for i in range(4)] == [3, None, None, 0]
+    assert tie_partner(0, 2) == 1 and tie_partner(1, 2) == 0 and tie_partner(0, 1) is None
+    stages = [(0,), (1,), (2,)]
+    ctxs = pipeline_contexts(small_cluster(4), stages, 2, 4, CostParams())
+    assert [c.tie_devices for c in ctxs] == [(2,), (), (0,)]
