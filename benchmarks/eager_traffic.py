@@ -6,7 +6,9 @@ rotary embedding three more over q and k, SwiGLU two over the FFN width, and aut
 ``autopar.profile.eager_traffic.count_traffic`` counts what those kernels move in one forward and backward of a
 block on the meta device (nothing is computed; matmuls and attention are priced by FLOPs and not counted), and
 the ratio to the block's saved activations (``LayerSpec.saved_bytes``, what the cost model multiplies) is the
-``act_traffic`` that prices the eager block. Nothing is fitted to a measured time.
+``act_traffic`` that prices the eager block. Nothing is fitted to a measured time. The table also gives the
+kernels a block launches (aten ops other than views and allocations; the attention stand-in's none), forward and
+backward: what a per-layer-call launch cost (``CostParams.layer_overhead_s``) multiplies.
 
 Blocks counted:
 
@@ -203,7 +205,8 @@ class FmsBlock(nn.Module):
 
 
 def _as_row(c) -> dict:
-    return {"fwd": c.fwd_bytes, "bwd": c.bwd_bytes, "by_op": dict(c.by_op.most_common())}
+    return {"fwd": c.fwd_bytes, "bwd": c.bwd_bytes, "by_op": dict(c.by_op.most_common()),
+            "kernels": (c.fwd_kernels, c.bwd_kernels)}
 
 
 def torchtitan_block(dim: int, heads: int, kv: int, hidden: int, seq: int) -> dict:
@@ -274,6 +277,7 @@ def rows() -> list[dict]:
             out.append({"model": name, "block": label, "seq_len": seq, "fwd_bytes_per_token": c["fwd"] / seq,
                         "bwd_bytes_per_token": c["bwd"] / seq, "saved_bytes_per_token": saved / seq,
                         "act_traffic": (c["fwd"] + c["bwd"]) / saved, "bwd_over_fwd": c["bwd"] / c["fwd"],
+                        "kernels_fwd": c["kernels"][0], "kernels_bwd": c["kernels"][1],
                         "top_ops": dict(list(c["by_op"].items())[:8])})
     return out
 
@@ -284,10 +288,11 @@ def main() -> None:
     args = ap.parse_args()
     table = rows()
     print(f"{'model':12s} {'block':32s} {'fwd B/tok':>10s} {'bwd B/tok':>10s} {'saved B/tok':>11s} "
-          f"{'act_traffic':>11s} {'bwd/fwd':>7s}")
+          f"{'act_traffic':>11s} {'bwd/fwd':>7s} {'kernels f/b':>11s}")
     for r in table:
         print(f"{r['model']:12s} {r['block']:32s} {r['fwd_bytes_per_token']:10.0f} {r['bwd_bytes_per_token']:10.0f} "
-              f"{r['saved_bytes_per_token']:11.0f} {r['act_traffic']:11.2f} {r['bwd_over_fwd']:7.2f}")
+              f"{r['saved_bytes_per_token']:11.0f} {r['act_traffic']:11.2f} {r['bwd_over_fwd']:7.2f} "
+              f"{r['kernels_fwd']:5d}/{r['kernels_bwd']:<5d}")
     Path(args.output).write_text(json.dumps({"what": __doc__.splitlines()[0], "fused_act_traffic": 3.0,
                                              "rows": table}, indent=1) + "\n")
 

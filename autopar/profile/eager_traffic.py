@@ -55,17 +55,22 @@ class TrafficCount:
     fwd_bytes: int = 0
     bwd_bytes: int = 0
     by_op: Counter = field(default_factory=Counter)
+    fwd_kernels: int = 0  # ops that launch a kernel (counted and compute ops; views and allocations do not)
+    bwd_kernels: int = 0
 
 
 class _Meter(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.total = 0
+        self.kernels = 0
         self.by_op: Counter = Counter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         name = func.overloadpacket.__name__
+        base = name.rstrip("_")
+        self.kernels += base not in VIEW_OPS and base not in ALLOC_OPS
         if counted(name):
             moved = _bytes(tree_flatten((args, kwargs))[0]) + _bytes(tree_flatten(out)[0])
             self.total += moved
@@ -79,11 +84,11 @@ def count_traffic(forward: Callable[[], torch.Tensor], grad: torch.Tensor | None
     count = TrafficCount()
     with _Meter() as meter:
         out = forward()
-    count.fwd_bytes, count.by_op = meter.total, Counter(meter.by_op)
+    count.fwd_bytes, count.fwd_kernels, count.by_op = meter.total, meter.kernels, Counter(meter.by_op)
     seed = grad if grad is not None else torch.ones_like(out)
     with _Meter() as meter:
         out.backward(seed)
-    count.bwd_bytes = meter.total
+    count.bwd_bytes, count.bwd_kernels = meter.total, meter.kernels
     count.by_op.update({f"{k} (bwd)": v for k, v in meter.by_op.items()})
     return count
 

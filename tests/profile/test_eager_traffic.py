@@ -16,6 +16,7 @@ def test_an_elementwise_op_reads_its_input_and_writes_its_output():
     assert c.fwd_bytes == 2 * T * H * 4  # read x, write the product (fp32)
     assert c.bwd_bytes == 2 * T * H * 4  # the gradient: grad * 2
     assert c.by_op["mul"] == c.fwd_bytes
+    assert (c.fwd_kernels, c.bwd_kernels) == (1, 1)
 
 
 def test_matmuls_and_views_move_nothing_counted():
@@ -24,6 +25,7 @@ def test_matmuls_and_views_move_nothing_counted():
     c = count_traffic(lambda: (x @ w).view(T, 3, H).transpose(0, 1))
     assert c.fwd_bytes == 0
     assert c.bwd_bytes == 0
+    assert c.fwd_kernels == 1  # the matmul launches a kernel; the view and transpose do not
     assert not counted("mm") and not counted("view") and not counted("_scaled_dot_product_flash_attention")
     assert counted("add_") and counted("_to_copy") and counted("zeros")  # a fill writes its output
     assert not counted("empty_like")  # an allocation writes nothing
