@@ -231,8 +231,12 @@ def fms_block(dim: int, heads: int, kv: int, hidden: int, seq: int) -> dict:
 
 
 def hf_block(dim: int, heads: int, kv: int, hidden: int, seq: int) -> dict:
-    """The same for transformers' LlamaDecoderLayer, its attention the fused stand-in."""
-    from transformers import AttentionInterface, LlamaConfig
+    """The same for transformers' LlamaDecoderLayer, its attention the fused stand-in (transformers >= 4.48, whose
+    AttentionInterface takes a registered attention function; None with an older release)."""
+    try:
+        from transformers import AttentionInterface, LlamaConfig
+    except ImportError:
+        return None
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
     def attend(module, q, k, v, mask, **kw):  # HF's attention interface: (output [b, s, h, d], weights)
@@ -247,8 +251,11 @@ def hf_block(dim: int, heads: int, kv: int, hidden: int, seq: int) -> dict:
         x = torch.empty(1, seq, dim, dtype=DTYPE, requires_grad=True)
         pos = torch.arange(seq)[None]
         cos, sin = rope(x, pos)
-    c = count_traffic(lambda: layer(x, attention_mask=None, position_embeddings=(cos, sin), position_ids=pos))
-    return _as_row(c)
+    def forward():
+        out = layer(x, attention_mask=None, position_embeddings=(cos, sin), position_ids=pos)
+        return out[0] if isinstance(out, tuple) else out  # releases before 4.54 return (hidden, ...)
+
+    return _as_row(count_traffic(forward))
 
 
 def saved_bytes(dim: int, heads: int, kv: int, hidden: int, seq: int) -> float:
@@ -274,6 +281,9 @@ def rows() -> list[dict]:
         for impl in impls:
             label, fn = BLOCKS[impl]
             c = fn(dim, heads, kv, hidden, seq)
+            if c is None:
+                print(f"{name}: {label} skipped (this transformers has no AttentionInterface)")
+                continue
             out.append({"model": name, "block": label, "seq_len": seq, "fwd_bytes_per_token": c["fwd"] / seq,
                         "bwd_bytes_per_token": c["bwd"] / seq, "saved_bytes_per_token": saved / seq,
                         "act_traffic": (c["fwd"] + c["bwd"]) / saved, "bwd_over_fwd": c["bwd"] / c["fwd"],
