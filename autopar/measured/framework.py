@@ -101,7 +101,8 @@ def case_params(c: Fields) -> dict:
     """The cost parameters a case states for itself (``cost_params``), checked as a framework's are."""
     if not c.has("cost_params"):
         return {}
-    own = read_cost_params(c.raw("cost_params"), c.at("cost_params"), FIX, partial=True)
+    fix = "give the case cost_params: {field: value} (a CostParams field and its number), or drop it"
+    own = read_cost_params(c.raw("cost_params"), c.at("cost_params"), fix, partial=True)
     if not own:
-        raise AutoparError(c.at("cost_params"), "states no cost parameter", "give {field: value}, or drop it")
+        raise AutoparError(c.at("cost_params"), "states no cost parameter", fix)
     return own
