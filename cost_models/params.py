@@ -32,7 +32,9 @@ class CostParams:
         on the CUDA cores), the part of eff_max beyond the matmuls keeps its half-precision time
         (``compute.layer_efficiency``).
     layer_overhead_s: fixed time per layer call (forward; backward pays it twice): kernel launches
-        and dispatch, ~10 kernels of ~5 us on a GPU. It is what makes small per-rank work slow.
+        and dispatch, ~10 kernels of ~5 us on a GPU. It is what makes small per-rank work slow. Fused
+        blocks launch about that many; an eager Llama block launches 35-38 kernels forward and 62-70 backward
+        (``benchmarks/eager_traffic.py``), which matters only where the CPU, not the GPU, sets the pace.
     param_bytes: bytes of a parameter in the compute dtype (bf16).
     grad_comm_bytes: bytes per gradient element on the wire (fp32 reduction, the Megatron/FSDP2 default).
     grad_bytes: bytes per gradient element in the gradient buffer a rank holds (fp32: Megatron-LM
