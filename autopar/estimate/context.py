@@ -205,11 +205,17 @@ def pipeline_contexts(cluster: Cluster, stages: list[tuple[int, ...]], micro_bat
     return out
 
 
+def stage_contexts(pipe: object, cluster: Cluster, params: CostParams) -> list[StageContext]:
+    """A plan pipeline's context per physical stage (``pipeline_contexts`` of ``pipe.physical_stages``: every
+    stage of a pipeline without interleaving)."""
+    return pipeline_contexts(cluster, [tuple(st.devices) for st in pipe.physical_stages], pipe.micro_batch_size,
+                             pipe.num_microbatches, params)
+
+
 def chunk_contexts(pipe: object, cluster: Cluster, params: CostParams) -> list[StageContext]:
     """A plan pipeline's context per entry of ``pipe.stages`` (chunk g of an interleaved pipeline runs on
-    physical stage g mod p): ``pipeline_contexts`` of its physical stages."""
-    phys = pipeline_contexts(cluster, [tuple(st.devices) for st in pipe.physical_stages], pipe.micro_batch_size,
-                             pipe.num_microbatches, params)
+    physical stage g mod p): ``stage_contexts``."""
+    phys = stage_contexts(pipe, cluster, params)
     return [phys[g % len(phys)] for g in range(len(pipe.stages))]
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from autopar.cluster.cluster import Cluster
 from autopar.estimate.cache import CostCache
-from autopar.estimate.context import context_link, pipeline_contexts
+from autopar.estimate.context import context_link, stage_contexts
 from autopar.estimate.pipeline import StageEstimate, estimate_pipeline, pipeline_time, spec_layers, stage_cost
 from autopar.estimate.zero_bubble import estimate_zero_bubble
 from autopar.modelspec.spec import ModelSpec
@@ -30,7 +30,7 @@ def estimate_interleaved(pipe: Pipeline, model: ModelSpec, cluster: Cluster, par
     """Per-chunk estimates (in the plan's chunk order) of one interleaved pipeline and its step time."""
     index = model.index()
     p, v, m, mbs = pipe.num_stages, pipe.virtual_stages, pipe.num_microbatches, pipe.micro_batch_size
-    ctxs = pipeline_contexts(cluster, [tuple(st.devices) for st in pipe.physical_stages], mbs, m, params)
+    ctxs = stage_contexts(pipe, cluster, params)
     table = schedule_table("interleaved", p, m, v)
     chunks = []  # per chunk g: (layers, strategies, cost at 0 in flight, activation bytes of one micro-batch)
     for g, st in enumerate(pipe.stages):

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from autopar.cluster.cluster import GIB, Cluster
 from autopar.errors import AutoparError
 from autopar.estimate.cache import CostCache
-from autopar.estimate.context import StageContext, context_link, pipeline_contexts, stage_link
+from autopar.estimate.context import StageContext, context_link, stage_contexts, stage_link
 from autopar.modelspec.spec import LayerSpec, ModelSpec
 from autopar.plan.schema import Pipeline, Strategy
 from cost_models import CostParams
@@ -109,8 +109,7 @@ def pipeline_stages(pipe: Pipeline, model: ModelSpec, cluster: Cluster, schedule
     cache = cache if cache is not None else CostCache()
     index = model.index()
     p = len(pipe.stages)
-    ctxs = pipeline_contexts(cluster, [tuple(st.devices) for st in pipe.stages], pipe.micro_batch_size,
-                             pipe.num_microbatches, params)
+    ctxs = stage_contexts(pipe, cluster, params)
     out: list[StageEstimate] = []
     for i, (st, ctx) in enumerate(zip(pipe.stages, ctxs)):
         layers = spec_layers(model, index, [ly.name for ly in st.layers])

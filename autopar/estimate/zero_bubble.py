@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from autopar.cluster.cluster import Cluster
 from autopar.estimate.cache import CostCache
-from autopar.estimate.context import context_link, pipeline_contexts
+from autopar.estimate.context import context_link, stage_contexts
 from autopar.estimate.pipeline import StageEstimate, spec_layers, stage_cost
 from autopar.modelspec.spec import ModelSpec
 from autopar.plan.schema import Pipeline
@@ -37,7 +37,7 @@ def estimate_zero_bubble(pipe: Pipeline, model: ModelSpec, cluster: Cluster, par
     cache = cache if cache is not None else CostCache()
     index = model.index()
     p, m, mbs = len(pipe.stages), pipe.num_microbatches, pipe.micro_batch_size
-    ctxs = pipeline_contexts(cluster, [tuple(st.devices) for st in pipe.stages], mbs, m, params)
+    ctxs = stage_contexts(pipe, cluster, params)
     ks = zero_bubble_inflight(p, m)
     out: list[StageEstimate] = []
     costs, fwds, steps, wgt, p2p = [], [], [], [], []

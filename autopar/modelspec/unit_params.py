@@ -9,13 +9,12 @@ from torch import nn
 def unit_ties(units, order: list[str]) -> tuple[dict[str, int], dict[str, int]]:
     """(tied, shared) parameter counts per unit: what a unit uses of an earlier unit's tensors (the runtime's
     copy, ``LayerSpec.tied_params``) and what of its own a later unit uses (``LayerSpec.shared_params``)."""
-    rank = {n: i for i, n in enumerate(order)}
     owner = owners(units, order)
     first: dict[int, str] = {}
     tied = dict.fromkeys(order, 0)
     shared = dict.fromkeys(order, 0)
     counted: set[int] = set()
-    for n, m in sorted(units, key=lambda u: rank.get(u[0], len(rank))):
+    for n, m in in_run_order(units, order):
         for p in m.parameters():  # each tensor once per unit (remove_duplicate)
             o = first.setdefault(id(p), owner[n])
             if o != owner[n]:
@@ -24,6 +23,12 @@ def unit_ties(units, order: list[str]) -> tuple[dict[str, int], dict[str, int]]:
                     counted.add(id(p))
                     shared[o] += p.numel()
     return tied, shared
+
+
+def in_run_order(units, order: list[str]) -> list:
+    """``units`` ((name, module) pairs) in the order they ran (``order``), those that never ran last (stable)."""
+    rank = {n: i for i, n in enumerate(order)}
+    return sorted(units, key=lambda u: rank.get(u[0], len(rank)))
 
 
 def owners(units, order: list[str]) -> dict[str, str]:
@@ -40,12 +45,10 @@ def owners(units, order: list[str]) -> dict[str, str]:
 
 def unit_params(module: nn.Module, units, order: list[str]) -> dict[str, list[nn.Parameter]]:
     """Each parameter once, by unit: first runner of a tied weight; root's own -> first unit; unused -> previous."""
-    rank = {n: i for i, n in enumerate(order)}
     owner = owners(units, order)
     seen: set[int] = set()
     out: dict[str, list[nn.Parameter]] = {n: [] for n in order}
-    by_order = sorted(units, key=lambda u: rank.get(u[0], len(rank)))
-    for n, m in by_order:
+    for n, m in in_run_order(units, order):
         for p in m.parameters():
             if id(p) not in seen:
                 seen.add(id(p))
