@@ -23,7 +23,8 @@ Tied input / output embeddings (GPT-2, ``tie_word_embeddings``) stay tied: the e
 share the one tensor, as in the HF model; ``wrap`` keeps a synchronised copy per unit
 (autopar.runtime.ties), so training equals the tied single-process model.
 
-Blocks get an explicit causal mask (correct for every attention implementation). Selective
+Blocks get an explicit causal mask where their attention implementation needs one (eager), none where it
+masks causally itself (SDPA, flash: ``hf_units.block_mask``), which keeps SDPA on its flash kernel. Selective
 checkpointing recomputes the whole attention module: HF's attention core is a function, not a module.
 Build the HF model with real weights (same seed on every rank, or ``from_pretrained``), or on the
 meta device (``with torch.device("meta"): AutoModelForCausalLM.from_config(cfg)``): ``wrap`` then
@@ -39,7 +40,7 @@ import torch
 from torch import nn
 
 from autopar.errors import AutoparError
-from autopar.models.hf_units import HFCausalLM, causal_mask
+from autopar.models.hf_units import HFCausalLM, block_mask
 
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "mixtral", "qwen2_moe")
 _HF_STYLES = {"colwise": "colwise", "rowwise": "rowwise"}  # HF style name -> autopar style name
@@ -86,7 +87,7 @@ class HFRotaryBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         cpg = self.cp_attention
         if cpg is None:
-            pos, mask = torch.arange(x.shape[1], device=x.device)[None], causal_mask(x)
+            pos, mask = torch.arange(x.shape[1], device=x.device)[None], block_mask(self.layer.self_attn, x)
         else:
             pos, mask = cpg.hf_positions_and_mask(x)
             self.layer.self_attn.autopar_cp = cpg  # read by the autopar_cp attention function
@@ -101,7 +102,7 @@ class HFBlock(nn.Module):
         self.block = block
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.block(x, attention_mask=causal_mask(x))
+        out = self.block(x, attention_mask=block_mask(self.block.attn, x))
         return out[0] if isinstance(out, tuple) else out
 
 
