@@ -35,7 +35,7 @@ from __future__ import annotations
 import numpy as np
 
 from cost_models.compute import linear_efficiency
-from cost_models.gemm_shapes import wave_times
+from cost_models.gemm_shapes import DEPTH_FIXED, fixed_depth, wave_times
 
 
 def async_tp_exposed(tp_pass: np.ndarray, boundary_pass: np.ndarray, tp: np.ndarray, matmul_pass: np.ndarray,
@@ -90,13 +90,14 @@ def async_tp_layer(layer, stage, sel: np.ndarray, tp: np.ndarray, b_local: np.nd
         fwd[s], bwd[s] = async_tp_times(tp_fwd[s], tp_bwd[s], boundary, factor, tp[s], matmul,
                                         layer.tp_comm_bytes * b_local[s], stage.hbm_bw, p.async_tp_overlap)
         if not p.has_curve(layer.kind):  # a measured curve times its own matmuls
-            chunk_fwd, chunk_bwd = chunked_wave_times(layer, stage.sms, tp[s], b_local[s], stage.peak_flops * eff)
+            chunk_fwd, chunk_bwd = chunked_wave_times(layer, stage.sms, tp[s], b_local[s], stage.peak_flops * eff,
+                                                      fixed_depth(stage.peak_flops, stage.sms))
             fwd[s], bwd[s] = fwd[s] + chunk_fwd, bwd[s] + chunk_bwd
     return fwd, bwd
 
 
 def chunked_wave_times(layer, sms: int, tp: np.ndarray, b_local: np.ndarray,
-                       rate: float) -> tuple[np.ndarray, np.ndarray]:
+                       rate: float, fixed: float = DEPTH_FIXED) -> tuple[np.ndarray, np.ndarray]:
     """(forward, backward) seconds the decomposition's chunked matmuls add in idle tiles and waves, per strategy.
 
     Async TP runs each matmul of the unit as tp matmuls of 1/tp of its rows (one per gathered or scattered
@@ -107,6 +108,6 @@ def chunked_wave_times(layer, sms: int, tp: np.ndarray, b_local: np.ndarray,
     gemms, none = getattr(layer, "gemms", ()), np.zeros_like(tp)
     if sms <= 0 or not gemms:
         return none, none
-    whole = wave_times(gemms, layer.gemm_rows, tp, b_local, none, sms, rate)
-    chunk = wave_times(gemms, layer.gemm_rows, tp, b_local / tp, none, sms, rate)
+    whole = wave_times(gemms, layer.gemm_rows, tp, b_local, none, sms, rate, fixed)
+    chunk = wave_times(gemms, layer.gemm_rows, tp, b_local / tp, none, sms, rate, fixed)
     return np.maximum(0.0, tp * chunk[0] - whole[0]), np.maximum(0.0, tp * chunk[1] - whole[1])

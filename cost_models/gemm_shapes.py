@@ -9,6 +9,10 @@ efficiency of a large one. That is what makes narrow tensor-parallel shards and 
 per FLOP: a GPT-2-medium block at TP 4 with one 1024-token sample per micro-batch on a 40-SM T4 keeps
 about three quarters of the SM-time busy, at TP 1 with 8 samples nearly all of it.
 
+A tile's reduction also pays a fixed cost beside its main loop (filling the operand pipeline, the epilogue
+that writes the tile), so a shallow reduction (a narrow row-parallel shard's ``k / tp``, a weight gradient
+over few tokens) runs below the rate of a deep one: ``depth_utilisation``.
+
 The model: 128 x 128 output tiles (the guide's middle tile, which cuBLAS uses for most large training
 GEMMs); when the tiles of a matmul fill less than one wave, the reduction is split (cuBLAS's split-K)
 into as many parts as whole copies of the tiles fit on the SMs, each part at least ``SPLIT_K_MIN`` deep.
@@ -26,8 +30,23 @@ from typing import NamedTuple
 
 import numpy as np
 
+from cost_models.params import REFERENCE_MAMF
+
 TILE = 128  # output tile edge (rows and columns), the guide's 128 x 128
 SPLIT_K_MIN = 256  # reduction depth each split-K part keeps at least (two 128-deep main-loop stages)
+# A reduction of depth d runs at d / (d + DEPTH_FIXED) of the rate it reaches from DEPTH_FULL on. Fitted
+# (least squares) to bf16 products of 8192 x 8192 outputs reduced over 128 .. 16384 on an H200
+# (benchmarks/gpu_single_device.py, part depth, back to back between CUDA events; results in
+# benchmarks/results/gpu_single_device.json): measured 0.46 / 0.61 / 0.76 / 0.84 / 0.94 / 0.99 of the plateau at
+# 128 / 256 / 512 / 768 / 1024 / 1536, this model 0.42 / 0.61 / 0.78 / 0.87 / 0.92 / 0.97, 1.0 from 2048.
+# The fixed part is time (filling the pipeline, writing the tile), so in reduction depth it scales with how
+# fast an SM runs the main loop: ``fixed_depth`` (an FP32 matmul on the CUDA cores, ~1/15 of the tensor
+# rate, pays ~1/15 of the depth; an FP8 one twice a bf16 one's).
+DEPTH_FIXED = 210
+DEPTH_FULL = 2048
+# the H200's bf16 GEMM rate per SM, as GPUType.sustained_flops gives it: the catalogue's 989 TFLOPS x its mamf
+# 0.803 over REFERENCE_MAMF, over its 132 SMs (tests/cost_models/test_gemm_shapes.py checks it against the catalogue)
+REF_FLOPS_PER_SM = 989e12 * 0.803 / REFERENCE_MAMF / 132
 
 
 class Gemm(NamedTuple):
@@ -53,24 +72,38 @@ def flops_per_token(gemms: tuple[Gemm, ...]) -> float:
     return sum(g.flops_per_token for g in gemms)
 
 
-def wave_utilisation(rows: int, cols: int, depth: int, sms: int) -> float:
+def fixed_depth(gemm_flops: float, sms: int) -> float:
+    """The reduction depth a tile's fixed cost is worth on a device whose GEMMs run at ``gemm_flops`` FLOP/s
+    over ``sms`` SMs: ``DEPTH_FIXED`` at the H200's rate per SM, in proportion elsewhere (0 without an SM count)."""
+    return DEPTH_FIXED * gemm_flops / sms / REF_FLOPS_PER_SM if sms > 0 else 0.0
+
+
+def depth_utilisation(depth: float, fixed: float = DEPTH_FIXED) -> float:
+    """Rate of a tile reduced over ``depth`` relative to a deep one (1.0 from ``DEPTH_FULL`` on), its fixed cost
+    worth ``fixed`` of depth."""
+    return min(1.0, depth / (depth + fixed) * (DEPTH_FULL + fixed) / DEPTH_FULL) if depth > 0 else 1.0
+
+
+def wave_utilisation(rows: int, cols: int, depth: int, sms: int, fixed: float = DEPTH_FIXED) -> float:
     """Fraction of the SM-time one matmul with a ``rows x cols`` output reduced over ``depth`` spends on work.
 
     Tiles of ``TILE x TILE`` in waves of ``sms``; a single partial wave split along the reduction (split-K)
-    into whole copies of its tiles where the depth allows. 1.0 for an output that fills whole waves exactly.
+    into up to as many whole copies of its tiles as the SMs hold and the depth allows (``SPLIT_K_MIN`` each),
+    the split that runs fastest, each part of the reduction at its ``depth_utilisation`` (``fixed``: the
+    depth its fixed cost is worth, ``fixed_depth``). 1.0 for an output that fills whole waves exactly with a deep reduction.
     """
     if rows <= 0 or cols <= 0 or sms <= 0:
         return 1.0
     tiles = math.ceil(rows / TILE) * math.ceil(cols / TILE)
-    split = 1
-    if tiles < sms:
-        split = max(1, min(sms // tiles, depth // SPLIT_K_MIN))
-    waves = math.ceil(tiles * split / sms)
-    return rows * cols * split / (waves * sms * TILE * TILE)
+    most = max(1, min(sms // tiles, depth // SPLIT_K_MIN)) if tiles < sms else 1
+    # the split that runs fastest: more parts fill more SMs, each over a shallower (slower) reduction
+    return max(rows * cols * split / (math.ceil(tiles * split / sms) * sms * TILE * TILE)
+               * depth_utilisation(depth / split, fixed) for split in range(1, most + 1))
 
 
 @functools.lru_cache(maxsize=65536)
-def gemm_utilisation(gemms: tuple[Gemm, ...], tokens: int, tp: int, sms: int) -> tuple[float, float]:
+def gemm_utilisation(gemms: tuple[Gemm, ...], tokens: int, tp: int, sms: int,
+                     fixed: float = DEPTH_FIXED) -> tuple[float, float]:
     """(forward, backward) FLOP-weighted utilisation of ``gemms`` on one rank of a TP group of ``tp``.
 
     ``tokens``: rows of the activations one rank multiplies per micro-batch (sequence x samples).
@@ -86,25 +119,27 @@ def gemm_utilisation(gemms: tuple[Gemm, ...], tokens: int, tp: int, sms: int) ->
         n = g.n if g.row else max(1, g.n // tp)
         flops = float(k) * n
         work += flops
-        fwd_time += flops / wave_utilisation(tokens, n, k, sms)
-        bwd_time += flops / wave_utilisation(tokens, k, n, sms) + flops / wave_utilisation(k, n, tokens, sms)
+        fwd_time += flops / wave_utilisation(tokens, n, k, sms, fixed)
+        bwd_time += flops / wave_utilisation(tokens, k, n, sms, fixed) + flops / wave_utilisation(k, n, tokens, sms, fixed)
     return work / fwd_time, 2.0 * work / bwd_time
 
 
 def wave_times(gemms: tuple[Gemm, ...], rows: int, tp: np.ndarray, b_local: np.ndarray, recompute_gemm: np.ndarray,
-               sms: int, rate: float | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+               sms: int, rate: float | np.ndarray, fixed: float = DEPTH_FIXED) -> tuple[np.ndarray, np.ndarray]:
     """(forward, backward) seconds a layer's matmuls spend on idle tiles and waves, per strategy.
 
     ``rows``: the matmuls' rows per sample (its tokens); ``b_local``: samples per rank per micro-batch;
     ``recompute_gemm``: GEMM FLOPs per sample (TP 1) backward reruns under each strategy's checkpointing;
-    ``rate``: the FLOP/s large GEMMs run at (peak x ``eff_max``). What the layer's compute time adds to its
+    ``rate``: the FLOP/s large GEMMs run at (peak x ``eff_max``); ``fixed``: the depth a tile's fixed cost is
+    worth on the device (``fixed_depth``). What the layer's compute time adds to its
     FLOPs at ``rate``: GEMM FLOPs x (1 / utilisation - 1) / rate, the recomputation at forward's utilisation.
     """
     work = rows * flops_per_token(gemms)  # GEMM FLOPs per sample at TP 1
     tp, b_local = np.broadcast_arrays(np.asarray(tp, dtype=float), np.asarray(b_local, dtype=float))
     # one utilisation per distinct (tp, samples) pair: a search scores hundreds of strategies of a few shapes
     _, first, where = np.unique(tp * 1e9 + b_local, return_index=True, return_inverse=True)
-    u = np.array([gemm_utilisation(gemms, max(1, round(rows * float(b_local[i]))), int(tp[i]), sms) for i in first])
+    u = np.array([gemm_utilisation(gemms, max(1, round(rows * float(b_local[i]))), int(tp[i]), sms, fixed)
+                  for i in first])
     u_fwd, u_bwd = u[where.reshape(-1), 0].reshape(tp.shape), u[where.reshape(-1), 1].reshape(tp.shape)
     per_rank = b_local / tp
     fwd = work * per_rank * (1.0 / u_fwd - 1.0) / rate

@@ -30,7 +30,7 @@ from cost_models.async_tp import async_tp_layer
 from cost_models.collectives import Collectives, GroupLinks
 from cost_models.compute import activation_traffic_times, compute_time, linear_efficiency, memory_bound_time
 from cost_models.context_parallel import cp_array, cp_comm_times, cp_kept_bytes, cp_transient_bytes
-from cost_models.gemm_shapes import wave_times
+from cost_models.gemm_shapes import fixed_depth, wave_times
 from cost_models.memory import model_state_bytes
 from cost_models.memory_terms import loss_extra_bytes
 from cost_models.params import CostParams
@@ -209,7 +209,8 @@ def compute_times(layer: Layer, tp: np.ndarray, zero: np.ndarray, ckpt: np.ndarr
     b_comp = 2.0 * f_comp + compute_time(recompute, rate_r, 1.0, overhead)
     if sms > 0 and getattr(layer, "gemms", ()) and not p.has_curve(layer.kind):
         rec_gemm = per_ckpt(layer.recompute_gemm_flops, ckpt)
-        w_fwd, w_bwd = wave_times(layer.gemms, layer.gemm_rows, tp, b_local, rec_gemm, sms, rate)
+        w_fwd, w_bwd = wave_times(layer.gemms, layer.gemm_rows, tp, b_local, rec_gemm, sms, rate,
+                                  fixed_depth(peak_flops, sms))
         f_comp, b_comp = f_comp + w_fwd, b_comp + w_bwd
     return f_comp, b_comp
 
