@@ -104,12 +104,22 @@ def plan_for(layers: int, mb: int, m: int, ckpt: str, seq: int, source: str, clu
     return plan
 
 
+AGREE_RTOL = 1e-5  # the runtime tests' bound on CPU (fp32); a plan further from the reference fails the run
+
+
 def agreement(dev: torch.device, quick: bool) -> dict:
-    """Losses of wrap against plain AdamW training of the same tiny model on the same device."""
+    """Losses of wrap against plain AdamW training of the same tiny model on the same device (fp32, TF32 off)."""
+    flags = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        return _agreement(dev)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = flags
+
+
+def _agreement(dev: torch.device) -> dict:
     import autopar
     from autopar.runtime.materialize import init_weights
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
     seq, layers, steps = 32, 2, 3
     g = torch.Generator().manual_seed(7)
     x = torch.randint(0, TINY["vocab_size"], (8, seq), generator=g).to(dev)
@@ -131,20 +141,23 @@ def agreement(dev: torch.device, quick: bool) -> dict:
         pm = autopar.wrap(copy.deepcopy(base), plan, optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-3))
         losses = [float(pm.step(x, y)) for _ in range(steps)]
         diff = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses))
-        out["plans"][name] = {"losses": losses, "max_rel_diff": diff}
-        print(f"agreement {name:8s} losses {' '.join(f'{v:.6f}' for v in losses)}  max rel diff {diff:.2e}")
+        out["plans"][name] = {"losses": losses, "max_rel_diff": diff, "agrees": diff <= AGREE_RTOL}
+        print(f"agreement {name:8s} losses {' '.join(f'{v:.6f}' for v in losses)}  max rel diff {diff:.2e}"
+              f"{'' if diff <= AGREE_RTOL else '  DISAGREES'}")
         del pm
     return out
 
 
 def gpu_name(dev: torch.device) -> str:
-    """The catalogue's name for this device (H100 / H200 by their memory)."""
+    """The catalogue's name for this device, from its CUDA name (an A100 by its memory)."""
     if dev.type == "cpu":
         return "cpu"
     name = torch.cuda.get_device_name(dev)
-    for key in ("H200", "H100", "A100", "B200", "GH200", "L40S", "L4", "A10"):
+    for key in ("GH200", "H200", "H100 PCIe", "H100", "B200", "A100", "L40S", "L4", "A10"):  # longer names first
         if key in name:
-            return "A100-80G" if key == "A100" and torch.cuda.get_device_properties(dev).total_memory > 60e9 else key
+            if key == "A100":
+                return "A100-80G" if torch.cuda.get_device_properties(dev).total_memory > 60e9 else "A100-40G"
+            return "H100-PCIe" if key == "H100 PCIe" else key
     raise SystemExit(f"device {name!r}: add its catalogue name to gpu_name")
 
 
@@ -332,6 +345,9 @@ def main() -> None:
             save()
         else:
             raise SystemExit(f"--parts: unknown part {name!r}; use {', '.join([*parts, 'steps'])}")
+    bad = [n for n, r in out.get("agreement", {}).get("plans", {}).items() if not r["agrees"]]
+    if bad:
+        raise SystemExit(f"agreement: {', '.join(bad)} differ from plain training by more than {AGREE_RTOL}")
     if "ceilings" in out:
         print(f"ceilings: matmul {out['ceilings']['matmul_tflops']:.0f} TFLOP/s, copy {out['ceilings']['copy_gbps']:.0f} GB/s")
     save()
