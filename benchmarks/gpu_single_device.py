@@ -29,6 +29,7 @@ matmuls timed between CUDA events.
 
     python benchmarks/gpu_single_device.py -o results/gpu_single_device.json      # on a GPU machine
     python benchmarks/gpu_single_device.py --quick -o /tmp/x.json                  # CPU smoke (tiny shapes)
+    python benchmarks/gpu_single_device.py --table results/gpu_single_device.json  # the steps table of a results file
 """
 
 from __future__ import annotations
@@ -312,12 +313,30 @@ def mask_cost(dev: torch.device, quick: bool) -> dict:
     return out
 
 
+def step_table(out: dict) -> None:
+    """The steps part as a table: measured step and peak memory, and the estimates over them."""
+    plans = out.get("steps", {}).get("plans", {})
+    if not plans:
+        return
+    print(f"{'plan':15s} {'step s':>8s} {'default/meas':>12s} {'eager/meas':>10s} {'peak GiB':>9s} {'est GiB':>8s}")
+    for name, r in plans.items():
+        if "step_s" not in r:
+            print(f"{name:15s} {r.get('error', 'not measured')}")
+            continue
+        print(f"{name:15s} {r['step_s']:8.4f} {r['step_s_fused'] / r['step_s']:12.3f} {r['step_s_eager'] / r['step_s']:10.3f}"
+              f" {r.get('max_allocated_gib', 0.0):9.1f} {r['memory_gib']:8.1f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-o", "--output", default=str(RESULTS))
     ap.add_argument("--quick", action="store_true", help="tiny shapes (a CPU smoke run of every part)")
+    ap.add_argument("--table", metavar="RESULTS", help="print the steps table of a results file and exit (no GPU needed)")
     ap.add_argument("--parts", default="ceilings,agreement,mask,gemms,depth,breakdown,steps")
     args = ap.parse_args()
+    if args.table:
+        step_table(json.loads(Path(args.table).read_text()))
+        return
     for k, v in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
                  "MASTER_PORT": "29533"}.items():
         os.environ.setdefault(k, v)
@@ -348,6 +367,7 @@ def main() -> None:
     bad = [n for n, r in out.get("agreement", {}).get("plans", {}).items() if not r["agrees"]]
     if bad:
         raise SystemExit(f"agreement: {', '.join(bad)} differ from plain training by more than {AGREE_RTOL}")
+    step_table(out)
     if "ceilings" in out:
         print(f"ceilings: matmul {out['ceilings']['matmul_tflops']:.0f} TFLOP/s, copy {out['ceilings']['copy_gbps']:.0f} GB/s")
     save()
