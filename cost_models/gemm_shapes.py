@@ -15,7 +15,8 @@ over few tokens) runs below the rate of a deep one: ``depth_utilisation``.
 
 The model: 128 x 128 output tiles (the guide's middle tile, which cuBLAS uses for most large training
 GEMMs); when the tiles of a matmul fill less than one wave, the reduction is split (cuBLAS's split-K)
-into as many parts as whole copies of the tiles fit on the SMs, each part at least ``SPLIT_K_MIN`` deep.
+into at most as many parts as whole copies of the tiles fit on the SMs, each part at least ``SPLIT_K_MIN``
+deep: the split that runs fastest, since each part's shallower reduction pays its own fixed cost.
 Each of a layer's matmuls runs three times per training micro-batch with the same FLOPs: forward
 (output tokens x n, reduced over k), input gradient (tokens x k, over n) and weight gradient (k x n, over
 tokens). ``layer.compute_times`` divides the GEMM part of a layer's FLOPs by the utilisation here;
