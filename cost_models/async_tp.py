@@ -100,8 +100,8 @@ def chunked_wave_times(layer, sms: int, tp: np.ndarray, b_local: np.ndarray,
                        rate: float, fixed: float = DEPTH_FIXED) -> tuple[np.ndarray, np.ndarray]:
     """(forward, backward) seconds the decomposition's chunked matmuls add in idle tiles and waves, per strategy.
 
-    Async TP runs each matmul of the unit as tp matmuls of 1/tp of its rows (one per gathered or scattered
-    chunk); each pays its own partial waves (``cost_models.gemm_shapes``), the slowdown PyTorch's async-TP
+    Async TP runs each forward and input-gradient matmul of the unit as tp matmuls of 1/tp of its rows (one per
+    gathered or scattered chunk; the weight gradient stays one matmul over all rows); each pays its own partial waves (``cost_models.gemm_shapes``), the slowdown PyTorch's async-TP
     write-up names, where one large matmul paid one. 0 without the unit's matmul shapes or an SM count, and
     never below 0 (chunks that happen to fill their waves better are not counted as a gain).
     """
@@ -109,5 +109,5 @@ def chunked_wave_times(layer, sms: int, tp: np.ndarray, b_local: np.ndarray,
     if sms <= 0 or not gemms:
         return none, none
     whole = wave_times(gemms, layer.gemm_rows, tp, b_local, none, sms, rate, fixed)
-    chunk = wave_times(gemms, layer.gemm_rows, tp, b_local / tp, none, sms, rate, fixed)
+    chunk = wave_times(gemms, layer.gemm_rows, tp, b_local / tp, none, sms, rate, fixed, chunked=True)
     return np.maximum(0.0, tp * chunk[0] - whole[0]), np.maximum(0.0, tp * chunk[1] - whole[1])

@@ -104,10 +104,12 @@ def wave_utilisation(rows: int, cols: int, depth: int, sms: int, fixed: float = 
 
 @functools.lru_cache(maxsize=65536)
 def gemm_utilisation(gemms: tuple[Gemm, ...], tokens: int, tp: int, sms: int,
-                     fixed: float = DEPTH_FIXED) -> tuple[float, float]:
+                     fixed: float = DEPTH_FIXED, wgrad_tokens: int = 0) -> tuple[float, float]:
     """(forward, backward) FLOP-weighted utilisation of ``gemms`` on one rank of a TP group of ``tp``.
 
-    ``tokens``: rows of the activations one rank multiplies per micro-batch (sequence x samples).
+    ``tokens``: rows of the activations one rank multiplies per micro-batch (sequence x samples);
+    ``wgrad_tokens``: the rows the weight gradient reduces over where they differ (0: ``tokens``; async TP
+    chunks its forward and input-gradient matmuls by rows, not its weight gradient).
     Each is the harmonic mean of the matmuls' utilisations weighted by their FLOPs, so that the GEMM
     time is ``GEMM FLOPs / (peak x eff_max x utilisation)``; backward averages the input-gradient and
     weight-gradient matmuls. (1.0, 1.0) without GEMMs or without an SM count.
@@ -121,25 +123,29 @@ def gemm_utilisation(gemms: tuple[Gemm, ...], tokens: int, tp: int, sms: int,
         flops = float(k) * n
         work += flops
         fwd_time += flops / wave_utilisation(tokens, n, k, sms, fixed)
-        bwd_time += flops / wave_utilisation(tokens, k, n, sms, fixed) + flops / wave_utilisation(k, n, tokens, sms, fixed)
+        bwd_time += (flops / wave_utilisation(tokens, k, n, sms, fixed)
+                     + flops / wave_utilisation(k, n, wgrad_tokens or tokens, sms, fixed))
     return work / fwd_time, 2.0 * work / bwd_time
 
 
 def wave_times(gemms: tuple[Gemm, ...], rows: int, tp: np.ndarray, b_local: np.ndarray, recompute_gemm: np.ndarray,
-               sms: int, rate: float | np.ndarray, fixed: float = DEPTH_FIXED) -> tuple[np.ndarray, np.ndarray]:
+               sms: int, rate: float | np.ndarray, fixed: float = DEPTH_FIXED,
+               chunked: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """(forward, backward) seconds a layer's matmuls spend on idle tiles and waves, per strategy.
 
     ``rows``: the matmuls' rows per sample (its tokens); ``b_local``: samples per rank per micro-batch;
     ``recompute_gemm``: GEMM FLOPs per sample (TP 1) backward reruns under each strategy's checkpointing;
     ``rate``: the FLOP/s large GEMMs run at (peak x ``eff_max``); ``fixed``: the depth a tile's fixed cost is
-    worth on the device (``fixed_depth``). What the layer's compute time adds to its
+    worth on the device (``fixed_depth``); ``chunked``: ``b_local`` is one of async TP's tp row chunks, so the
+    weight gradient still reduces over tp times its rows. What the layer's compute time adds to its
     FLOPs at ``rate``: GEMM FLOPs x (1 / utilisation - 1) / rate, the recomputation at forward's utilisation.
     """
     work = rows * flops_per_token(gemms)  # GEMM FLOPs per sample at TP 1
     tp, b_local = np.broadcast_arrays(np.asarray(tp, dtype=float), np.asarray(b_local, dtype=float))
     # one utilisation per distinct (tp, samples) pair: a search scores hundreds of strategies of a few shapes
     _, first, where = np.unique(tp * 1e9 + b_local, return_index=True, return_inverse=True)
-    u = np.array([gemm_utilisation(gemms, max(1, round(rows * float(b_local[i]))), int(tp[i]), sms, fixed)
+    u = np.array([gemm_utilisation(gemms, max(1, round(rows * float(b_local[i]))), int(tp[i]), sms, fixed,
+                                   max(1, round(rows * float(b_local[i] * tp[i]))) if chunked else 0)
                   for i in first])
     u_fwd, u_bwd = u[where.reshape(-1), 0].reshape(tp.shape), u[where.reshape(-1), 1].reshape(tp.shape)
     per_rank = b_local / tp

@@ -116,6 +116,8 @@ def baselines(model: ModelSpec, cluster: Cluster, B: int, opts: SearchOptions, c
         if stages is None:
             continue
         for m in ms:
+            if deadline is not None and best[name] is not None and time.perf_counter() > deadline:
+                break  # past the deadline a family stops at its first fitting member
             try:
                 plan = _uniform_plan(model, B, opts, cluster, stages, m, name)
                 if not _divides(plan):

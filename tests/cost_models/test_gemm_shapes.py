@@ -101,3 +101,16 @@ def test_the_fixed_cost_is_time_so_its_depth_follows_the_rate_per_sm():
     assert gpu("1xT4") < DEPTH_FIXED / 3 and gpu("1xH200", "fp32") < DEPTH_FIXED / 10
     assert gpu("1xH200", "fp8") > 1.5 * DEPTH_FIXED
     assert fixed_depth(1e15, 0) == 0.0 and depth_utilisation(64, 0.0) == 1.0
+
+
+def test_async_tp_chunks_keep_the_weight_gradient_over_all_rows():
+    """Async TP splits its forward and input-gradient matmuls into tp row chunks, not its weight gradient: a
+    chunk's weight gradient still reduces over every row, so the depth term does not charge it a shallow one."""
+    llama8b = (Gemm(4096, 6144), Gemm(4096, 4096, row=True), Gemm(4096, 28672), Gemm(14336, 4096, row=True))
+    tp, b, rate, fixed = np.array([8.0]), np.array([1.0 / 8]), 600e12, DEPTH_FIXED
+    u_chunk = gemm_utilisation(llama8b, 1024, 8, 132, fixed, 8192)
+    assert u_chunk[1] > gemm_utilisation(llama8b, 1024, 8, 132, fixed)[1]  # a 1024-deep weight gradient is slower
+    assert u_chunk[0] == gemm_utilisation(llama8b, 1024, 8, 132, fixed)[0]  # the forward is chunked either way
+    _, bwd = wave_times(llama8b, 8192, tp, b, np.zeros(1), 132, rate, fixed, chunked=True)
+    work = 8192 * sum(g.flops_per_token for g in llama8b)
+    assert bwd[0] == pytest.approx(2 * work * (b[0] / 8) * (1 / u_chunk[1] - 1) / rate)
