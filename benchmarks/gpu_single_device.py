@@ -108,6 +108,31 @@ def plan_for(layers: int, mb: int, m: int, ckpt: str, seq: int, source: str, clu
 AGREE_RTOL = 1e-5  # the runtime tests' bound on CPU (fp32); a plan further from the reference fails the run
 
 
+def step_model(quick: bool) -> tuple[dict, int, int]:
+    """(widths, layers, sequence length) of the model the steps and breakdown parts train."""
+    return (TINY, 2, 64) if quick else (BIG, 4, 8192)
+
+
+def device_cluster(dev: torch.device) -> Cluster:
+    """A one-device cluster of this device's catalogue type (a CPU "device" on the CPU)."""
+    return cpu_cluster(1) if dev.type == "cpu" else load_cluster(f"1x{gpu_name(dev)}")
+
+
+def wrap_llama(dev: torch.device, plan, quick: bool, comp: bool):
+    """``autopar.wrap`` of a fresh meta-built ``step_model`` under ``plan``: bf16 compute on fp32 master weights on a
+    GPU (fp32 on the CPU), fused AdamW on a GPU, inductor under ``comp`` (aot_eager on the CPU)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    import autopar
+    width, layers, seq = step_model(quick)
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if dev.type == "cuda" else torch.float32,
+                                  output_dtype=torch.float32)
+    compile_arg = ({"backend": "aot_eager"} if dev.type == "cpu" else True) if comp else False
+    return autopar.wrap(hf_llama(width, layers, seq, meta=True), plan, mixed_precision=policy,
+                        optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-5, fused=dev.type == "cuda"),
+                        compile=compile_arg)
+
+
 def agreement(dev: torch.device, quick: bool) -> dict:
     """Losses of wrap against plain AdamW training of the same tiny model on the same device (fp32, TF32 off)."""
     flags = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
@@ -135,7 +160,7 @@ def _agreement(dev: torch.device) -> dict:
         loss.backward()
         opt.step()
         ref_losses.append(loss.item())
-    cluster = cpu_cluster(1) if dev.type == "cpu" else load_cluster(f"1x{gpu_name(dev)}")
+    cluster = device_cluster(dev)
     out = {"reference": ref_losses, "plans": {}}
     for name, (mb, m, ckpt) in AGREE_PLANS.items():
         plan = plan_for(layers, mb, m, ckpt, seq, "", cluster)
@@ -172,10 +197,7 @@ def predictions(plan, spec, eager_traffic: float) -> dict:
 
 def steps(dev: torch.device, quick: bool, out: dict, save) -> None:
     from eager_traffic import hf_block, saved_bytes
-    from torch.distributed.fsdp import MixedPrecisionPolicy
-
-    import autopar
-    width, layers, seq = (TINY, 2, 64) if quick else (BIG, 4, 8192)
+    width, layers, seq = step_model(quick)
     w = width
     c = hf_block(w["hidden_size"], w["num_attention_heads"], w["num_key_value_heads"], w["intermediate_size"], seq)
     traffic = (c["fwd"] + c["bwd"]) / saved_bytes(w["hidden_size"], w["num_attention_heads"],
@@ -188,8 +210,6 @@ def steps(dev: torch.device, quick: bool, out: dict, save) -> None:
     cluster = load_cluster("1xH100" if gpu == "cpu" else f"1x{gpu}")
     out["steps"] = {"model": {"layers": layers, "seq_len": seq, **width}, "predicted_on": cluster.nodes[0].gpu.name,
                     "eager_act_traffic": traffic, "plans": {}}
-    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if dev.type == "cuda" else torch.float32,
-                                  output_dtype=torch.float32)
     for name, (mb, m, ckpt, comp) in STEP_PLANS.items():
         plan = plan_for(layers, mb, m, ckpt, seq, str(cfg_path), cluster)
         row = predictions(plan, spec, traffic)
@@ -201,12 +221,9 @@ def steps(dev: torch.device, quick: bool, out: dict, save) -> None:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(dev)
             row["baseline_gib"] = torch.cuda.memory_allocated(dev) / 2**30
-        compile_arg = ({"backend": "aot_eager"} if dev.type == "cpu" else True) if comp else False
         t0 = time.perf_counter()
         try:
-            pm = autopar.wrap(hf_llama(width, layers, seq, meta=True), plan, mixed_precision=policy,
-                              optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-5, fused=dev.type == "cuda"),
-                              compile=compile_arg)
+            pm = wrap_llama(dev, plan, quick, comp)
             losses: list[float] = []
             times = timed(lambda pm=pm, x=x, y=y, losses=losses: losses.append(float(pm.step(x, y))), dev, 3, 2 if quick else 6)
             row.update(step_s=statistics.median(times), step_s_all=times, losses=losses,
@@ -236,21 +253,13 @@ def steps(dev: torch.device, quick: bool, out: dict, save) -> None:
 
 def breakdown(dev: torch.device, quick: bool) -> dict:
     """Device time per kernel over two steps of the 4-layer model at micro-batch 1, eager and compiled."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy
     from torch.profiler import ProfilerActivity, profile
-
-    import autopar
-    width, layers, seq = (TINY, 2, 64) if quick else (BIG, 4, 8192)
-    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if dev.type == "cuda" else torch.float32,
-                                  output_dtype=torch.float32)
-    cluster = cpu_cluster(1) if dev.type == "cpu" else load_cluster(f"1x{gpu_name(dev)}")
+    width, layers, seq = step_model(quick)
+    cluster = device_cluster(dev)
     out = {}
     for comp in (False, True):
         gc.collect()
-        plan = plan_for(layers, 1, 1, "none", seq, "", cluster)
-        pm = autopar.wrap(hf_llama(width, layers, seq, meta=True), plan, mixed_precision=policy,
-                          optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-5, fused=dev.type == "cuda"),
-                          compile=({"backend": "aot_eager"} if dev.type == "cpu" else True) if comp else False)
+        pm = wrap_llama(dev, plan_for(layers, 1, 1, "none", seq, "", cluster), quick, comp)
         x = torch.randint(0, width["vocab_size"], (1, seq), device=dev)
         for _ in range(3):
             pm.step(x, x)

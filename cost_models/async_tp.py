@@ -101,8 +101,9 @@ def chunked_wave_times(layer, sms: int, tp: np.ndarray, b_local: np.ndarray,
     """(forward, backward) seconds the decomposition's chunked matmuls add in idle tiles and waves, per strategy.
 
     Async TP runs each forward and input-gradient matmul of the unit as tp matmuls of 1/tp of its rows (one per
-    gathered or scattered chunk; the weight gradient stays one matmul over all rows); each pays its own partial waves (``cost_models.gemm_shapes``), the slowdown PyTorch's async-TP
-    write-up names, where one large matmul paid one. 0 without the unit's matmul shapes or an SM count, and
+    gathered or scattered chunk; the weight gradient stays one matmul over all rows); each pays its own partial
+    waves (``cost_models.gemm_shapes``), the slowdown PyTorch's async-TP write-up names, where one large matmul
+    paid one. 0 without the unit's matmul shapes or an SM count, and
     never below 0 (chunks that happen to fill their waves better are not counted as a gain).
     """
     gemms, none = getattr(layer, "gemms", ()), np.zeros_like(tp)

@@ -24,8 +24,8 @@ def block_mask(attn: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
     """The mask a causal decoder block is given: None where ``attn``'s implementation (its config's
     ``_attn_implementation``) masks causally itself, else ``causal_mask(x)``. An explicit mask sends SDPA
     from its flash kernel to a slower masked one and makes transformers expand GQA's K and V per head
-    (measured on an H200: a Llama 3 8B layer's forward + backward at 8192 tokens, 33.7 ms with the mask,
-    24.8 ms without; benchmarks/gpu_single_device.py)."""
+    (measured on an H200: a Llama 3 8B layer's forward + backward at 8192 tokens, 33.6 ms with the mask,
+    24.4 ms without; benchmarks/results/gpu_single_device.json, part mask)."""
     impl = getattr(getattr(attn, "config", None), "_attn_implementation", None)
     return None if impl in SELF_CAUSAL else causal_mask(x)
 
