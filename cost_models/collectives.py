@@ -73,14 +73,17 @@ class Collectives:
         ``nbytes`` counts as ``cost_models.communication`` does (all-reduce / reduce-scatter: the
         buffer each rank holds; all-gather: the gathered output). A measured fit where it covers the
         group, else the formula over the group's links at ``link_efficiency`` of their
-        bandwidth; zero bytes cost nothing either way.
+        bandwidth plus the call's fixed cost (``CostParams.collective_call_s``); zero bytes (or a group of
+        one) cost nothing either way.
         """
         fit = self.fit(collective, g)
         if fit is not None:
             b = np.asarray(nbytes, dtype=float)
             return np.where(b > 0, fit[0] + fit[1] * b, 0.0)
         g = g.at_efficiency(self.params.link_efficiency)  # line rates -> what NCCL's collectives reach on them
-        return _FORMULA[collective](nbytes, g.n_local, g.n_nodes, g.intra_bw, g.intra_lat, g.inter_bw, g.inter_lat)
+        wire = _FORMULA[collective](nbytes, g.n_local, g.n_nodes, g.intra_bw, g.intra_lat, g.inter_bw, g.inter_lat)
+        call = self.params.collective_call_s
+        return np.where(wire > 0, wire + call, 0.0) if call else wire
 
     def reduction(self, collective: str, nbytes: ArrayLike, g: GroupLinks) -> ArrayLike:
         """GenModel's gamma term of a reducing collective, or 0 where a measured fit already includes it."""

@@ -87,6 +87,15 @@ class CostParams:
         73% of a B200 node's 50 GB/s EFA per GPU). Measured links (a profile's, ``autopar calibrate
         --nccl-tests``' fitted ones through these same formulas) and ``comm_fit`` rows need no such factor:
         a profile sets it to 1. Point-to-point sends stay at the line rate.
+    collective_call_s: seconds every formula-priced collective call costs besides its wire time (the formulas'
+        per-step latency and per-byte time). 0 by default: NCCL's own model charges each call a base latency
+        before its steps (NVIDIA/nccl src/graph/tuning.cc @ 01afd20, ``baseLat``: 8.4 us for the ring with
+        the Simple protocol), but the node classes' per-step latencies already reproduce measured small
+        all-reduces with it inside (benchmarks/collective_fidelity.py: 8 H200 at 32 KiB-1 MiB measured 38-46 us,
+        charged 42-47 us; 8.4 us more would charge 51-56 us). What a framework adds per call comes on top and can
+        be far more: AMP's Megatron 1.1.5 runs on T4 and V100 fit 1.0-1.5 ms a call (benchmarks/
+        measured_fidelity.py, held out); ``autopar calibrate`` fits it from runs with many small collectives
+        (TP at small micro-batches) next to runs with few. A measured fit (``comm_fit``) includes it already.
     reserve_gib: framework reserve per device (CUDA context, NCCL buffers, allocator fragmentation).
     act_mem_factor: bytes the caching allocator holds per byte of activations the model counts (saved
         for backward, and a layer's transient working set): above 1 where freed activation blocks of
@@ -183,6 +192,7 @@ class CostParams:
     tied_copy_one_stage: float = 1.0
     tied_sync_full: float = 1.0
     link_efficiency: float = 0.8
+    collective_call_s: float = 0.0
     reserve_gib: float = 1.0
     act_mem_factor: float = 1.0
     linear_input_share: float = 1.0

@@ -62,6 +62,8 @@ FITTABLE: tuple[Fittable, ...] = (
              "low-bandwidth GPUs, eager attention) next to GEMM-bound ones"),
     Fittable("slot_overhead_s", 1e-7, 0.1, True, "runs with pipeline parallelism and different numbers of "
              "micro-batches or stages", start=1e-4),
+    Fittable("collective_call_s", 1e-7, 0.02, True, "runs with many small collectives per step (TP at small "
+             "micro-batches, many micro-batches) next to runs with few or none", start=1e-4),
     # Fitted to published peak memory (runs without one add nothing to these rows)
     Fittable("act_mem_factor", 0.5, 4.0, True, "runs with a published peak memory whose activations weigh "
              "(larger micro-batches, less recomputation)", target="memory"),

@@ -38,6 +38,8 @@ def comm_fields(fits: dict, dtype_bytes: int, device: str) -> dict:
                      for n, f in sorted(fits.items()) for c in COMM_FIT_COLLECTIVES],
         "param_bytes": dtype_bytes, "grad_comm_bytes": dtype_bytes,
         "link_efficiency": 1.0,  # the profile's link is measured: what the collectives reach, not a line rate
+        # its latency is a measured call's (p2p alpha), fixed cost included: none charged on top of it
+        "collective_call_s": 0.0,
         "overlap_zero3": overlap_zero3(device),
         # the distributed optimizer's overlapped collectives run on the same gloo threads: as ZeRO-3's
         "overlap_grad_reduce": overlap_zero3(device), "overlap_param_gather": overlap_zero3(device),

@@ -220,6 +220,7 @@ def _cost_params(compute: dict, comm: dict, memory: dict, dtype_bytes: int, devi
         "overlap_sync": 0.0,
         "overlap_zero3": comm_set["overlap_zero3"],
         "link_efficiency": comm_set["link_efficiency"],
+        "collective_call_s": comm_set["collective_call_s"],
         "act_traffic": 0.0,
     }
     assumptions = {
@@ -229,6 +230,7 @@ def _cost_params(compute: dict, comm: dict, memory: dict, dtype_bytes: int, devi
                           if device == "cpu" else "1: FSDP2 prefetches on its own CUDA stream"),
         "act_traffic": "0: the measured unit times already include their memory-bound kernels",
         "link_efficiency": "1: the link is measured, so it is what the collectives reach, not a line rate",
+        "collective_call_s": "0: the link's latency is a measured call's (p2p), its fixed cost included",
         "zero_flop_units": "units without FLOPs (embeddings) cost 0 in the model; their measured time is listed",
     }
     return params, assumptions

@@ -94,3 +94,17 @@ def test_zero3_collective_efficiency_is_recovered(tmp_path):
     assert done.values["eff_max"] == pytest.approx(0.3, rel=0.02)
     assert done.values["zero3_comm_eff"] == pytest.approx(0.25, rel=0.02)
     assert done.predicted_s == pytest.approx([r.measured_s for r in runs], rel=1e-3)
+
+
+def test_collective_call_cost_is_recovered_next_to_the_layer_overhead(tmp_path):
+    """Runs made with 1 ms a collective call (AMP's Megatron 1.1.5 runs fit about that, held out) give it back
+    next to eff_max and the per-layer-call overhead: TP runs at small micro-batches make many calls, runs
+    without TP one gradient sync per unit a step, so the two per-call costs are told apart."""
+    true = {"eff_max": 0.3, "layer_overhead_s": 4e-4, "collective_call_s": 1e-3}
+    runs = load_inputs([str(write_measured(tmp_path / "m.yaml", true))]).runs
+    rows = choose("eff_max,layer_overhead_s,collective_call_s")
+    assert refusals(jacobian(runs, rows, CostParams()), rows) == []
+    done = fit(runs, rows, CostParams())
+    for name, want in true.items():
+        assert done.values[name] == pytest.approx(want, rel=0.02), name
+    assert done.predicted_s == pytest.approx([r.measured_s for r in runs], rel=1e-3)

@@ -63,3 +63,22 @@ def test_fits_cover_one_node_only():
 def test_slowest_link_of_a_group():
     assert links(4).slowest == (BW, LAT)
     assert GroupLinks(4, 2, 2, BW, LAT, 10e9, 20e-6).slowest == (10e9, 20e-6)
+
+
+def test_every_formula_priced_call_pays_the_call_cost_once():
+    """A framework's fixed cost per collective call (``collective_call_s``, 0 by default: the per-step latencies
+    hold NCCL's own base latency) is added once per call: nothing for no bytes or a group of one, and nothing on a
+    measured fit, which includes it."""
+    assert CostParams().collective_call_s == 0.0
+    g4 = links(4)
+    base = Collectives(CostParams(), HBM)
+    for call in (8.4e-6, 1e-3):
+        c = Collectives(CostParams(collective_call_s=call), HBM)
+        for name in ("allreduce", "allgather", "reduce_scatter"):
+            many = c.time(name, [0.0, 1e3, 1e9], g4)
+            assert many[0] == 0.0
+            assert many[1:] == pytest.approx(base.time(name, [1e3, 1e9], g4) + call, rel=1e-12)
+            assert c.reduced(name, 1e9, g4) >= c.time(name, 1e9, g4)
+        assert c.time("allreduce", 1e6, links(1)) == 0.0
+        fitted = Collectives(CostParams(collective_call_s=call, comm_fit=FIT.comm_fit), HBM)
+        assert fitted.time("allreduce", 1e6, links(2)) == pytest.approx(3e-5 + 2e-10 * 1e6, rel=1e-12)

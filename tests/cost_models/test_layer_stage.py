@@ -181,3 +181,16 @@ def test_framework_gradient_accumulation_is_a_backward_pass_over_the_rank_parame
     assert acc.bwd - plain.bwd == pytest.approx(shard * 18 / HBM, **EXACT)
     assert (acc.fwd, acc.step, acc.mem_states, acc.mem_act) == (plain.fwd, plain.step, plain.mem_states, plain.mem_act)
     assert acc.cost - plain.cost == pytest.approx(shard * 18 / HBM, **EXACT)
+
+
+def test_each_tp_collective_pays_the_call_cost_in_forward_and_backward():
+    """A TP layer's forward runs ``tp_collectives`` calls, its backward as many again (no recomputation): each pays
+    ``collective_call_s`` once; a layer without TP pays it once a step, for its gradient sync."""
+    st = OneNodeStage(n=2, micro_batch_size=2, num_microbatches=4, params=P)
+    slow = replace(st, params=replace(P, collective_call_s=1e-3))
+    base, call = layer_costs(U, [Strat(tp=2)], st), layer_costs(U, [Strat(tp=2)], slow)
+    assert call.fwd[0] - base.fwd[0] == pytest.approx(U.tp_collectives * 1e-3, **EXACT)
+    assert call.bwd[0] - base.bwd[0] == pytest.approx(U.tp_collectives * 1e-3, **EXACT)
+    dp_base, dp_call = layer_costs(U, [Strat()], st), layer_costs(U, [Strat()], slow)
+    assert (dp_call.fwd[0], dp_call.bwd[0]) == (dp_base.fwd[0], dp_base.bwd[0])
+    assert dp_call.step[0] - dp_base.step[0] == pytest.approx(1e-3, **EXACT)

@@ -85,8 +85,10 @@ def test_zero0_and_tp1_charge_nothing():
 
 
 def test_a_profile_prices_its_measured_link_as_measured():
-    """The profile's link is measured, not a line rate: its collectives take no link efficiency on top."""
+    """The profile's link is measured, not a line rate: its collectives take no link efficiency on top, and its
+    latency is a measured call's: no per-call cost on top either."""
     assert comm_fields(FITS, 4, "cuda")["link_efficiency"] == 1.0
+    assert comm_fields(FITS, 4, "cuda")["collective_call_s"] == 0.0
     machine = MachineComm.of(COMM, 4, "cpu", HBM, 8)
     g = machine.links(4)  # no fit for 4 ranks: the formula over the measured link
     want = 3 / 4 * 1e6 / (LINK_GBPS * 1e9) + 3 * LINK_US * 1e-6

@@ -171,6 +171,21 @@ def test_search_matches_brute_force_with_a_slot_overhead():
     assert slots(res) < slots(plain)
 
 
+def test_search_matches_brute_force_with_a_collective_call_cost():
+    """A fixed cost per collective call (a framework that waits around each) makes TP's per-micro-batch
+    all-reduces dearer than one gradient sync a step; the search still finds the brute-force optimum and uses
+    less TP than without it, and the plan's estimate is that number."""
+    model, cluster, B = gpt_like(blocks=2), small_cluster(inter_gbps=0.05), 8  # a slow network: TP 2 inside nodes
+    plain = search(model, cluster, B, SearchOptions(params=PARAMS, zero_bubble=False), with_baselines=False)
+    params = CostParams(reserve_gib=0.0, collective_call_s=plain.estimate.step_time_s / 100)
+    res = search(model, cluster, B, SearchOptions(params=params, zero_bubble=False), with_baselines=False)
+    expected = brute_force(model, cluster, B, None, params)
+    assert expected * 0.99 <= res.estimate.step_time_s <= expected * 1.035
+    assert estimate_plan(res.plan, model, params).step_time_s == res.estimate.step_time_s
+    tp = lambda r: [ly.strategy.tp for st in r.plan.stages for ly in st.layers]  # noqa: E731
+    assert set(tp(plain)) == {2} and set(tp(res)) == {1}
+
+
 def test_tight_memory_forces_memory_saving_strategies():
     model, cluster, B = gpt_like(blocks=2), small_cluster(), 8
     loose = search(model, cluster, B, SearchOptions(params=PARAMS), with_baselines=False)
