@@ -35,7 +35,7 @@ from __future__ import annotations
 import numpy as np
 
 from cost_models.compute import linear_efficiency
-from cost_models.gemm_shapes import DEPTH_FIXED, fixed_depth, wave_times
+from cost_models.gemm_shapes import fixed_depth, wave_times
 
 
 def async_tp_exposed(tp_pass: np.ndarray, boundary_pass: np.ndarray, tp: np.ndarray, matmul_pass: np.ndarray,
@@ -97,7 +97,7 @@ def async_tp_layer(layer, stage, sel: np.ndarray, tp: np.ndarray, b_local: np.nd
 
 
 def chunked_wave_times(layer, sms: int, tp: np.ndarray, b_local: np.ndarray,
-                       rate: float, fixed: float = DEPTH_FIXED) -> tuple[np.ndarray, np.ndarray]:
+                       rate: float, fixed: float) -> tuple[np.ndarray, np.ndarray]:
     """(forward, backward) seconds the decomposition's chunked matmuls add in idle tiles and waves, per strategy.
 
     Async TP runs each forward and input-gradient matmul of the unit as tp matmuls of 1/tp of its rows (one per

@@ -129,14 +129,14 @@ def gemm_utilisation(gemms: tuple[Gemm, ...], tokens: int, tp: int, sms: int,
 
 
 def wave_times(gemms: tuple[Gemm, ...], rows: int, tp: np.ndarray, b_local: np.ndarray, recompute_gemm: np.ndarray,
-               sms: int, rate: float | np.ndarray, fixed: float = DEPTH_FIXED,
+               sms: int, rate: float | np.ndarray, fixed: float,
                chunked: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """(forward, backward) seconds a layer's matmuls spend on idle tiles and waves, per strategy.
 
     ``rows``: the matmuls' rows per sample (its tokens); ``b_local``: samples per rank per micro-batch;
     ``recompute_gemm``: GEMM FLOPs per sample (TP 1) backward reruns under each strategy's checkpointing;
     ``rate``: the FLOP/s large GEMMs run at (peak x ``eff_max``); ``fixed``: the depth a tile's fixed cost is
-    worth on the device (``fixed_depth``); ``chunked``: ``b_local`` is one of async TP's tp row chunks, so the
+    worth on the device (``fixed_depth``: no default, so no device is timed at another's); ``chunked``: ``b_local`` is one of async TP's tp row chunks, so the
     weight gradient still reduces over tp times its rows. What the layer's compute time adds to its
     FLOPs at ``rate``: GEMM FLOPs x (1 / utilisation - 1) / rate, the recomputation at forward's utilisation.
     """

@@ -77,17 +77,17 @@ def test_chunked_matmuls_pay_their_own_waves():
     # Llama 3 8B's block at TP 8 on 132 SMs: 12 samples of 8192 tokens; each of the 8 chunks has 1/8 of the rows
     from autopar.modelspec import from_zoo
     from cost_models.async_tp import chunked_wave_times
-    from cost_models.gemm_shapes import wave_times
+    from cost_models.gemm_shapes import DEPTH_FIXED, wave_times
 
     block = from_zoo("llama3-8b", seq_len=8192).layers[1]
     tp, b = np.array([8.0]), np.array([12.0])
-    fwd, bwd = chunked_wave_times(block, 132, tp, b, 600e12)
-    whole = wave_times(block.gemms, 8192, tp, b, np.zeros(1), 132, 600e12)
-    chunks = wave_times(block.gemms, 8192, tp, b / 8, np.zeros(1), 132, 600e12)
+    fwd, bwd = chunked_wave_times(block, 132, tp, b, 600e12, DEPTH_FIXED)
+    whole = wave_times(block.gemms, 8192, tp, b, np.zeros(1), 132, 600e12, DEPTH_FIXED)
+    chunks = wave_times(block.gemms, 8192, tp, b / 8, np.zeros(1), 132, 600e12, DEPTH_FIXED, chunked=True)
     assert fwd[0] == pytest.approx(8 * chunks[0][0] - whole[0][0]) and fwd[0] > 0
     assert bwd[0] == pytest.approx(max(0.0, 8 * chunks[1][0] - whole[1][0])) and bwd[0] > 0
-    assert chunked_wave_times(block, 0, tp, b, 600e12)[0][0] == 0.0  # no SM count: nothing
-    assert chunked_wave_times(Unit(), 132, tp, b, 600e12)[0][0] == 0.0  # no matmul shapes: nothing
+    assert chunked_wave_times(block, 0, tp, b, 600e12, DEPTH_FIXED)[0][0] == 0.0  # no SM count: nothing
+    assert chunked_wave_times(Unit(), 132, tp, b, 600e12, DEPTH_FIXED)[0][0] == 0.0  # no matmul shapes: nothing
 
 
 def test_an_async_unit_on_a_gpu_with_sms_pays_the_chunk_waves():

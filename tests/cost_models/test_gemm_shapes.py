@@ -75,15 +75,15 @@ def test_large_gemms_are_nearly_unaffected():
 def test_wave_times_are_the_idle_share_of_the_gemm_work():
     tp, b = np.array([1.0, 4.0]), np.array([1.0, 1.0])
     rate = 24e12
-    fwd, bwd = wave_times(GPT2_MEDIUM, 1024, tp, b, np.zeros(2), 40, rate)
+    fwd, bwd = wave_times(GPT2_MEDIUM, 1024, tp, b, np.zeros(2), 40, rate, DEPTH_FIXED)
     work = 1024 * sum(g.flops_per_token for g in GPT2_MEDIUM)
     for i, t in enumerate((1, 4)):
         u_f, u_b = gemm_utilisation(GPT2_MEDIUM, 1024, t, 40)
         assert fwd[i] == pytest.approx(work / t * (1 / u_f - 1) / rate)
         assert bwd[i] == pytest.approx(2 * work / t * (1 / u_b - 1) / rate)
-    full, _ = wave_times(GPT2_MEDIUM, 1024, tp, b, np.full(2, work), 40, rate)[1], None
+    full, _ = wave_times(GPT2_MEDIUM, 1024, tp, b, np.full(2, work), 40, rate, DEPTH_FIXED)[1], None
     assert np.all(full > bwd)  # recomputing the matmuls reruns their idle waves too
-    none = wave_times(GPT2_MEDIUM, 1024, tp, b, np.zeros(2), 0, rate)
+    none = wave_times(GPT2_MEDIUM, 1024, tp, b, np.zeros(2), 0, rate, DEPTH_FIXED)
     assert np.all(none[0] == 0) and np.all(none[1] == 0)
 
 
