@@ -42,6 +42,7 @@ from cost_models.zero_options import (
     option_arrays,
     overlapped_sync,
     transient_copies,
+    zero3_floors,
     zero_exposed,
 )
 
@@ -298,12 +299,14 @@ def layer_costs(layer: Layer, strategies: list[Strategy], stage: Stage) -> Layer
         tp_fwd, tp_bwd = async_tp_layer(layer, stage, atp, tp, b_local, tp_fwd, tp_bwd)
     held = held_params(layer, stage, p)  # its copy of an earlier unit's tensors (tied embeddings), if it keeps one
     ar, ag_param, rs_grad = dp_comm_times(layer, tp, stage.dp_links, coll, p, held)
-    z_fwd, z_bwd = zero_exposed(f_comp, b_comp, ag_param, rs_grad, zero, p.overlap_zero3, p.zero3_comm_eff)
+    shard = shard_params(layer, tp, held)
+    floors = zero3_floors(shard, dp, p)  # a framework's own bound on its ZeRO-3 traffic, where one is stated
+    z_fwd, z_bwd = zero_exposed(f_comp, b_comp, ag_param, rs_grad, zero, p.overlap_zero3, p.zero3_comm_eff, floors)
     reshard, overlap = option_arrays(strategies)  # ZeRO-3 reshard: false, ZeRO-1/2 zero_overlap (zero_options)
-    z_bwd = no_reshard_backward(z_bwd, b_comp, rs_grad / p.zero3_comm_eff, zero, reshard, p.overlap_zero3)
+    rs3 = np.maximum(rs_grad / p.zero3_comm_eff, floors[1])
+    z_bwd = no_reshard_backward(z_bwd, b_comp, rs3, zero, reshard, p.overlap_zero3)
     fwd = (f_comp + z_fwd) + tp_fwd
     bwd = (b_comp + z_bwd) + tp_bwd
-    shard = shard_params(layer, tp, held)
     if p.grad_accum_bytes > 0:  # the framework's per-micro-batch gradient accumulation pass over the rank's parameters
         bwd = bwd + memory_bound_time(shard * p.grad_accum_bytes, stage.hbm_bw)
     cp = cp_array(strategies)  # context parallel: dp above is dp x cp, b_local per rank's tokens

@@ -104,13 +104,13 @@ def _ep_rows(layer, strategies: list, stage, ep: int, t) -> dict[str, np.ndarray
     experts = SimpleNamespace(params=moe.expert_params / ep, tp_params=0)
     ar_d, ag_d, rs_d = t.dp_comm_times(dense, tp, stage.dp_links, coll, p)
     ar_e, ag_e, rs_e = t.dp_comm_times(experts, tp, lambda t: stage.dp_links(ep), coll, p)
-    z_fwd, z_bwd = t.zero_exposed(f_comp, b_comp, ag_d + ag_e, rs_d + rs_e, zero, p.overlap_zero3,
-                                  p.zero3_comm_eff)
-    fwd = f_comp + z_fwd + a2a_fwd
-    bwd = b_comp + z_bwd + a2a_bwd
-
     shard_d = t.shard_params(dense, tp)
     shard_e = np.full_like(tp, experts.params)
+    floors = [d + e for d, e in zip(t.zero3_floors(shard_d, dp, p), t.zero3_floors(shard_e, edp, p))]
+    z_fwd, z_bwd = t.zero_exposed(f_comp, b_comp, ag_d + ag_e, rs_d + rs_e, zero, p.overlap_zero3,
+                                  p.zero3_comm_eff, floors)
+    fwd = f_comp + z_fwd + a2a_fwd
+    bwd = b_comp + z_bwd + a2a_bwd
     sync = np.select([zero == 0, zero == 1, zero == 2], [ar_d + ar_e, rs_d + ag_d + rs_e + ag_e, ag_d + ag_e], 0.0)
     exposed = np.maximum(0.0, sync - p.overlap_sync * b_comp)
     owned = np.where(zero >= 1, shard_d / dp + shard_e / edp, shard_d + shard_e)

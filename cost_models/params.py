@@ -53,11 +53,19 @@ class CostParams:
     zero3_comm_eff: fraction of the modelled collective bandwidth (``cost_models.collectives``) that
         ZeRO-3's per-micro-batch parameter gathers and gradient reduce-scatters reach. 1 by default:
         one NCCL collective per unit, as FSDP2 issues them (torchtitan's FSDP runs on 8-512 H100 are
-        predicted with it). Older runtimes gather per parameter bucket and reach far less: DeepSpeed's
+        predicted with it). Older runtimes gather per parameter and reach far less: DeepSpeed's
         ZeRO-3 in the PTD-P paper's Table 2 (174.6B and 529.6B on 768-2240 A100) ran at a flat step
         time however many GPUs shared the work, about 16 GB/s per GPU for its gathers, against the
-        ~125 GB/s the hierarchical ring formula gives a 3.6 GB gather there; ``autopar calibrate``
-        fits it for such a runtime.
+        ~125 GB/s the hierarchical ring formula gives a 3.6 GB gather there. A rate bound by the framework's
+        code rather than its links is ``zero3_rate_gbps``, a framework fact; ``autopar calibrate`` fits this one.
+    zero3_rate_gbps: GB/s a rank's ZeRO-3 gathers and gradient reduce-scatters move at most, whatever its links
+        (the bytes it receives in a gather, sends in a reduce-scatter): a framework's own bound. 0 (none) by default:
+        FSDP2 issues one NCCL collective per unit, which runs at its links' rate. DeepSpeed's ZeRO-3 of 2021 gathered
+        each sub-module's parameters in Python-side all-gathers that called torch.cuda.synchronize and copied the
+        result out (microsoft/DeepSpeed PR #1188, 2021-06): on one 8x A100 NVLink node a 5.1B BERT's forward took
+        470 ms under ZeRO-3 against 60 ms under ZeRO-2 (DeepSpeed issue #1174, 0.3.16), 8.9 GB received per GPU in
+        the 410 ms more, 22 GB/s, where NCCL's ring gathers at over 200 GB/s; a measured file states it for such a
+        framework (``framework``).
     overlap_grad_reduce: fraction of one micro-batch's backward that hides the gradient reduce-scatter
         of a ZeRO-1 unit with ``zero_overlap`` (Megatron's ``--overlap-grad-reduce``: buckets are
         reduce-scattered as the step's last backward completes them, behind the backward of earlier
@@ -184,6 +192,7 @@ class CostParams:
     overlap_sync: float = 0.0
     overlap_zero3: float = 1.0
     zero3_comm_eff: float = 1.0
+    zero3_rate_gbps: float = 0.0
     overlap_grad_reduce: float = 1.0
     overlap_param_gather: float = 1.0
     async_tp_overlap: float = 1.0

@@ -88,16 +88,29 @@ def transient_copies(strategy: object) -> float:
     return 2.0 if getattr(strategy, "reshard", True) else 1.0
 
 
+def zero3_floors(shard: np.ndarray, dp: np.ndarray, p: CostParams) -> tuple[np.ndarray, np.ndarray]:
+    """(gather, reduce-scatter) seconds below which a ZeRO-3 unit's collectives cannot run where its framework
+    moves them at ``zero3_rate_gbps`` per rank (``CostParams``; 0: no such bound, zeros): the bytes one rank
+    receives in the gather, (dp - 1) / dp of the unit's ``shard`` parameters at ``param_bytes``, and sends in
+    the reduce-scatter, at ``grad_comm_bytes``."""
+    if p.zero3_rate_gbps <= 0:
+        zeros = np.zeros_like(np.asarray(shard, dtype=float))
+        return zeros, zeros
+    moved = np.asarray(shard, dtype=float) * (1.0 - 1.0 / np.asarray(dp, dtype=float)) / (p.zero3_rate_gbps * 1e9)
+    return moved * p.param_bytes, moved * p.grad_comm_bytes
+
+
 def zero_exposed(f_comp: np.ndarray, b_comp: np.ndarray, ag_param: np.ndarray, rs_grad: np.ndarray,
-                 zero: np.ndarray, overlap: float, zero3_eff: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+                 zero: np.ndarray, overlap: float, zero3_eff: float = 1.0,
+                 floors: tuple = (0.0, 0.0)) -> tuple[np.ndarray, np.ndarray]:
     """(forward, backward) seconds of per-micro-batch ZeRO traffic not hidden behind compute.
 
     ZeRO-3 gathers the parameters in forward and again in backward, and reduce-scatters the
     gradients in backward, at ``zero3_eff`` (``CostParams.zero3_comm_eff``) of the modelled
-    bandwidth; ZeRO-2 reduce-scatters them. Prefetching hides them behind the same pass's compute
-    as far as ``overlap`` (``CostParams.overlap_zero3``) allows.
+    bandwidth and no faster than ``floors`` (``zero3_floors``); ZeRO-2 reduce-scatters them. Prefetching
+    hides them behind the same pass's compute as far as ``overlap`` (``CostParams.overlap_zero3``) allows.
     """
-    ag3, rs3 = ag_param / zero3_eff, rs_grad / zero3_eff
+    ag3, rs3 = np.maximum(ag_param / zero3_eff, floors[0]), np.maximum(rs_grad / zero3_eff, floors[1])
     fwd = np.where(zero == 3, np.maximum(0.0, ag3 - overlap * f_comp), 0.0)
     bwd = np.select([zero == 3, zero == 2], [np.maximum(0.0, ag3 + rs3 - overlap * b_comp),
                                              np.maximum(0.0, rs_grad - overlap * b_comp)], 0.0)

@@ -3,8 +3,9 @@
 Published runs ran on their own framework, whose memory differs from autopar's runtime (PyTorch's
 cross entropy, Megatron-style fp32 main gradients): Megatron-LM's in-place vocabulary-parallel cross
 entropy holds 1.5 logits copies at its backward, not PyTorch's 3-4; DeepSpeed's BF16 optimizer keeps the
-bf16 gradients beside a full fp32 accumulation buffer. Such facts are read from the framework's code,
-never fitted to the runs, so a file may state them with their origin::
+bf16 gradients beside a full fp32 accumulation buffer. Such facts are read from the framework's code, or
+measured on other runs of that framework (DeepSpeed's 2021 ZeRO-3 gather rate, from a DeepSpeed issue), never
+fitted to the file's runs, so a file may state them with their origin::
 
     framework:
       name: Megatron-DeepSpeed (bigscience fork), DeepSpeed BF16_Optimizer

@@ -24,7 +24,7 @@ _FRACTIONS = ("overlap_sync", "overlap_zero3", "overlap_grad_reduce", "overlap_p
               "tp_boundary_gather", "tp_async_backward", "tied_copy_one_stage", "tied_sync_full")
 _FACTORS = ("act_mem_factor",)
 _SHARES = ("linear_input_share",)  # in (0, 1]
-_NONNEG = ("layer_overhead_s", "collective_call_s", "reserve_gib", "step_overhead_per_unit_s", "act_traffic",
+_NONNEG = ("layer_overhead_s", "collective_call_s", "zero3_rate_gbps", "reserve_gib", "step_overhead_per_unit_s", "act_traffic",
            "slot_overhead_s", "loss_copies", "grad_accum_bytes")
 EFF_HIGH = 4.0
 # Fields added after plans were first written: absent from an older plan, they take CostParams' default (the
@@ -32,7 +32,8 @@ EFF_HIGH = 4.0
 # reads link_efficiency, so an older plan is re-estimated at its default, as after any change of the model).
 _LATER = ("moe_imbalance", "overlap_grad_reduce", "overlap_param_gather", "zero3_comm_eff", "async_tp_overlap",
           "loss_copies", "link_efficiency", "grad_accum_bytes", "linear_input_share", "tp_boundary_gather",
-          "tp_async_backward", "tied_copy_one_stage", "tied_sync_full", "collective_call_s")
+          "tp_async_backward", "tied_copy_one_stage", "tied_sync_full", "collective_call_s",
+          "zero3_rate_gbps")
 
 
 def _finite(x: float, field: str, fix: str, high: float | None = None) -> float:

@@ -115,3 +115,22 @@ def test_mixed_strategies_are_priced_row_by_row():
         alone = costs(MoEUnit(), [one], stage)
         for f in together:
             assert float(together[f][i]) == pytest.approx(float(alone[f][0]))
+
+
+def test_a_zero3_rate_bound_counts_the_dense_part_over_dp_and_the_experts_over_their_group():
+    """With ep 4 on 8 ranks the dense parameters are sharded over dp 8 and each rank's quarter of the experts over
+    the expert group of 2: a framework rate far below the links makes the forward gather (nothing hides it) take
+    the bytes a rank receives of both over that rate."""
+    rate = 1e-3  # GB/s
+    stage = OneNodeStage(n=8, micro_batch_size=8, params=CostParams(overlap_zero3=0.0, zero3_rate_gbps=rate))
+    base = replace(stage, params=CostParams(overlap_zero3=0.0))
+    dense, experts = MoEUnit().params - MOE.expert_params, MOE.expert_params / 4
+    received = (dense * 7 / 8 + experts * 1 / 2) * 2  # bf16 parameters
+    slow, fast = costs(MoEUnit(), [Strat(zero=3, ep=4)], stage), costs(MoEUnit(), [Strat(zero=3, ep=4)], base)
+    assert float(slow["fwd"][0]) == pytest.approx(float(fast["fwd"][0]) - _gather(fast, base) + received / (rate * 1e9))
+
+
+def _gather(fast, stage) -> float:
+    """The forward gather time the links give (what the rate bound replaces): forward less the same row at ZeRO-1."""
+    zero1 = costs(MoEUnit(), [Strat(zero=1, ep=4)], stage)
+    return float(fast["fwd"][0]) - float(zero1["fwd"][0])

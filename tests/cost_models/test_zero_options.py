@@ -90,3 +90,20 @@ def test_no_reshard_transient_holds_one_prefetched_copy():
     act = 3e6 * 1  # saved bytes without checkpointing, one sample per rank
     assert transient_bytes(U, st, Strat(zero=3)) == pytest.approx(act + 2 * 1e6 * 2, **EXACT)
     assert transient_bytes(U, st, Strat(zero=3, reshard=False)) == pytest.approx(act + 1e6 * 2, **EXACT)
+
+
+def test_a_framework_rate_bounds_zero3_traffic_from_below():
+    """A framework that moves its ZeRO-3 traffic at ``zero3_rate_gbps`` per rank (DeepSpeed's of 2021) takes at least
+    the bytes a rank receives (gather: 3/4 of the unit's bf16 parameters at dp 4) or sends (reduce-scatter: 3/4 of
+    its fp32 gradients) over that rate; where the links are slower, the links' time stays. ZeRO-1 is untouched."""
+    rate = 0.1  # GB/s: far below the fake links, so the bound decides
+    ag, rs = 1e6 * 0.75 * 2 / (rate * 1e9), 1e6 * 0.75 * 4 / (rate * 1e9)
+    assert ag > AG and rs > RS
+    lc = layer_costs(U, [Strat(zero=3), Strat(zero=3, reshard=False), Strat(zero=1)],
+                     _stage(overlap_zero3=0.0, zero3_rate_gbps=rate))
+    assert lc.fwd[0] == pytest.approx(F + ag, **EXACT) and lc.bwd[0] == pytest.approx(2 * F + ag + rs, **EXACT)
+    assert lc.bwd[1] == pytest.approx(2 * F + rs, **EXACT)  # no second gather without resharding
+    plain = layer_costs(U, [Strat(zero=1)], _stage(overlap_zero3=0.0))
+    assert (lc.fwd[2], lc.bwd[2], lc.step[2]) == (plain.fwd[0], plain.bwd[0], plain.step[0])
+    fast = layer_costs(U, [Strat(zero=3)], _stage(overlap_zero3=0.0, zero3_rate_gbps=1e6))  # no bound in effect
+    assert fast.bwd[0] == pytest.approx(2 * F + AG + RS, **EXACT)
