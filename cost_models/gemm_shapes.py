@@ -136,8 +136,8 @@ def wave_times(gemms: tuple[Gemm, ...], rows: int, tp: np.ndarray, b_local: np.n
     ``rows``: the matmuls' rows per sample (its tokens); ``b_local``: samples per rank per micro-batch;
     ``recompute_gemm``: GEMM FLOPs per sample (TP 1) backward reruns under each strategy's checkpointing;
     ``rate``: the FLOP/s large GEMMs run at (peak x ``eff_max``); ``fixed``: the depth a tile's fixed cost is
-    worth on the device (``fixed_depth``: no default, so no device is timed at another's); ``chunked``: ``b_local`` is one of async TP's tp row chunks, so the
-    weight gradient still reduces over tp times its rows. What the layer's compute time adds to its
+    worth on the device (``fixed_depth``: no default, so no device is timed at another's); ``chunked``:
+    ``b_local`` is one of async TP's tp row chunks, so the weight gradient still reduces over tp times its rows. What the layer's compute time adds to its
     FLOPs at ``rate``: GEMM FLOPs x (1 / utilisation - 1) / rate, the recomputation at forward's utilisation.
     """
     work = rows * flops_per_token(gemms)  # GEMM FLOPs per sample at TP 1

@@ -43,6 +43,7 @@ from cost_models.zero_options import (
     overlapped_sync,
     transient_copies,
     zero3_floors,
+    zero3_times,
     zero_exposed,
 )
 
@@ -303,7 +304,7 @@ def layer_costs(layer: Layer, strategies: list[Strategy], stage: Stage) -> Layer
     floors = zero3_floors(shard, dp, p)  # a framework's own bound on its ZeRO-3 traffic, where one is stated
     z_fwd, z_bwd = zero_exposed(f_comp, b_comp, ag_param, rs_grad, zero, p.overlap_zero3, p.zero3_comm_eff, floors)
     reshard, overlap = option_arrays(strategies)  # ZeRO-3 reshard: false, ZeRO-1/2 zero_overlap (zero_options)
-    rs3 = np.maximum(rs_grad / p.zero3_comm_eff, floors[1])
+    rs3 = zero3_times(ag_param, rs_grad, p.zero3_comm_eff, floors)[1]  # what a reshard: false unit pays in backward
     z_bwd = no_reshard_backward(z_bwd, b_comp, rs3, zero, reshard, p.overlap_zero3)
     fwd = (f_comp + z_fwd) + tp_fwd
     bwd = (b_comp + z_bwd) + tp_bwd

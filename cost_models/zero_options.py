@@ -100,17 +100,24 @@ def zero3_floors(shard: np.ndarray, dp: np.ndarray, p: CostParams) -> tuple[np.n
     return moved * p.param_bytes, moved * p.grad_comm_bytes
 
 
+def zero3_times(ag_param: np.ndarray, rs_grad: np.ndarray, zero3_eff: float,
+                floors: tuple = (0.0, 0.0)) -> tuple[np.ndarray, np.ndarray]:
+    """(gather, reduce-scatter) seconds of a ZeRO-3 unit's per-micro-batch collectives: the modelled times at
+    ``zero3_eff`` (``CostParams.zero3_comm_eff``) of their bandwidth, and no faster than ``floors``
+    (``zero3_floors``)."""
+    return np.maximum(ag_param / zero3_eff, floors[0]), np.maximum(rs_grad / zero3_eff, floors[1])
+
+
 def zero_exposed(f_comp: np.ndarray, b_comp: np.ndarray, ag_param: np.ndarray, rs_grad: np.ndarray,
                  zero: np.ndarray, overlap: float, zero3_eff: float = 1.0,
                  floors: tuple = (0.0, 0.0)) -> tuple[np.ndarray, np.ndarray]:
     """(forward, backward) seconds of per-micro-batch ZeRO traffic not hidden behind compute.
 
     ZeRO-3 gathers the parameters in forward and again in backward, and reduce-scatters the
-    gradients in backward, at ``zero3_eff`` (``CostParams.zero3_comm_eff``) of the modelled
-    bandwidth and no faster than ``floors`` (``zero3_floors``); ZeRO-2 reduce-scatters them. Prefetching
-    hides them behind the same pass's compute as far as ``overlap`` (``CostParams.overlap_zero3``) allows.
+    gradients in backward (``zero3_times``); ZeRO-2 reduce-scatters them. Prefetching hides them behind the
+    same pass's compute as far as ``overlap`` (``CostParams.overlap_zero3``) allows.
     """
-    ag3, rs3 = np.maximum(ag_param / zero3_eff, floors[0]), np.maximum(rs_grad / zero3_eff, floors[1])
+    ag3, rs3 = zero3_times(ag_param, rs_grad, zero3_eff, floors)
     fwd = np.where(zero == 3, np.maximum(0.0, ag3 - overlap * f_comp), 0.0)
     bwd = np.select([zero == 3, zero == 2], [np.maximum(0.0, ag3 + rs3 - overlap * b_comp),
                                              np.maximum(0.0, rs_grad - overlap * b_comp)], 0.0)
