@@ -1,5 +1,5 @@
 """Memory terms of the working set a layer needs beyond its saved activations, each derived from the
-code that allocates it (``layer.transient_bytes`` adds them).
+code that allocates it (``transient.transient_bytes`` adds them).
 
 **The loss's logits at its backward** (a unit with ``loss_bytes``: the LM head, whose cross entropy
 reads fp32 logits of ``loss_bytes`` per sample, ``s * V * 4``, vocabulary-parallel under TP). The

@@ -5,15 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-from cost_models.layer import (
-    Layer,
-    LayerCost,
-    Stage,
-    Strategy,
-    layout_switch_time,
-    one_layer_cost,
-    transient_bytes,
-)
+from cost_models.layer import Layer, LayerCost, Stage, Strategy, layout_switch_time, one_layer_cost
+from cost_models.transient import transient_bytes
 
 LayerCostFn = Callable[[Layer, Strategy, Stage], LayerCost]
 

@@ -10,7 +10,8 @@ from autopar.estimate.cache import CostCache
 from autopar.estimate.context import StageContext, device_budget_bytes, stage_link
 from autopar.estimate.pipeline import StageEstimate, boundary_p2p_time, stage_cost
 from autopar.estimate.plan_cost import PlanEstimate, estimate_plan, plan_cost_params
-from cost_models.layer import LayerCosts, head_excess, layer_costs, layout_switch_time, transient_bound
+from cost_models.layer import LayerCosts, layer_costs, layout_switch_time
+from cost_models.transient import head_excess, transient_bound
 
 __all__ = ["CostCache", "LayerCosts", "PlanEstimate", "StageContext", "StageEstimate", "boundary_p2p_time",
            "device_budget_bytes", "estimate_plan", "head_excess", "layer_costs", "layout_switch_time", "plan_cost_params",

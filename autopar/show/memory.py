@@ -22,9 +22,10 @@ from autopar.estimate.pipeline import spec_layers
 from autopar.modelspec.spec import ModelSpec
 from autopar.plan.schema import Plan
 from cost_models import CostParams
-from cost_models.layer import shard_params, transient_bytes
+from cost_models.layer import shard_params
 from cost_models.memory import model_state_bytes
 from cost_models.ties import held_params
+from cost_models.transient import transient_bytes
 
 PARTS = ("parameters", "gradients", "optimizer states", "model states", "activations", "transient", "reserve")
 

@@ -9,7 +9,8 @@ import pytest
 from cost_models import CostParams
 from cost_models import communication as comm
 from cost_models.context_parallel import kv_bytes
-from cost_models.layer import layer_costs, transient_bytes
+from cost_models.layer import layer_costs
+from cost_models.transient import transient_bytes
 from tests.cost_models.fakes import CBW, LAT, OneNodeStage, Strat, Unit, links
 
 P = CostParams(eff_max=0.5, layer_overhead_s=1e-4, overlap_sync=0.0, overlap_zero3=0.0, reserve_gib=1.0,

@@ -6,15 +6,9 @@ import pytest
 
 from cost_models import CostParams
 from cost_models import communication as comm
-from cost_models.layer import (
-    LayerCost,
-    layer_costs,
-    layout_switch_time,
-    one_layer_cost,
-    transient_bound,
-    transient_bytes,
-)
+from cost_models.layer import LayerCost, layer_costs, layout_switch_time, one_layer_cost
 from cost_models.stage import stage_cost
+from cost_models.transient import transient_bound, transient_bytes
 from tests.cost_models.fakes import BW, CBW, HBM, LAT, OneNodeStage, Strat, Unit
 
 P = CostParams(eff_max=0.5, layer_overhead_s=1e-4, overlap_sync=0.0, overlap_zero3=0.0, reserve_gib=1.0,

@@ -15,8 +15,8 @@ from torch.utils._pytree import tree_flatten
 
 from autopar.modelspec.zoo import spec_from_entry, zoo_entry
 from cost_models import CostParams
-from cost_models.layer import head_excess, transient_bound, transient_bytes
 from cost_models.memory_terms import LOSS_COPIES_TP1, loss_copies, loss_extra_bytes, loss_peak_bytes
+from cost_models.transient import head_excess, transient_bound, transient_bytes
 from tests.cost_models.fakes import OneNodeStage, Strat, Unit
 
 LOSS = 4e6  # fp32 logits per sample

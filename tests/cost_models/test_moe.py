@@ -11,9 +11,10 @@ import pytest
 from autopar.modelspec.spec import MoESpec
 from cost_models import CostParams
 from cost_models.communication import alltoall_time
-from cost_models.layer import layer_costs, transient_bytes
+from cost_models.layer import layer_costs
 from cost_models.memory import model_state_bytes
 from cost_models.moe import alltoall_seconds
+from cost_models.transient import transient_bytes
 from tests.cost_models.fakes import BW, LAT, OneNodeStage, Strat, Unit
 
 MOE = MoESpec(num_experts=8, top_k=2, expert_params=800_000, expert_flops=6e8, dispatch_bytes=2e5,

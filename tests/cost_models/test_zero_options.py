@@ -84,7 +84,7 @@ def test_defaults_price_old_strategies_as_before():
 
 def test_no_reshard_transient_holds_one_prefetched_copy():
     """Its own gathered copy is in the model states already: while it runs only the next unit's prefetch is extra."""
-    from cost_models.layer import transient_bytes
+    from cost_models.transient import transient_bytes
 
     st = _stage()
     act = 3e6 * 1  # saved bytes without checkpointing, one sample per rank
