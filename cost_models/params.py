@@ -121,6 +121,10 @@ class CostParams:
         _exec_backward_pass calls optimizer.update_hp_grads after each micro-batch's backward; bf16_optimizer.py
         update_hp_grads runs hp_grad.add_(lp.grad.to(float32)) per parameter: the cast reads 2 and writes 4
         bytes, the add reads 4 + 4 and writes 4), a framework fact a measured file states (``framework``).
+    grad_cast_bytes: bytes per element of the copy of one parameter's gradient that such an accumulation makes
+        at a time: the same ``lp.grad.to(float32)`` is a new fp32 tensor of that parameter's size, freed after
+        its add, so the largest parameter a rank holds (a TP shard of a vocabulary embedding) sets a transient
+        of 4 bytes per element (``transient.cast_bytes``). 0 by default (nothing casts per parameter).
     tp_boundary_gather: all-gathers of a sequence-parallel unit's output per forward (and reduce-scatters of its
         gradient in backward) that keep unit boundaries at full sequence length: 1 in autopar's runtime; 0 where the
         residual stream stays sequence-sharded between blocks (Megatron-LM / Megatron-Core, Transformer Engine), a
@@ -213,6 +217,7 @@ class CostParams:
     state_table: tuple = ()
     step_overhead_per_unit_s: float = 0.0
     grad_accum_bytes: float = 0.0
+    grad_cast_bytes: float = 0.0
     moe_imbalance: float = 1.1
 
     def __post_init__(self) -> None:

@@ -21,8 +21,14 @@ def transient_bytes(layer: Layer, stage: Stage, strategy: Strategy) -> float:
     activation gradients of backward; times ``act_mem_factor``, as saved activations), and under ZeRO-3 two unsharded copies of its TP shard of the
     parameters (the gathered layer and the prefetched next one; one with ``reshard: false``, zero_options). Without ZeRO-3 the parameters are
     resident and counted in the model states: a TP-8 layer of a 1T model holds no extra copy. A unit with a loss
-    adds the logits copies its backward holds beyond those (``memory_terms.loss_extra_bytes``).
+    adds the logits copies its backward holds beyond those (``memory_terms.loss_extra_bytes``). Where the
+    framework casts each parameter's gradient after the backward (``cast_bytes``), the larger of the two.
     """
+    return max(_working_bytes(layer, stage, strategy), cast_bytes(layer, stage, strategy.tp))
+
+
+def _working_bytes(layer: Layer, stage: Stage, strategy: Strategy) -> float:
+    """``transient_bytes`` but the gradient cast: the layer's activation working set and ZeRO-3's gathers."""
     b_local, p = stage.micro_batch_size * strategy.tp / stage.n, stage.params
     act = layer.saved_bytes("none", strategy.tp, strategy.sp, p.linear_input_share) * b_local
     act += cp_transient_bytes(layer, strategy.tp, getattr(strategy, "cp", 1), b_local)
@@ -34,6 +40,27 @@ def transient_bytes(layer: Layer, stage: Stage, strategy: Strategy) -> float:
         return act + copies * expert_parallel.ep_shard_params(layer, strategy.ep, float(strategy.tp)) * p.param_bytes
     held = held_params(layer, stage, p)
     return act + copies * float(shard_params(layer, np.array([float(strategy.tp)]), held)[0]) * p.param_bytes
+
+
+def largest_param(layer: Layer, held: float = 0.0) -> float:
+    """Elements of the largest parameter tensor ``layer`` holds, before TP: its largest matmul weight among those
+    it owns (a head's weight is its own only as a held copy of a tied embedding, ``held``), else its TP-sharded
+    parameters as one tensor (an embedding's table)."""
+    own = float(layer.params) + held
+    weights = [float(g.k * g.n) for g in (getattr(layer, "gemms", None) or ()) if g.k * g.n <= own]
+    return max(weights) if weights else float(layer.tp_params)
+
+
+def cast_bytes(layer: Layer, stage: Stage, tp: int) -> float:
+    """The gradient copy a framework's per-parameter accumulation makes of ``layer``'s largest parameter
+    (``CostParams.grad_cast_bytes`` per element of its TP shard): DeepSpeed's BF16_Optimizer runs
+    ``hp_grad.add_(lp.grad.to(float32))`` parameter by parameter after each micro-batch's backward, when that
+    micro-batch's own activations are freed (counting them beside it is conservative by one micro-batch's
+    saved activations). 0 where the framework casts nothing."""
+    p = stage.params
+    if p.grad_cast_bytes <= 0:
+        return 0.0
+    return p.grad_cast_bytes * largest_param(layer, held_params(layer, stage, p)) / tp
 
 
 def transient_bound(layer: Layer, stage: Stage, strategies: list[Strategy], priced: np.ndarray | None = None) -> float:

@@ -25,7 +25,7 @@ _FRACTIONS = ("overlap_sync", "overlap_zero3", "overlap_grad_reduce", "overlap_p
 _FACTORS = ("act_mem_factor",)
 _SHARES = ("linear_input_share",)  # in (0, 1]
 _NONNEG = ("layer_overhead_s", "collective_call_s", "zero3_rate_gbps", "reserve_gib", "step_overhead_per_unit_s", "act_traffic",
-           "slot_overhead_s", "loss_copies", "grad_accum_bytes")
+           "slot_overhead_s", "loss_copies", "grad_accum_bytes", "grad_cast_bytes")
 EFF_HIGH = 4.0
 # Fields added after plans were first written: absent from an older plan, they take CostParams' default (the
 # plans written before them hold no strategy that reads them: ep and zero_overlap came with them; every plan
@@ -33,7 +33,7 @@ EFF_HIGH = 4.0
 _LATER = ("moe_imbalance", "overlap_grad_reduce", "overlap_param_gather", "zero3_comm_eff", "async_tp_overlap",
           "loss_copies", "link_efficiency", "grad_accum_bytes", "linear_input_share", "tp_boundary_gather",
           "tp_async_backward", "tied_copy_one_stage", "tied_sync_full", "collective_call_s",
-          "zero3_rate_gbps")
+          "zero3_rate_gbps", "grad_cast_bytes")
 
 
 def _finite(x: float, field: str, fix: str, high: float | None = None) -> float:
