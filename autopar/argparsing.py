@@ -29,3 +29,25 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str):
         cmd = self.prog.split(" ", 1)[1] if " " in self.prog else "arguments"
         raise AutoparError(cmd, message, f"see `{self.prog} --help`")
+
+
+def positive_float(flag: str):
+    """An argparse ``type``: a finite number > 0, else the flag's one-line error."""
+    return _number(flag, lambda v: 0 < v < float("inf"), "a positive finite number")
+
+
+def fraction(flag: str):
+    """An argparse ``type``: a number in [0, 1), else the flag's one-line error."""
+    return _number(flag, lambda v: 0 <= v < 1, "a fraction in [0, 1)")
+
+
+def _number(flag: str, ok, what: str):
+    def parse(s: str) -> float:
+        try:
+            v = float(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} must be a number, got {s!r}") from None
+        if not ok(v):
+            raise argparse.ArgumentTypeError(f"{flag} must be {what}, got {s}")
+        return v
+    return parse

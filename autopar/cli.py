@@ -10,7 +10,7 @@ import sys
 import threading
 from pathlib import Path
 
-from autopar.argparsing import Parser
+from autopar.argparsing import Parser, fraction, positive_float
 from autopar.errors import AutoparError
 from autopar.fields import int_at_least
 from cost_models.precision import NAMES as PRECISIONS
@@ -33,18 +33,6 @@ def _load_profile(path: str | None):
     return load_profile(path)
 
 
-def _positive_float(field: str):
-    def parse(s: str) -> float:
-        try:
-            v = float(s)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{field} must be a number, got {s!r}") from None
-        if not 0 < v < float("inf"):
-            raise argparse.ArgumentTypeError(f"{field} must be a positive finite number, got {s}")
-        return v
-    return parse
-
-
 # -- search ------------------------------------------------------------------------------------
 def cmd_search(args) -> int:
     from autopar.cluster.parse import load_cluster
@@ -63,6 +51,7 @@ def cmd_search(args) -> int:
     opts = SearchOptions(memory_budget_gib=args.memory_budget, time_budget_s=args.time_budget,
                          schedule=args.schedule, progress=not args.json and sys.stderr.isatty())
     cluster, opts.params = at_precision(load_cluster(args.cluster), opts.params, args.precision, profiled=measured)
+    cluster = cluster.with_memory_margin(args.memory_margin)
     if profile is not None:  # measured numbers in place of catalogue figures (autopar/profile/apply.py)
         from autopar.profile import apply_profile, apply_profile_model
 
@@ -301,9 +290,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--global-batch-size", required=True, type=int_at_least("--global-batch-size"),
                    help="samples per optimizer step, over all devices")
     s.add_argument("--seq-len", type=int_at_least("--seq-len"), help="tokens per sample (default: the model's)")
-    s.add_argument("--memory-budget", type=_positive_float("--memory-budget"),
+    s.add_argument("--memory-budget", type=positive_float("--memory-budget"),
                    help="GiB per device (default: each GPU's memory)")
-    s.add_argument("--time-budget", type=_positive_float("--time-budget"),
+    s.add_argument("--memory-margin", type=fraction("--memory-margin"), default=0.0,
+                   help="share of each GPU's memory plans keep free, e.g. 0.1 (a safety margin)")
+    s.add_argument("--time-budget", type=positive_float("--time-budget"),
                    help="stop after this many seconds with the best plan so far (default: search to the end)")
     s.add_argument("--schedule", choices=["1f1b", "gpipe"], default="1f1b", help="pipeline schedule")
     s.add_argument("-o", "--output", metavar="PLAN", help=f"write the plan here, replacing an existing file "

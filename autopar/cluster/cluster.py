@@ -66,8 +66,12 @@ class GPUType:
     mamf_fp8: float = 0.0  # the same for ``tflops_fp8``
     mamf_fp32: float = 0.0  # the same for ``tflops_fp32`` (plain FP32 matmuls, without TF32)
     precision: str = DEFAULT
+    memory_margin: float = 0.0  # fraction of its usable memory a plan leaves free (``Cluster.with_memory_margin``)
 
     def __post_init__(self) -> None:
+        if not 0 <= self.memory_margin < 1:
+            raise AutoparError("memory_margin", f"must be a fraction in [0, 1), got {self.memory_margin}",
+                               "give the share of each GPU's memory to keep free, e.g. 0.1")
         for f in ("memory_gib", "tflops", "hbm_gbps"):
             if getattr(self, f) <= 0:
                 raise AutoparError(f"gpu {self.name}.{f}", f"must be positive, got {getattr(self, f)}",
@@ -97,7 +101,7 @@ class GPUType:
 
     @property
     def memory_bytes(self) -> float:
-        """``usable_memory_gib`` in bytes: what a plan's peak per device must fit in."""
+        """``usable_memory_gib`` in bytes (a plan's budget leaves ``memory_margin`` of it free: ``budget_gib``)."""
         return self.usable_memory_gib * GIB
 
     @property
@@ -236,9 +240,11 @@ class Cluster:
         return self.nodes[self._dev_node[device]].gpu
 
     def budget_gib(self, device: int, cap_gib: float | None = None) -> float:
-        """What ``device`` may hold, GiB: its usable memory, or ``cap_gib`` (a plan's ``memory_budget_gib``)
-        where that is smaller. The one rule the estimate's ``fits``, the search and the validator share."""
-        usable = self.gpu_of(device).usable_memory_gib
+        """What ``device`` may hold, GiB: its usable memory less the ``memory_margin`` share, or ``cap_gib``
+        (a plan's ``memory_budget_gib``) where that is smaller. The one rule the estimate's ``fits``, the
+        search and the validator share."""
+        gpu = self.gpu_of(device)
+        usable = gpu.usable_memory_gib * (1.0 - gpu.memory_margin)
         return usable if cap_gib is None else min(usable, cap_gib)
 
     def node_devices(self, node: int) -> list[int]:
@@ -337,6 +343,20 @@ class Cluster:
         if all(nd.gpu.precision == name for nd in self.nodes):
             return self
         nodes = [replace(nd, gpu=replace(nd.gpu, precision=name)) for nd in self.nodes]
+        return replace(self, nodes=nodes, meta=dict(self.meta))
+
+    @property
+    def memory_margin(self) -> float:
+        """The fraction of each GPU's usable memory plans leave free (one for the whole cluster)."""
+        return self.nodes[0].gpu.memory_margin
+
+    def with_memory_margin(self, fraction: float) -> Cluster:
+        """This cluster with plans keeping ``fraction`` of every GPU's usable memory free: a safety margin for
+        what the memory model does not count (allocator fragmentation beyond its terms, a framework's extra
+        buffers). One-line AutoparError outside [0, 1)."""
+        if all(nd.gpu.memory_margin == fraction for nd in self.nodes):
+            return self
+        nodes = [replace(nd, gpu=replace(nd.gpu, memory_margin=fraction)) for nd in self.nodes]
         return replace(self, nodes=nodes, meta=dict(self.meta))
 
     def describe(self) -> str:

@@ -8,6 +8,7 @@ Format (``autopar_plan: 1``)::
     schedule: 1f1b
     precision: bf16                    # optional (absent: bf16); bf16 | fp16 | fp32 | tf32 | fp8
     memory_budget_gib: 70.0            # optional; absent: each device's own memory
+    memory_margin: 0.1                 # optional (absent: 0); the share of each GPU's memory kept free
     pipelines:
     - batch_share: 512
       micro_batch_size: 4
@@ -74,6 +75,8 @@ def plan_to_dict(plan: Plan) -> dict:
     }
     if plan.memory_budget_gib is not None:
         d["memory_budget_gib"] = float(plan.memory_budget_gib)
+    if plan.cluster.memory_margin:
+        d["memory_margin"] = float(plan.cluster.memory_margin)
     d["pipelines"] = [
         {
             "batch_share": int(p.batch_share),

@@ -19,8 +19,8 @@ from autopar.plan.schema import PLAN_VERSION, SCHEDULES, ModelRef, Pipeline, Pla
 from cost_models.precision import DEFAULT
 
 VERSION_KEY = "autopar_plan"
-TOP_KEYS = (VERSION_KEY, "model", "global_batch_size", "schedule", "precision", "memory_budget_gib", "pipelines",
-            "cluster", "predicted", "search")
+TOP_KEYS = (VERSION_KEY, "model", "global_batch_size", "schedule", "precision", "memory_budget_gib", "memory_margin",
+            "pipelines", "cluster", "predicted", "search")
 MODEL_KEYS = ("name", "source", "seq_len", "layers")
 PIPELINE_KEYS = ("batch_share", "micro_batch_size", "num_microbatches", "virtual_stages", "stages")
 STAGE_KEYS = ("devices", "layers")
@@ -44,7 +44,12 @@ def plan_from_dict(d: dict) -> Plan:
     model = ModelRef(name=m.req_str("name"), seq_len=m.req_int("seq_len", low=1), num_layers=m.req_int("layers", low=1),
                      source=m.opt_str("source", ""))
     precision = check_precision(top.opt_str("precision", DEFAULT), top.at("precision"))
+    margin = top.opt_num("memory_margin", 0.0, ge=0, fix="give the share of each GPU's memory kept free, in [0, 1)")
+    if not margin < 1:
+        raise AutoparError(top.at("memory_margin"), f"must be below 1, got {margin}",
+                           "give the share of each GPU's memory kept free, in [0, 1)")
     cluster = cluster_from_doc(top.req_mapping("cluster"), None, "cluster", standalone=True).at_precision(precision)
+    cluster = cluster.with_memory_margin(margin)
     gbs = top.req_int("global_batch_size", low=1)
     schedule = top.opt_str("schedule", "1f1b", choices=SCHEDULES)
     budget = top.opt_num("memory_budget_gib", None, gt=0, fix="give GiB per device, or omit it")

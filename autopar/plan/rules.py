@@ -32,8 +32,8 @@ What is checked (each group only when its inputs are given):
   and not together with tp > 1 or cp > 1;
 * context parallel (``cp_rules.py``): one cp per pipeline, tp x cp dividing the stage, the sequence in
   2 x cp chunks, no sp with cp;
-* memory (with predicted peaks): each device's peak is within its budget (``memory_budget_gib`` when
-  set, else the device's own GPU memory).
+* memory (with predicted peaks): each device's peak is within its budget (its GPU's memory less the
+  ``memory_margin`` share, or ``memory_budget_gib`` where that is smaller).
 """
 
 from __future__ import annotations
@@ -331,8 +331,8 @@ def _illegal_tp(field: str, tp: int, unit: UnitFacts, n: int) -> Problem:
 
 
 def memory_rules(plan: Plan, peak_gib: dict[int, float]) -> Problems:
-    """Each device's predicted peak within its budget (``Cluster.budget_gib``: its GPU's usable memory, or
-    memory_budget_gib where that is smaller)."""
+    """Each device's predicted peak within its budget (``Cluster.budget_gib``: its GPU's usable memory less
+    memory_margin's share, or memory_budget_gib where that is smaller)."""
     where = {d: f"pipelines[{pi}].stages[{si}]" for pi, p in enumerate(plan.pipelines)
              for si, st in enumerate(p.stages) for d in st.devices}
     n = plan.cluster.num_devices
@@ -342,7 +342,9 @@ def memory_rules(plan: Plan, peak_gib: dict[int, float]) -> Problems:
             continue
         budget = plan.cluster.budget_gib(d, plan.memory_budget_gib)
         capped = plan.memory_budget_gib is not None and plan.memory_budget_gib <= budget
-        source = "memory_budget_gib" if capped else f"{plan.cluster.gpu_of(d).name} memory"
+        margin = plan.cluster.memory_margin
+        source = "memory_budget_gib" if capped else f"{plan.cluster.gpu_of(d).name} memory" + (
+            f" less memory_margin {margin:g}" if margin else "")
         peak = float(peak_gib[d])
         if peak > budget + _EPS_GIB:
             yield (f"{where.get(d, 'plan')} (device {d})", f"predicted peak memory {peak:.2f} GiB exceeds the "

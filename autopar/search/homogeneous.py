@@ -383,4 +383,5 @@ def nothing_fits_error(results: list[ConfigResult], cluster: Cluster, opts: Sear
     return AutoparError(
         "memory", f"no plan fits in {budget:.3g} GiB per device; the closest, pp={c.pp} with "
         f"{c.num_microbatches} micro-batches of {c.micro_batch_size}, needs {c.min_memory_gib:.3g} GiB per device",
-        "add devices, raise --memory-budget, or lower --global-batch-size / --seq-len")
+        f"add devices, raise --memory-budget, {'lower --memory-margin, ' if cluster.memory_margin else ''}"
+        "or lower --global-batch-size / --seq-len")

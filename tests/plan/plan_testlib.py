@@ -128,6 +128,7 @@ def valid_plans(draw) -> Plan:
     search = draw(st.sampled_from([{}, {"seconds": 0.25, "candidates": 1200, "autopar_version": "0.1.0"}]))
     return Plan(model=ModelRef(draw(st.sampled_from(["tiny", "llama2-7b"])), draw(st.integers(1, 8192)), len(units),
                                source=draw(st.sampled_from(["", "llama2-7b", "pkg.mod:factory"]))),
-                cluster=cluster, global_batch_size=sum(p.batch_share for p in pipelines), pipelines=pipelines,
+                cluster=cluster.with_memory_margin(draw(st.sampled_from([0.0, 0.1, 0.25]))),
+                global_batch_size=sum(p.batch_share for p in pipelines), pipelines=pipelines,
                 schedule=draw(st.sampled_from(["1f1b", "gpipe"])),
                 memory_budget_gib=draw(st.sampled_from([None, 20.0, 75])), predicted=predicted, search=search)

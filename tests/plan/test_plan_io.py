@@ -54,7 +54,7 @@ def test_fixed_plans_round_trip_and_read_like_the_design_sketch(tmp_path):
     assert "- {names: layers.0-layers.2, tp: 2, zero: 2, ckpt: full, sp: true}" in text
     assert "- {names: layers.3-layers.5, tp: 4, zero: 1, ckpt: selective}" in text  # sp omitted when false
     assert "repeat: 2" in text  # the two equal nodes are one entry
-    assert "memory_budget_gib" not in text
+    assert "memory_budget_gib" not in text and "memory_margin" not in text
 
 
 def test_numpy_figures_are_written_as_plain_numbers(tmp_path):
@@ -236,6 +236,9 @@ BAD = {
     "no stages list": (_set(["pipelines", 0, "stages"], {"devices": "0-3"}), "pipelines[0].stages", "a list"),
     "unknown schedule": (_set(["schedule"], "zb-v"), "schedule", "unknown schedule"),
     "budget negative": (_set(["memory_budget_gib"], -3), "memory_budget_gib", "must be > 0"),
+    "margin negative": (_set(["memory_margin"], -0.1), "memory_margin", "must be >= 0"),
+    "margin whole": (_set(["memory_margin"], 1), "memory_margin", "must be below 1"),
+    "margin percent": (_set(["memory_margin"], "10%"), "memory_margin", "expected a number"),
     "no pipelines": (_set(["pipelines"], []), "pipelines", "is empty"),
     "model seq_len text": (_set(["model", "seq_len"], "4k"), "model.seq_len", "expected an integer"),
     "cluster gpu unknown": (_set(["cluster", "nodes", 0, "gpu"], "H200"), "cluster.nodes[0].gpu", "does not list"),

@@ -160,12 +160,14 @@ def nothing_fits(model: ModelSpec, cluster: Cluster, B: int, opts: SearchOptions
     """One line saying how far the closest single pipeline over every device is from fitting."""
     ratio = min(splitter.least_memory_ratio(list(shape[0]), 1, B)
                 for shape in initial_shapes(cluster, 1, model.num_layers))
-    cap = "--memory-budget" if opts.memory_budget_gib else "its GPU's memory"
+    margin = cluster.memory_margin
+    cap = "--memory-budget" if opts.memory_budget_gib else f"its GPU's memory{' less the margin' if margin else ''}"
     what = (f"needs at least {ratio:.2f}x {cap} on its tightest device" if ratio < float("inf")
             else "has a layer with no legal strategy")
     return AutoparError("memory", f"no plan fits {cluster.describe()}: the closest, one pipeline over all devices "
                         f"with micro-batches of 1, {what}",
-                        "add devices, raise --memory-budget, or lower --global-batch-size / --seq-len")
+                        f"add devices, raise --memory-budget, {'lower --memory-margin, ' if margin else ''}"
+                        "or lower --global-batch-size / --seq-len")
 
 
 def _search_block(opts: SearchOptions, info: dict, seconds: float) -> dict:
