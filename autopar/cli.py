@@ -161,6 +161,8 @@ def cmd_estimate(args) -> int:
 
     planned = load_planned(args.plan, args.profile, check=True, precision=args.precision)
     plan, model, params = planned
+    if args.memory_margin is not None:  # budgets only: the figures stay the plan's
+        plan.cluster = plan.cluster.with_memory_margin(args.memory_margin)
     validate_plan(plan, model)  # structure only: an over-budget plan is still estimated (and flagged)
     est = estimate_plan(plan, model, params)
     if args.profile is None and args.precision is None:  # re-based figures differ from the stored ones
@@ -314,6 +316,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--json", action="store_true", help="one JSON object on stdout")
     e.add_argument("--profile", metavar="FILE", help="estimate with this profile's measured numbers")
     e.add_argument("--precision", choices=PRECISIONS, help="estimate at this precision (default: the plan's)")
+    e.add_argument("--memory-margin", type=fraction("--memory-margin"),
+                   help="hold the plan to this share of free memory per GPU (default: the plan's memory_margin)")
     e.set_defaults(func=cmd_estimate)
 
     pr = sub.add_parser("profile", help="measure this machine (compute, communication, memory) for a model")

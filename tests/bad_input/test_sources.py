@@ -54,6 +54,7 @@ FLAGS = {
     "memory-margin-one": SEARCH + ["--memory-margin", "1", "-o", "OUT"],
     "memory-margin-negative": SEARCH + ["--memory-margin", "-0.1", "-o", "OUT"],
     "memory-margin-percent": SEARCH + ["--memory-margin", "10%", "-o", "OUT"],
+    "estimate-memory-margin-one": ["estimate", "a.yaml", "--memory-margin", "1"],
     "time-budget-negative": SEARCH + ["--time-budget", "-1", "-o", "OUT"],
     "time-budget-inf": SEARCH + ["--time-budget", "inf", "-o", "OUT"],
     "search-missing-cluster": ["search", "--model", "gpt3-1.3b", "--global-batch-size", "8"],

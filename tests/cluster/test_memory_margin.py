@@ -62,6 +62,10 @@ def test_search_fits_under_the_margin_and_the_plan_file_keeps_it(tmp_path, capsy
     with pytest.raises(AutoparError, match=r"exceeds the budget 40\.00 GiB \(A100-80G memory less memory_margin 0\.5\)"):
         validate_plan(unmargined, _model(), estimate_plan(unmargined, _model()).memory_gib)
     assert main(["validate", str(kept)]) == 0
+    capsys.readouterr()
+    for margin, fits in (("0.5", False), ("0.1", True)):  # estimate holds a plan to another margin
+        assert main(["estimate", str(free), "--json", "--memory-margin", margin]) == 0
+        assert json.loads(capsys.readouterr().out)["fits"] is fits
 
 
 def test_a_heterogeneous_search_keeps_every_device_under_its_own_margin():
