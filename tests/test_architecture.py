@@ -49,8 +49,10 @@ ALLOWED: dict[str, set[str]] = {
     "autopar.export": {"autopar.errors", "autopar.version", "autopar.fileio", "autopar.modelspec", "autopar.plan",
                        "autopar.estimate", "autopar.planned", "cost_models"},
     "autopar": {"autopar.errors", "autopar.version", "autopar.runtime", "autopar.planned"},
+    "autopar.cli_search": set(),  # the top, beside autopar.cli: ``autopar search`` (filled below)
     "autopar.cli": set(),  # the top: may import every package (filled below)
 }
+ALLOWED["autopar.cli_search"] = set(ALLOWED) - {"autopar.cli", "autopar.cli_search"}
 ALLOWED["autopar.cli"] = set(ALLOWED) - {"autopar.cli"}
 
 # Single modules a package may import beyond its row. The runtime executes the pipeline schedule tables

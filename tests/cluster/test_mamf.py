@@ -8,12 +8,12 @@ from dataclasses import replace
 import pytest
 
 from autopar.cluster import catalogue
-from autopar.cluster.cluster import REFERENCE_MAMF
 from autopar.cluster.parse import cluster_from_doc, load_cluster
 from autopar.errors import AutoparError
 from autopar.estimate import estimate_plan
 from autopar.modelspec import from_zoo
 from autopar.search import SearchOptions, search
+from cost_models.params import REFERENCE_MAMF
 
 
 def test_the_reference_is_the_a100_entry_eff_max_was_set_on():
