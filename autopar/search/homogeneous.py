@@ -38,7 +38,7 @@ from autopar.plan.schema import ModelRef, Pipeline, Plan, Stage, StageLayer
 from autopar.search.baselines import baselines
 from autopar.search.frontier import RangeTrie
 from autopar.search.interleave import try_interleaving
-from autopar.search.options import SearchOptions
+from autopar.search.options import SearchOptions, nothing_fits_fix
 from autopar.search.partition import best_partition, minmax_partition
 from autopar.search.progress import progress_bar
 from autopar.search.result import HOMOGENEOUS, ConfigResult, SearchResult
@@ -383,5 +383,4 @@ def nothing_fits_error(results: list[ConfigResult], cluster: Cluster, opts: Sear
     return AutoparError(
         "memory", f"no plan fits in {budget:.3g} GiB per device; the closest, pp={c.pp} with "
         f"{c.num_microbatches} micro-batches of {c.micro_batch_size}, needs {c.min_memory_gib:.3g} GiB per device",
-        f"add devices, raise --memory-budget, {'lower --memory-margin, ' if cluster.memory_margin else ''}"
-        "or lower --global-batch-size / --seq-len")
+        nothing_fits_fix(opts, cluster.memory_margin))

@@ -43,3 +43,11 @@ class SearchOptions:
         if self.schedule not in SEARCH_SCHEDULES:
             raise AutoparError("schedule", f"the search takes schedule 1f1b or gpipe, not {self.schedule!r}",
                                "use 1f1b (the search tries interleaved virtual stages itself) or gpipe")
+
+
+def nothing_fits_fix(opts: SearchOptions, memory_margin: float) -> str:
+    """The fix of a 'no plan fits' refusal: each knob that would give the plan more room, as the user set them."""
+    knobs = ["add devices", "raise --memory-budget"]
+    knobs += ["lower --memory-margin"] if memory_margin else []
+    knobs += ["use --schedule 1f1b (fewer micro-batches' activations held)"] if opts.schedule == "gpipe" else []
+    return ", ".join(knobs) + ", or lower --global-batch-size / --seq-len"

@@ -33,7 +33,7 @@ from autopar.search.hetero.graph_partition import describe_partitioner, initial_
 from autopar.search.hetero.layer_split import LayerSplitter
 from autopar.search.hetero.local_search import improve
 from autopar.search.hetero.realise import Candidate, Realiser
-from autopar.search.options import SearchOptions
+from autopar.search.options import SearchOptions, nothing_fits_fix
 from autopar.search.progress import progress_bar
 from autopar.search.result import HETEROGENEOUS, SearchResult
 from autopar.search.rules import rule_counts
@@ -157,17 +157,22 @@ def polish(cand: Candidate, realise: Realiser) -> Candidate | None:
 
 def nothing_fits(model: ModelSpec, cluster: Cluster, B: int, opts: SearchOptions,
                  splitter: LayerSplitter) -> AutoparError:
-    """One line saying how far the closest single pipeline over every device is from fitting."""
+    """One line saying how far the closest single pipeline over every device is from fitting: its need over
+    the room the tightest device has beside the framework reserve (``CostParams.reserve_gib``)."""
+    margin = cluster.memory_margin
+    fix = nothing_fits_fix(opts, margin)
+    cap = "--memory-budget" if opts.memory_budget_gib else f"its GPU's memory{' less the margin' if margin else ''}"
+    reserve = opts.params.reserve_gib
+    least = min(cluster.budget_gib(d, opts.memory_budget_gib) for d in cluster.first_devices())  # alike in a node
+    if least <= reserve:  # no room at all: a ratio to nothing would be meaningless
+        return AutoparError("memory", f"no plan fits {cluster.describe()}: {cap} ({least:.3g} GiB on the tightest "
+                            f"device) leaves no room beside the {reserve:g} GiB framework reserve", fix)
     ratio = min(splitter.least_memory_ratio(list(shape[0]), 1, B)
                 for shape in initial_shapes(cluster, 1, model.num_layers))
-    margin = cluster.memory_margin
-    cap = "--memory-budget" if opts.memory_budget_gib else f"its GPU's memory{' less the margin' if margin else ''}"
-    what = (f"needs at least {ratio:.2f}x {cap} on its tightest device" if ratio < float("inf")
-            else "has a layer with no legal strategy")
+    what = (f"needs at least {ratio:.2f}x the room its tightest device has ({cap} less the {reserve:g} GiB "
+            "framework reserve)" if ratio < float("inf") else "has a layer with no legal strategy")
     return AutoparError("memory", f"no plan fits {cluster.describe()}: the closest, one pipeline over all devices "
-                        f"with micro-batches of 1, {what}",
-                        f"add devices, raise --memory-budget, {'lower --memory-margin, ' if margin else ''}"
-                        "or lower --global-batch-size / --seq-len")
+                        f"with micro-batches of 1, {what}", fix)
 
 
 def _search_block(opts: SearchOptions, info: dict, seconds: float) -> dict:

@@ -13,7 +13,7 @@ from autopar.modelspec.zoo import from_zoo
 from autopar.plan.io import load_plan, save_plan
 from autopar.plan.schema import ModelRef, Pipeline, Plan, Stage, StageLayer, Strategy
 from autopar.plan.validate import validate_plan
-from autopar.search import search
+from autopar.search import SearchOptions, search
 from autopar.search.hetero.baselines import AS_SLOWEST, SUBSET
 from autopar.search.hetero.driver import plan_search
 from tests.search.hetero.hetlib import PARAMS, covered, mixed, model, opts
@@ -142,6 +142,22 @@ def test_model_that_fits_nowhere_is_an_autopar_error():
     with pytest.raises(AutoparError, match="memory: no plan fits") as e:
         search(mdl, c, 8, opts(), with_baselines=False)
     assert "\n" not in str(e.value)
+
+
+def test_no_fit_ratio_is_to_the_room_beside_the_reserve_and_a_budget_under_it_is_named():
+    c, mdl = load_cluster("8x3090+8x4090+8xA100"), from_zoo("llama3-8b")
+    ratios = {}
+    for budget in (2.0, 6.0):  # 1 and 5 GiB of room beside the 1 GiB reserve: the same need either way
+        with pytest.raises(AutoparError, match="the room its tightest device has") as e:
+            search(mdl, c, 64, SearchOptions(memory_budget_gib=budget), with_baselines=False)
+        ratios[budget] = float(str(e.value).split("needs at least ")[1].split("x")[0])
+    assert ratios[2.0] * 1.0 == pytest.approx(ratios[6.0] * 5.0, rel=0.01)
+    for budget in (0.5, 1.0):  # nothing beside the reserve: named, not a ratio to zero
+        with pytest.raises(AutoparError, match="leaves no room beside the 1 GiB framework reserve"):
+            search(mdl, c, 64, SearchOptions(memory_budget_gib=budget), with_baselines=False)
+    with pytest.raises(AutoparError, match=r"lower --memory-margin, use --schedule 1f1b"):
+        search(mdl, c.with_memory_margin(0.5), 64, SearchOptions(memory_budget_gib=2.0, schedule="gpipe"),
+               with_baselines=False)
 
 
 def test_time_budget_is_honoured():
