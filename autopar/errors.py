@@ -18,3 +18,12 @@ class AutoparError(ValueError):
         if fix:
             msg += f"; {fix}"
         super().__init__(" ".join(msg.split()))
+
+
+class NoFitError(AutoparError):
+    """No plan fits in memory (field ``memory``). ``need_gib``: what the closest setting tried needs per device
+    (inf when not known), so a search over several settings (context-parallel degrees) names the closest."""
+
+    def __init__(self, problem: str, fix: str, need_gib: float = float("inf")) -> None:
+        super().__init__("memory", problem, fix)
+        self.need_gib = need_gib

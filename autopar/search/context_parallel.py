@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from autopar.cluster.cluster import Cluster
-from autopar.errors import AutoparError
+from autopar.errors import AutoparError, NoFitError
 from autopar.modelspec.spec import ModelSpec
 from autopar.search.options import SearchOptions
 from autopar.search.result import SearchResult
@@ -62,8 +62,9 @@ def search_over_cp(planner: Planner, model: ModelSpec, cluster: Cluster, global_
                                  with_baselines and c == 1)
         except AutoparError as e:
             errors[c] = e
-    if not results:
-        raise errors[degrees[0]]
+    if not results:  # the closest of the degrees when memory is what fails, else the first degree's reason
+        no_fit = [e for e in errors.values() if isinstance(e, NoFitError)]
+        raise min(no_fit, key=lambda e: e.need_gib) if no_fit else errors[degrees[0]]
     best = min(results.values(), key=lambda r: r.estimate.step_time_s)
     seconds = sum(r.seconds for r in results.values())
     best.plan.search["seconds"] = round(seconds, 4)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from autopar.cluster.cluster import GIB, Cluster
-from autopar.errors import AutoparError
+from autopar.errors import AutoparError, NoFitError
 from autopar.estimate import (
     CostCache,
     StageContext,
@@ -380,7 +380,8 @@ def nothing_fits_error(results: list[ConfigResult], cluster: Cluster, opts: Sear
         return AutoparError("global_batch_size", "no (pp, micro-batch) setting gives every layer a legal strategy",
                             "pick a global batch size divisible by the data-parallel degrees (e.g. a power of 2)")
     c = min(tried, key=lambda r: r.min_memory_gib)
-    return AutoparError(
-        "memory", f"no plan fits in {budget:.3g} GiB per device; the closest, pp={c.pp} with "
+    cp = f"cp={opts.cp}, " if opts.cp > 1 else ""
+    return NoFitError(
+        f"no plan fits in {budget:.3g} GiB per device; the closest, {cp}pp={c.pp} with "
         f"{c.num_microbatches} micro-batches of {c.micro_batch_size}, needs {c.min_memory_gib:.3g} GiB per device",
-        nothing_fits_fix(opts, cluster.memory_margin))
+        nothing_fits_fix(opts, cluster.memory_margin), need_gib=c.min_memory_gib)

@@ -3,7 +3,10 @@ search per degree, the fastest plan kept with every degree's outcome recorded.""
 
 from __future__ import annotations
 
+import pytest
+
 from autopar.cluster.parse import load_cluster
+from autopar.errors import NoFitError
 from autopar.modelspec.zoo import from_zoo
 from autopar.plan.validate import validate_plan
 from autopar.search import SearchOptions, search
@@ -36,3 +39,16 @@ def test_short_sequence_search_records_no_cp():
     res = search(from_zoo("gpt-tiny", 32), load_cluster("4xcpu"), 8, SearchOptions(), with_baselines=False)
     assert "cp" not in res.plan.search
     assert {ly.strategy.cp for st in res.plan.stages for ly in st.layers} == {1}
+
+
+def test_when_no_degree_fits_the_refusal_names_the_closest_degree():
+    model, cluster = from_zoo("llama3-8b", seq_len=1048576), load_cluster("2x8xH100")
+    needs = {}
+    for c in (1, 16):
+        with pytest.raises(NoFitError) as e:
+            search(model, cluster, 4, SearchOptions(cp_degrees=(c,)), with_baselines=False)
+        needs[c] = e.value.need_gib
+    assert needs[16] < needs[1]  # a 64K-token shard per rank needs less than the whole sequence
+    with pytest.raises(NoFitError) as e:
+        search(model, cluster, 4, SearchOptions(), with_baselines=False)  # the default degrees, none fits
+    assert e.value.need_gib == min(needs.values()) and "the closest, cp=16," in str(e.value)

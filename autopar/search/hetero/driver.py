@@ -24,7 +24,7 @@ from collections import Counter
 from dataclasses import replace
 
 from autopar.cluster.cluster import Cluster
-from autopar.errors import AutoparError
+from autopar.errors import AutoparError, NoFitError
 from autopar.estimate import CostCache, estimate_plan
 from autopar.modelspec.spec import ModelSpec
 from autopar.plan.validate import validate_plan
@@ -165,14 +165,14 @@ def nothing_fits(model: ModelSpec, cluster: Cluster, B: int, opts: SearchOptions
     reserve = opts.params.reserve_gib
     least = min(cluster.budget_gib(d, opts.memory_budget_gib) for d in cluster.first_devices())  # alike in a node
     if least <= reserve:  # no room at all: a ratio to nothing would be meaningless
-        return AutoparError("memory", f"no plan fits {cluster.describe()}: {cap} ({least:.3g} GiB on the tightest "
-                            f"device) leaves no room beside the {reserve:g} GiB framework reserve", fix)
+        return NoFitError(f"no plan fits {cluster.describe()}: {cap} ({least:.3g} GiB on the tightest device) leaves "
+                          f"no room beside the {reserve:g} GiB framework reserve", fix)
     ratio = min(splitter.least_memory_ratio(list(shape[0]), 1, B)
                 for shape in initial_shapes(cluster, 1, model.num_layers))
     what = (f"needs at least {ratio:.2f}x the room its tightest device has ({cap} less the {reserve:g} GiB "
             "framework reserve)" if ratio < float("inf") else "has a layer with no legal strategy")
-    return AutoparError("memory", f"no plan fits {cluster.describe()}: the closest, one pipeline over all devices "
-                        f"with micro-batches of 1, {what}", fix)
+    return NoFitError(f"no plan fits {cluster.describe()}: the closest, one pipeline over all devices with "
+                      f"micro-batches of 1, {what}", fix)
 
 
 def _search_block(opts: SearchOptions, info: dict, seconds: float) -> dict:
