@@ -1,13 +1,13 @@
 """Hugging Face ``config.json`` -> zoo-style entry -> ModelSpec (the zoo's formulas; no transformers needed).
 
-Supported ``model_type``: llama, mistral, gpt2, gpt_neox, bert, vit, and the mixture-of-experts
-mixtral, qwen2_moe, qwen3_moe (``moe`` below; blocks from ``zoo_moe``: Qwen's Q/K/V biases and Qwen3's
-Q/K norms, a few thousand parameters per block, are left out). The default sequence length is
-``max_position_embeddings`` capped at ``DEFAULT_SEQ_CAP`` (long-context maxima are rarely the training
-length; pass ``--seq-len``). The attention implementation comes from ``attn_implementation``
+Supported ``model_type``: llama, mistral, qwen2, gpt2, gpt_neox, bert, vit, and the mixture-of-experts
+mixtral, qwen2_moe, qwen3_moe (``moe`` below; blocks from ``zoo_moe``). Qwen2's Q/K/V biases are counted
+(``qkv_bias``); Qwen3's Q/K norms, a few hundred parameters per block, are left out. The default
+sequence length is ``max_position_embeddings`` capped at ``DEFAULT_SEQ_CAP`` (long-context maxima are
+rarely the training length; pass ``--seq-len``). The attention implementation comes from ``attn_implementation``
 (``ATTN_IMPLEMENTATIONS``): ``eager`` materialises the s x s scores (their memory, and their HBM traffic
 in the cost model); absent, flash/SDPA is assumed, as transformers picks SDPA by default. Mistral's
-sliding window is ignored (full attention is counted).
+and Qwen2's sliding windows are ignored (full attention is counted).
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ HF_TYPES = {
     "llama": _LLAMA,
     "mistral": _LLAMA,
     "mixtral": {**_LLAMA, "moe": {"experts": "num_local_experts", "top_k": "num_experts_per_tok"}},
-    "qwen2_moe": {**_LLAMA, "fixed": {**_LLAMA["fixed"], "shared_gate": True}, "moe": _QWEN_MOE},
+    "qwen2": {**_LLAMA, "fixed": {**_LLAMA["fixed"], "qkv_bias": True}},  # Qwen2Attention: biased q/k/v_proj
+    "qwen2_moe": {**_LLAMA, "fixed": {**_LLAMA["fixed"], "shared_gate": True, "qkv_bias": True}, "moe": _QWEN_MOE},
     "qwen3_moe": {**_LLAMA, "moe": _QWEN_MOE},
     "gpt2": {
         "shape": {"layers": "n_layer", "hidden": "n_embd", "heads": "n_head", "ffn": "n_inner",

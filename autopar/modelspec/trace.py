@@ -32,8 +32,8 @@ children is one unit named ``model``. Per unit, per sample (divided by the examp
 
 TP plans come from ``autopar.units.unit_tp_info`` (the model's own tables): a unit it gives a
 plan is named ``<family>.<embed|block|head>`` (a key of ``autopar.models.TP_PLANS``), gets its TP
-divisors, ``tp_params`` (a block's >= 2-D weights, biases and norms counted as replicated; the
-vocab-sized tensors of embed / head) and the Megatron collectives of its kind (``TP_KINDS``). Any
+divisors, ``tp_params`` (a block's: what its plan's styles shard, ``SHARDED_BY_STYLE``, column-parallel
+biases included; embed / head: the vocab-sized tensors) and the Megatron collectives of its kind (``TP_KINDS``). Any
 other unit runs with tp = 1 only, since the runtime has no plan for it.
 """
 
@@ -58,6 +58,10 @@ DTYPES = {2: torch.bfloat16, 4: torch.float32, 8: torch.float64}
 # Unit kinds of autopar.models TP plans (Megatron layout): LayerSpec.kind, all-reduces per forward,
 # the tensor whose bytes they carry, and which parameters the plan shards ("matrices": every >= 2-D
 # weight; "vocab": tensors with a vocab-sized dimension).
+# The parameters a style shards (autopar/runtime/tensor_parallel.py): a column-parallel linear splits its
+# bias with its output columns, a row-parallel one keeps its bias whole (added after the all-reduce).
+SHARDED_BY_STYLE = {"colwise": ("weight", "bias"), "rowwise": ("weight",), "vocab_embed": ("weight",),
+                    "logits": ("weight", "bias")}
 TP_KINDS = {
     "embed": {"kind": "embedding", "collectives": 1, "bytes_of": "output", "sharded": "vocab"},
     "block": {"kind": "block", "collectives": 2, "bytes_of": "output", "sharded": "matrices"},
@@ -282,21 +286,24 @@ def spec_from_module(module: nn.Module, example_input, name: str | None = None, 
                   expert_flops)
 
 
-def _tp_facts(model: nn.Module, name: str, unit: nn.Module) -> tuple[str | None, str, tuple[int, ...], set[nn.Module]]:
-    """(plan name, unit kind, TP divisors, row-parallel modules) from the unit contract (autopar/units.py);
-    (None, "", (), set()) without a plan."""
+def _tp_facts(model: nn.Module, name: str, unit: nn.Module
+              ) -> tuple[str | None, str, tuple[int, ...], set[nn.Module], set[int]]:
+    """(plan name, unit kind, TP divisors, row-parallel modules, ids of the parameters the plan shards) from the
+    unit contract (autopar/units.py); (None, "", (), set(), set()) without a plan."""
     from autopar.units import unit_kind, unit_tp_info
 
     info = unit_tp_info(model, name, unit)
     if info.plan is None or not info.divisors:
-        return None, "", (), set()
+        return None, "", (), set(), set()
     kind = unit_kind(name)
     rows = {unit.get_submodule(fqn) for fqn, style in info.plan.items() if style == "rowwise"}
-    return f"{model.family}.{kind}", kind, tuple(info.divisors), rows
+    sharded = {id(p) for fqn, style in info.plan.items() for pname, p in
+               unit.get_submodule(fqn).named_parameters(recurse=False) if pname in SHARDED_BY_STYLE.get(style, ())}
+    return f"{model.family}.{kind}", kind, tuple(info.divisors), rows, sharded
 
 
-def _sharded(p: torch.Tensor, rule: str, divisors: tuple[int, ...]) -> bool:
-    return p.dim() >= 2 if rule == "matrices" else any(n in divisors for n in p.shape)
+def _sharded(p: torch.Tensor, rule: str, divisors: tuple[int, ...], by_plan: set[int]) -> bool:
+    return id(p) in by_plan if rule == "matrices" else any(n in divisors for n in p.shape)
 
 
 def _build(module, name, units, rec: _Recorder, ops: OpTrace, seq, batch, dbytes, source, trace_meta,
@@ -307,7 +314,7 @@ def _build(module, name, units, rec: _Recorder, ops: OpTrace, seq, batch, dbytes
     layers = []
     for i, n in enumerate(rec.order):
         st, mod = rec.stats[n], mods[n]
-        plan, tp_kind, divisors, rows = _tp_facts(module, n, mod)
+        plan, tp_kind, divisors, rows, by_plan = _tp_facts(module, n, mod)
         is_last = i == len(rec.order) - 1
         boundary = (st["in"] if is_last else (st["out"] or 0)) / batch
         ps = per_unit[n]
@@ -315,7 +322,7 @@ def _build(module, name, units, rec: _Recorder, ops: OpTrace, seq, batch, dbytes
         tp_params, comm, coll, kind = 0, 0.0, 0, "generic"
         if plan:
             row = TP_KINDS[tp_kind]
-            tp_params = sum(p.numel() for p in ps if _sharded(p, row["sharded"], divisors))
+            tp_params = sum(p.numel() for p in ps if _sharded(p, row["sharded"], divisors, by_plan))
             coll, kind = row["collectives"], row["kind"]
             carried = (st["out"] or 0) if row["bytes_of"] == "output" else st["in"]
             comm = coll * carried / batch

@@ -111,7 +111,7 @@ def normalize_entry(entry: dict) -> dict:
     entry.setdefault("kv_heads", entry["heads"])
     entry.setdefault("pad_vocab_to", 1)
     entry.setdefault("dtype_bytes", 2)
-    for key, default in (("tied", False), ("bias", False), ("dropout", False), ("flash", True),
+    for key, default in (("tied", False), ("bias", False), ("qkv_bias", False), ("dropout", False), ("flash", True),
                          ("type_vocab", 0), ("embed_norm", False), ("tp_family", "gpt"), ("fused_qkv", False)):
         entry.setdefault(key, default)
     h, a, kv = entry["hidden"], entry["heads"], entry["kv_heads"]
@@ -207,6 +207,7 @@ def _block(x: _Shape, i: int) -> LayerSpec:
     w_attn = h * (h + 2 * x.hkv) + h * h
     w_mlp = n_mlp * h * f
     col_bias = (h + 2 * x.hkv + (n_mlp - 1) * f) if e["bias"] else 0  # QKV, fc1 / gate+up: sharded
+    col_bias = col_bias or ((h + 2 * x.hkv) if e["qkv_bias"] else 0)  # Qwen2: Q, K and V alone
     row_bias = 2 * h if e["bias"] else 0  # attention out, fc2 / down: replicated
     attn_core = 4.0 * s * s * h  # QK^T and AV, full s x s (see module docstring)
     kv_saved = x.hkv if e["flash"] else h  # eager attention repeats K, V to all heads before matmul

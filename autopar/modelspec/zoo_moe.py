@@ -70,7 +70,7 @@ def moe_block(x, i: int) -> LayerSpec:
     qw, kvw = a * hd, x.kv * hd  # query / attention-output width, K and V width
     E, k, fe, fs = e["experts"], e["top_k"], e["moe_ffn"], e["shared_ffn"]
     w_attn = h * (qw + 2 * kvw) + qw * h
-    col_bias = (qw + 2 * kvw) if e["bias"] else 0
+    col_bias = (qw + 2 * kvw) if e["bias"] or e["qkv_bias"] else 0
     row_bias = h if e["bias"] else 0
     router = h * E
     experts = E * SWIGLU_MATRICES * h * fe

@@ -61,6 +61,33 @@ def test_neox_and_mistral_configs(tmp_path):
     assert m.seq_len == 8192  # max_position_embeddings capped: pass --seq-len for long context
 
 
+QWEN2_7B = {"model_type": "qwen2", "num_hidden_layers": 28, "hidden_size": 3584, "num_attention_heads": 28,
+            "num_key_value_heads": 4, "intermediate_size": 18944, "vocab_size": 152064,
+            "max_position_embeddings": 32768, "tie_word_embeddings": False, "rms_norm_eps": 1e-6,
+            "use_sliding_window": False, "_name_or_path": "Qwen/Qwen2-7B"}
+
+
+def test_qwen2_config_counts_its_qkv_biases(tmp_path):
+    m = load_model(str(_write(tmp_path, QWEN2_7B)))
+    assert m.name == "Qwen/Qwen2-7B" and m.num_params == 7_615_616_512  # Qwen2ForCausalLM's own count
+    llama = load_model(str(_write(tmp_path, {**QWEN2_7B, "model_type": "llama"}, "as-llama.json")))
+    assert m.num_params - llama.num_params == 28 * (3584 + 2 * 512)  # q, k and v biases of every block
+    blk, lblk = m.layer("layers.0"), llama.layer("layers.0")
+    assert blk.tp_params - lblk.tp_params == 3584 + 2 * 512  # sharded with their columns under TP
+    assert blk.flops == lblk.flops
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_qwen2_config_equals_the_transformers_model(tmp_path, tied):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    cfg = {**QWEN2_7B, "num_hidden_layers": 2, "tie_word_embeddings": tied}
+    with torch.device("meta"):
+        hf = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
+            **{k: v for k, v in cfg.items() if k not in ("model_type", "_name_or_path")}))
+    assert load_model(str(_write(tmp_path, cfg))).num_params == sum(p.numel() for p in hf.parameters())
+
+
 def test_bert_config_equals_zoo(tmp_path):
     m = load_model(str(_write(tmp_path, BERT_BASE)))
     assert m.layers == from_zoo("bert-base").layers

@@ -54,8 +54,9 @@ def test_qwen2_moe_config_has_shared_gated_expert_and_dense_layers(tmp_path):
     blk, dense = m.layer("layers.0"), m.layer("layers.1")
     assert blk.moe.expert_params == 6 * 3 * 32 * 16
     shared = 3 * 32 * 24 + 32  # the shared expert and its sigmoid gate (h -> 1)
-    assert blk.params == 4 * 32 * 32 + 32 * 6 + 6 * 3 * 32 * 16 + shared + 2 * 32
-    assert dense.moe is None and dense.params == 4 * 32 * 32 + 3 * 32 * 48 + 2 * 32
+    qkv_bias = 3 * 32  # Qwen2MoeAttention's biased q/k/v_proj
+    assert blk.params == 4 * 32 * 32 + qkv_bias + 32 * 6 + 6 * 3 * 32 * 16 + shared + 2 * 32
+    assert dense.moe is None and dense.params == 4 * 32 * 32 + qkv_bias + 3 * 32 * 48 + 2 * 32
 
 
 def test_qwen3_moe_head_dim_wider_than_hidden_over_heads():

@@ -1,0 +1,78 @@
+"""transformers' Qwen2 (Llama with biased Q/K/V projections) through the runtime: the biases shard with their
+columns under TP and sequence parallelism, and every strategy trains as one process does."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autopar.plan.compact import make_plan
+from tests.runtime.cases import GPT_UNITS, same, token_data
+from tests.runtime.reference import assert_matches_reference
+
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.dist
+
+E, L0, L1, H = GPT_UNITS
+
+
+def qwen2_model():
+    cfg = transformers.Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16,
+                                   tie_word_embeddings=False)
+    model = transformers.Qwen2ForCausalLM(cfg)
+    with torch.no_grad():  # HF starts the biases at zero: random ones show a wrongly sharded bias
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0.0, 0.5)
+    return model
+
+
+def hf_qwen2():
+    from autopar.models.hf import from_transformers
+
+    return from_transformers(qwen2_model())
+
+
+def test_the_units_view_equals_the_hf_model_and_keeps_the_biases():
+    from autopar.models.hf import from_transformers
+
+    torch.manual_seed(0)
+    hf = qwen2_model().eval()
+    x = token_data()[0]
+    view = from_transformers(hf)
+    torch.testing.assert_close(view(x), hf(x).logits)
+    biased = sorted(n for n, _ in view.named_parameters() if n.endswith("bias"))
+    assert biased == [f"layers.{i}.layer.self_attn.{p}_proj.bias" for i in (0, 1) for p in "kqv"]
+
+
+@pytest.mark.parametrize("plan", [
+    [(4, 2, [([0, 1], same(GPT_UNITS, tp=2, sp=True))])],
+    [(4, 2, [([0, 1], same(GPT_UNITS, tp=2))])],
+    [(2, 4, [([0, 1], same([E, L0], tp=2, zero=3)), ([2, 3], same([L1, H], tp=2, sp=True, ckpt="full"))])],
+    [(2, 4, [([0], same([E, L0], zero=1)), ([1], same([L1, H], ckpt="selective"))])],
+], ids=["tp2-sp", "tp2", "pp2-tp2-zero3-ckpt", "pp2-dp"])
+def test_qwen2_trains_like_one_process(plan):
+    x, y = token_data()
+    assert_matches_reference(hf_qwen2, make_plan(plan), x, y)
+
+
+def test_the_traced_qwen2_equals_its_config():
+    """The tracer (what `autopar search --model pkg:factory` reads) and the config formulas agree on every unit."""
+    import json
+    import tempfile
+
+    from autopar.models.hf import from_transformers
+    from autopar.modelspec.load import load_model
+    from autopar.modelspec.trace import spec_from_module
+
+    traced = spec_from_module(from_transformers(qwen2_model()), token_data(batch=1, seq=16)[0], dtype_bytes=2)
+    cfg = {"model_type": "qwen2", **qwen2_model().config.to_diff_dict()}
+    with tempfile.TemporaryDirectory() as d:
+        path = f"{d}/config.json"
+        with open(path, "w") as f:
+            json.dump(cfg, f)
+        config = load_model(path, seq_len=16)
+    for t, c in zip(traced.layers, config.layers, strict=True):
+        assert (t.name, t.params, t.tp_params) == (c.name, c.params, c.tp_params)
+        assert t.flops == pytest.approx(c.flops, rel=1e-9)
