@@ -1,8 +1,8 @@
 """Hugging Face ``config.json`` -> zoo-style entry -> ModelSpec (the zoo's formulas; no transformers needed).
 
-Supported ``model_type``: llama, mistral, qwen2, gpt2, gpt_neox, bert, vit, and the mixture-of-experts
-mixtral, qwen2_moe, qwen3_moe (``moe`` below; blocks from ``zoo_moe``). Qwen2's Q/K/V biases are counted
-(``qkv_bias``); Qwen3's Q/K norms, a few hundred parameters per block, are left out. The default
+Supported ``model_type``: llama, mistral, qwen2, qwen3, gpt2, gpt_neox, bert, vit, and the mixture-of-experts
+mixtral, qwen2_moe, qwen3_moe (``moe`` below; blocks from ``zoo_moe``). Qwen2's Q/K/V biases (``qkv_bias``),
+Qwen3's per-head Q/K norms (``qk_norm``) and its ``head_dim`` (not always hidden / heads) are counted. The default
 sequence length is ``max_position_embeddings`` capped at ``DEFAULT_SEQ_CAP`` (long-context maxima are
 rarely the training length; pass ``--seq-len``). The attention implementation comes from ``attn_implementation``
 (``ATTN_IMPLEMENTATIONS``): ``eager`` materialises the s x s scores (their memory, and their HBM traffic
@@ -42,8 +42,10 @@ HF_TYPES = {
     "mistral": _LLAMA,
     "mixtral": {**_LLAMA, "moe": {"experts": "num_local_experts", "top_k": "num_experts_per_tok"}},
     "qwen2": {**_LLAMA, "fixed": {**_LLAMA["fixed"], "qkv_bias": True}},  # Qwen2Attention: biased q/k/v_proj
+    # Qwen3Attention: unbiased projections, an RMSNorm over each query and key head, heads head_dim wide
+    "qwen3": {**_LLAMA, "shape": {**_LLAMA["shape"], "head_dim": "head_dim"}, "fixed": {**_LLAMA["fixed"], "qk_norm": True}},
     "qwen2_moe": {**_LLAMA, "fixed": {**_LLAMA["fixed"], "shared_gate": True, "qkv_bias": True}, "moe": _QWEN_MOE},
-    "qwen3_moe": {**_LLAMA, "moe": _QWEN_MOE},
+    "qwen3_moe": {**_LLAMA, "fixed": {**_LLAMA["fixed"], "qk_norm": True}, "moe": _QWEN_MOE},
     "gpt2": {
         "shape": {"layers": "n_layer", "hidden": "n_embd", "heads": "n_head", "ffn": "n_inner",
                   "vocab": "vocab_size", "seq_len": "n_positions", "max_pos": "n_positions"},

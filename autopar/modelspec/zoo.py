@@ -111,11 +111,16 @@ def normalize_entry(entry: dict) -> dict:
     entry.setdefault("kv_heads", entry["heads"])
     entry.setdefault("pad_vocab_to", 1)
     entry.setdefault("dtype_bytes", 2)
-    for key, default in (("tied", False), ("bias", False), ("qkv_bias", False), ("dropout", False), ("flash", True),
-                         ("type_vocab", 0), ("embed_norm", False), ("tp_family", "gpt"), ("fused_qkv", False)):
+    for key, default in (("tied", False), ("bias", False), ("qkv_bias", False), ("qk_norm", False), ("dropout", False),
+                         ("flash", True), ("type_vocab", 0), ("embed_norm", False), ("tp_family", "gpt"),
+                         ("fused_qkv", False)):
         entry.setdefault(key, default)
     h, a, kv = entry["hidden"], entry["heads"], entry["kv_heads"]
-    if h % a:
+    head_dim = entry.get("head_dim")
+    if head_dim is not None and (not isinstance(head_dim, int) or isinstance(head_dim, bool) or head_dim <= 0):
+        raise AutoparError("model.head_dim", f"must be a positive integer, got {head_dim!r}",
+                           "give the width of one attention head, or leave it out (hidden / heads)")
+    if h % a and not head_dim:
         raise AutoparError("model.heads", f"{a} heads do not divide hidden size {h}", "use a head count dividing hidden")
     if kv <= 0 or a % kv:
         raise AutoparError("model.kv_heads", f"{kv} KV heads do not divide {a} heads", "use a divisor of heads")
@@ -150,8 +155,18 @@ class _Shape:
     e: dict
 
     @property
+    def hd(self) -> int:
+        """Width of one attention head: the config's ``head_dim`` where it states one (Qwen3), else h / heads."""
+        return self.e.get("head_dim") or self.h // self.a
+
+    @property
+    def qw(self) -> int:
+        """Width of the queries and of the attention output: heads x head width (h unless ``head_dim`` says)."""
+        return self.a * self.hd
+
+    @property
     def hkv(self) -> int:
-        return self.kv * (self.h // self.a)
+        return self.kv * self.hd
 
     @property
     def norm(self) -> int:
@@ -187,9 +202,10 @@ def _embed_patches(x: _Shape) -> LayerSpec:
 def _block_gemms(x: _Shape) -> tuple[Gemm, ...]:
     """A block's matmuls in execution order, each ``[s, k] @ [k, n]``; ``row``: row-parallel under TP."""
     h, f = x.h, x.f
-    qkv = [Gemm(h, h + 2 * x.hkv)] if x.e["fused_qkv"] else [Gemm(h, h), Gemm(h, x.hkv), Gemm(h, x.hkv)]
+    q = x.qw
+    qkv = [Gemm(h, q + 2 * x.hkv)] if x.e["fused_qkv"] else [Gemm(h, q), Gemm(h, x.hkv), Gemm(h, x.hkv)]
     mlp_in = [Gemm(h, f)] * (MLP_MATRICES[x.e["mlp"]] - 1)
-    return (*qkv, Gemm(h, h, row=True), *mlp_in, Gemm(f, h, row=True))
+    return (*qkv, Gemm(q, h, row=True), *mlp_in, Gemm(f, h, row=True))
 
 
 def _block_op(x: _Shape, attn_core: float) -> OpSaved:
@@ -197,27 +213,28 @@ def _block_op(x: _Shape, attn_core: float) -> OpSaved:
     s, h, d = x.s, x.h, x.d
     matmuls = [Matmul(s * g.n * d, 2.0 * s * g.k * g.n, g.row) for g in _block_gemms(x)]
     flash = x.e["flash"]
-    sdpa = s * h * d + x.a * s * STATS_BYTES if flash else 0.0
+    sdpa = s * x.qw * d + x.a * s * STATS_BYTES if flash else 0.0
     return op_saved(s * h * d, matmuls, sdpa, 0.0 if flash else attn_core)
 
 
 def _block(x: _Shape, i: int) -> LayerSpec:
-    e, s, h, a, f, d, m = x.e, x.s, x.h, x.a, x.f, x.d, x.m
+    e, s, h, a, f, d, m, q = x.e, x.s, x.h, x.a, x.f, x.d, x.m, x.qw
     n_mlp = MLP_MATRICES[e["mlp"]]
-    w_attn = h * (h + 2 * x.hkv) + h * h
+    w_attn = h * (q + 2 * x.hkv) + q * h
     w_mlp = n_mlp * h * f
-    col_bias = (h + 2 * x.hkv + (n_mlp - 1) * f) if e["bias"] else 0  # QKV, fc1 / gate+up: sharded
-    col_bias = col_bias or ((h + 2 * x.hkv) if e["qkv_bias"] else 0)  # Qwen2: Q, K and V alone
+    col_bias = (q + 2 * x.hkv + (n_mlp - 1) * f) if e["bias"] else 0  # QKV, fc1 / gate+up: sharded
+    col_bias = col_bias or ((q + 2 * x.hkv) if e["qkv_bias"] else 0)  # Qwen2: Q, K and V alone
     row_bias = 2 * h if e["bias"] else 0  # attention out, fc2 / down: replicated
-    attn_core = 4.0 * s * s * h  # QK^T and AV, full s x s (see module docstring)
-    kv_saved = x.hkv if e["flash"] else h  # eager attention repeats K, V to all heads before matmul
-    act_tp = s * d * (2 * h + 2 * kv_saved) + MLP_SAVED[e["mlp"]] * s * f * d
+    qk_norm = 2 * x.hd if e["qk_norm"] else 0  # Qwen3: RMSNorm of each query and key head (one weight per width)
+    attn_core = 4.0 * s * s * q  # QK^T and AV, full s x s (see module docstring)
+    kv_saved = x.hkv if e["flash"] else q  # eager attention repeats K, V to all heads before matmul
+    act_tp = s * d * (2 * q + 2 * kv_saved) + MLP_SAVED[e["mlp"]] * s * f * d
     if e["flash"]:
         act_attn = a * s * STATS_BYTES
     else:  # softmax output; with dropout also its mask and output (Korthikanti's 5*a*s^2 in fp16)
         act_attn = a * s * s * (d + (d + m if m else 0))
     return LayerSpec(
-        f"layers.{i}", "block", params=w_attn + w_mlp + col_bias + row_bias + 2 * x.norm,
+        f"layers.{i}", "block", params=w_attn + w_mlp + col_bias + row_bias + 2 * x.norm + qk_norm,
         tp_params=w_attn + w_mlp + col_bias, flops=2.0 * s * (w_attn + w_mlp) + attn_core,
         attn_core_flops=attn_core, act_tp_bytes=act_tp, act_seq_bytes=s * h * (4 * d + 2 * m),
         act_attn_bytes=act_attn, boundary_bytes=s * h * d,
@@ -226,8 +243,8 @@ def _block(x: _Shape, i: int) -> LayerSpec:
         gemms=_block_gemms(x), gemm_rows=s,
         # linear inputs (LayerSpec.cast_input_delta): the two norm outputs (QKV's, the MLP's), the down-projection's
         # input, and the out-projection's, which flash attention keeps as its own output (eager attention does not)
-        lin_in_seq_bytes=2.0 * s * h * d, lin_in_tp_bytes=s * f * d + (0.0 if e["flash"] else s * h * d),
-        lin_in_shared_bytes=s * h * d if e["flash"] else 0.0)
+        lin_in_seq_bytes=2.0 * s * h * d, lin_in_tp_bytes=s * f * d + (0.0 if e["flash"] else s * q * d),
+        lin_in_shared_bytes=s * q * d if e["flash"] else 0.0)
 
 
 def _head_lm(x: _Shape) -> LayerSpec:

@@ -52,9 +52,6 @@ def normalize_moe(entry: dict) -> None:
     if entry["mlp"] != "swiglu":
         raise AutoparError("model.mlp", f"MoE experts are modelled as SwiGLU MLPs, the entry says {entry['mlp']!r}",
                            "use mlp: swiglu for an MoE entry")
-    hd = entry.get("head_dim")
-    if hd is not None and (not isinstance(hd, int) or hd <= 0):
-        raise AutoparError("model.head_dim", f"must be a positive integer, got {hd!r}", "give the attention head width")
 
 
 def is_moe_layer(e: dict, i: int) -> bool:
@@ -66,8 +63,7 @@ def is_moe_layer(e: dict, i: int) -> bool:
 def moe_block(x, i: int) -> LayerSpec:
     """LayerSpec of MoE block ``i`` (``x``: the zoo's per-sample shape, ``zoo._Shape``)."""
     e, s, h, a, d, m = x.e, x.s, x.h, x.a, x.d, x.m
-    hd = e.get("head_dim") or h // a
-    qw, kvw = a * hd, x.kv * hd  # query / attention-output width, K and V width
+    qw, kvw = x.qw, x.hkv  # query / attention-output width, K and V width (zoo._Shape: head_dim where stated)
     E, k, fe, fs = e["experts"], e["top_k"], e["moe_ffn"], e["shared_ffn"]
     w_attn = h * (qw + 2 * kvw) + qw * h
     col_bias = (qw + 2 * kvw) if e["bias"] or e["qkv_bias"] else 0
@@ -75,7 +71,7 @@ def moe_block(x, i: int) -> LayerSpec:
     router = h * E
     experts = E * SWIGLU_MATRICES * h * fe
     shared = SWIGLU_MATRICES * h * fs + (h if fs and e["shared_gate"] else 0)
-    norms = 2 * x.norm
+    norms = 2 * x.norm + (2 * x.hd if e["qk_norm"] else 0)  # Qwen3: a per-head RMSNorm of queries and keys
     attn_core = 4.0 * s * s * qw
     expert_flops = 2.0 * s * k * SWIGLU_MATRICES * h * fe
     flops = 2.0 * s * (w_attn + router + shared) + attn_core + expert_flops

@@ -65,7 +65,7 @@ def test_qwen3_moe_head_dim_wider_than_hidden_over_heads():
            "head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2, "max_position_embeddings": 64}
     blk = spec_from_entry(entry_from_hf_config(cfg, "q3"), seq_len=8).layer("layers.0")
     q, kv = 4 * 16, 2 * 16
-    assert blk.params == 32 * (q + 2 * kv) + q * 32 + 32 * 4 + 4 * 3 * 32 * 16 + 2 * 32
+    assert blk.params == 32 * (q + 2 * kv) + q * 32 + 32 * 4 + 4 * 3 * 32 * 16 + 2 * 32 + 2 * 16  # + q/k norms
 
 
 @pytest.mark.parametrize("field, value, message", [("num_experts_per_tok", 5, "top_k"),

@@ -1,5 +1,7 @@
-"""transformers' Qwen2 (Llama with biased Q/K/V projections) through the runtime: the biases shard with their
-columns under TP and sequence parallelism, and every strategy trains as one process does."""
+"""transformers' Qwen2 (Llama with biased Q/K/V projections) and Qwen3 (per-head Q/K norms, heads head_dim wide)
+through the runtime: Qwen2's biases shard with their columns under TP and sequence parallelism; Qwen3 runs
+without TP (refused in one line); every strategy trains as one process does, and the tracer and the config
+formulas give the same units."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import torch
 
 from autopar.plan.compact import make_plan
 from tests.runtime.cases import GPT_UNITS, same, token_data
-from tests.runtime.reference import assert_matches_reference
+from tests.runtime.reference import assert_matches_reference, wrap_outcomes
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.dist
@@ -46,6 +48,15 @@ def test_the_units_view_equals_the_hf_model_and_keeps_the_biases():
     assert biased == [f"layers.{i}.layer.self_attn.{p}_proj.bias" for i in (0, 1) for p in "kqv"]
 
 
+def test_the_qwen3_units_view_equals_the_hf_model():
+    from autopar.models.hf import from_transformers
+
+    torch.manual_seed(0)
+    hf = qwen3_model().eval()
+    x = token_data()[0]
+    torch.testing.assert_close(from_transformers(hf)(x), hf(x).logits)
+
+
 @pytest.mark.parametrize("plan", [
     [(4, 2, [([0, 1], same(GPT_UNITS, tp=2, sp=True))])],
     [(4, 2, [([0, 1], same(GPT_UNITS, tp=2))])],
@@ -75,4 +86,53 @@ def test_the_traced_qwen2_equals_its_config():
         config = load_model(path, seq_len=16)
     for t, c in zip(traced.layers, config.layers, strict=True):
         assert (t.name, t.params, t.tp_params) == (c.name, c.params, c.tp_params)
+        assert t.flops == pytest.approx(c.flops, rel=1e-9)
+
+
+def qwen3_model():
+    """head_dim 16 with hidden 32 and 4 heads: queries 64 wide, wider than the hidden state (as Qwen3-0.6B's)."""
+    cfg = transformers.Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                   max_position_embeddings=16, tie_word_embeddings=False)
+    model = transformers.Qwen3ForCausalLM(cfg)
+    with torch.no_grad():  # HF starts the norms at one: random weights show a norm applied to the wrong heads
+        for name, p in model.named_parameters():
+            if "q_norm" in name or "k_norm" in name:
+                p.normal_(1.0, 0.5)
+    return model
+
+
+def hf_qwen3():
+    from autopar.models.hf import from_transformers
+
+    return from_transformers(qwen3_model())
+
+
+@pytest.mark.parametrize("plan", [
+    [(2, 4, [([0], same([E, L0], zero=1)), ([1], same([L1, H], ckpt="selective"))])],
+    [(4, 2, [([0, 1], same(GPT_UNITS, zero=3, ckpt="full"))])],
+], ids=["pp2", "zero3-ckpt"])
+def test_qwen3_trains_like_one_process(plan):
+    x, y = token_data()
+    assert_matches_reference(hf_qwen3, make_plan(plan), x, y)
+
+
+def test_qwen3_tensor_parallel_is_refused_in_one_line():
+    """Its Q/K norms' gradients would be partial on each TP rank: refused on every rank, never run wrong."""
+    outcomes = wrap_outcomes(hf_qwen3, make_plan([(4, 2, [([0, 1], same(GPT_UNITS, tp=2))])]))
+    assert len(outcomes) == 2 and all("tp 2 is not legal for unit 'embed' (it has no TP plan)" in o for o in outcomes)
+
+
+def test_the_traced_qwen3_equals_its_config(tmp_path):
+    import json
+
+    from autopar.models.hf import from_transformers
+    from autopar.modelspec.load import load_model
+    from autopar.modelspec.trace import spec_from_module
+
+    traced = spec_from_module(from_transformers(qwen3_model()), token_data(batch=1, seq=16)[0], dtype_bytes=2)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3", **qwen3_model().config.to_diff_dict()}))
+    config = load_model(str(tmp_path / "config.json"), seq_len=16)
+    for t, c in zip(traced.layers, config.layers, strict=True):
+        assert (t.name, t.params) == (c.name, c.params)
         assert t.flops == pytest.approx(c.flops, rel=1e-9)
