@@ -8,8 +8,8 @@ installed; nothing here imports it.
   (the colwise / rowwise entries HF ships), plus vocabulary-parallel embedding / logits and
   sequence-parallel norms as in autopar's own Llama. Each block gets its own copy of the rotary
   embedding (no parameters), so a unit never shares a module with another.
-* Qwen3: tp = 1 only. Its plan marks the per-head Q/K norms ``replicated_with_grad_allreduce`` (each TP rank
-  would hold part of their gradient), a style autopar does not translate, so no TP plan is taken.
+* Qwen3: its plan marks the per-head Q/K norms ``replicated_with_grad_allreduce``: each TP rank normalises its
+  own heads with the whole weight, so its gradient is a part; autopar's ``tp_grad_sum`` sums it over TP.
 * GPT-2: tp = 1 only (its fused ``c_attn`` cannot be split by heads with a plain column split).
 * Mixtral, Qwen2-MoE: Llama-like, tp = 1 (HF's packed / MoE TP styles are not translated); their packed
   experts are replicated, or split over ``ep`` DP ranks by a plan's ``ep`` (autopar.runtime.expert_parallel).
@@ -45,7 +45,8 @@ from autopar.errors import AutoparError
 from autopar.models.hf_units import HFCausalLM, block_mask
 
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe")
-_HF_STYLES = {"colwise": "colwise", "rowwise": "rowwise"}  # HF style name -> autopar style name
+# HF style name -> autopar style name (autopar/models/tp_plans.py)
+_HF_STYLES = {"colwise": "colwise", "rowwise": "rowwise", "replicated_with_grad_allreduce": "tp_grad_sum"}
 _LLAMA_SP = {
     "layer": "sp_unit",
     "layer.input_layernorm": "sp_norm",

@@ -10,6 +10,9 @@ when the layer runs with sequence parallelism. Style names:
   vocab_embed   RowwiseParallel on an nn.Embedding: vocabulary-parallel embedding
   logits        ColwiseParallel on the LM head: vocabulary-sharded logits, gathered unless the loss
                 runs under loss_parallel
+  tp_grad_sum   left whole on every rank, but it sees only the rank's heads (Qwen3's Q/K norms): its
+                gradient is summed over the TP group by the unit's gradient sync (HF's
+                replicated_with_grad_allreduce)
   sp_norm       SequenceParallel: the norm runs on its sequence shard
   sp_region     the module's input is gathered from sequence shards (attention / MLP need the full sequence)
   sp_region_hidden_states   the same for a module called with ``hidden_states=`` (HF attention)

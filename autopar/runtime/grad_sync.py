@@ -38,8 +38,11 @@ class UnitGradSync:
     """Sums one unit's gradients on this rank with every other holder of the unit."""
 
     def __init__(self, module: nn.Module, places: list[Placement], mine: Placement, rank: int,
-                 groups: Groups) -> None:
-        self.params = [p for p in module.parameters()]
+                 groups: Groups, tp_partial: set[str] = frozenset()) -> None:
+        named = list(module.named_parameters())
+        self.params = [p for _, p in named]
+        # gradients each TP rank holds a part of (tensor_parallel.tp_partial_params): every TP rank contributes
+        self.tp_partial = {i for i, (n, _) in enumerate(named) if n in tp_partial} if mine.layout.tp > 1 else set()
         self.mode, classes = sync_groups(places)
         self.rank, self.fsdp = rank, mine.fsdp
         lay = mine.layout
@@ -108,7 +111,9 @@ class UnitGradSync:
         buckets: dict[str, list[int]] = {"sharded": [], "replicated": [], "partial": []}
         for i, g in enumerate(grads):
             pl = self._tp_placement(g)
-            if pl is None or _is_replicate(pl):
+            if i in self.tp_partial:
+                buckets["partial"].append(i)
+            elif pl is None or _is_replicate(pl):
                 buckets["replicated"].append(i)
             elif pl.is_shard():
                 buckets["sharded"].append(i)
@@ -144,15 +149,16 @@ class UnitGradSync:
 
     def _sync_general(self, grads: list[torch.Tensor]) -> list[torch.Tensor]:
         fulls, meshes = [], []
-        for p, g in zip(self.params, grads):
+        for i, (p, g) in enumerate(zip(self.params, grads)):
             if isinstance(g, DTensor):
                 full = g.full_tensor()  # every holder of the mesh now has the same full gradient
                 coord = g.device_mesh.get_coordinate()
-                contributes = all(c == 0 for c in coord) and (self._tp_dim(g) is not None or self.tp_coord == 0)
+                contributes = all(c == 0 for c in coord) and (self._tp_dim(g) is not None or self.tp_coord == 0
+                                                              or i in self.tp_partial)
                 meshes.append((g.device_mesh, p.placements))
             else:
                 full = g
-                contributes = self.tp_coord == 0
+                contributes = self.tp_coord == 0 or i in self.tp_partial
                 meshes.append(None)
             fulls.append(full if contributes else torch.zeros_like(full))
         flat = torch.cat([f.reshape(-1) for f in fulls])

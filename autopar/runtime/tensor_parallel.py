@@ -23,6 +23,11 @@ from torch.distributed.tensor.parallel.style import ParallelStyle
 
 from autopar.errors import AutoparError
 
+# A module that keeps its parameters whole on every TP rank but sees only the rank's share of what it
+# normalises (Qwen3's per-head Q/K norms, HF's ``replicated_with_grad_allreduce``): each rank's gradient is a
+# part of the whole, so the unit's gradient sync sums it over the TP group (``tp_partial_params``).
+TP_GRAD_SUM = "tp_grad_sum"
+
 
 def _style(name: str, sp: bool, logits_sharded: bool) -> ParallelStyle | None:
     """The ParallelStyle for a table entry (None: leave the module as it is)."""
@@ -33,6 +38,8 @@ def _style(name: str, sp: bool, logits_sharded: bool) -> ParallelStyle | None:
         return RowwiseParallel(output_layouts=seq if sp else Replicate())
     if name == "vocab_embed":
         return RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+    if name == TP_GRAD_SUM:
+        return None  # the module runs as it is on this rank's heads; the gradient sync sums its gradient over TP
     if name == "logits":
         return ColwiseParallel(input_layouts=seq if sp else Replicate(),
                                output_layouts=Shard(-1) if logits_sharded else Replicate(),
@@ -52,8 +59,8 @@ def _style(name: str, sp: bool, logits_sharded: bool) -> ParallelStyle | None:
         return PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(seq,),
                                   use_local_output=True)
     raise AutoparError("tp plan", f"unknown style {name!r}",
-                       "use colwise, rowwise, vocab_embed, logits, sp_norm, sp_region, sp_region_hidden_states, "
-                       "sp_unit or sp_unit_in")
+                       "use colwise, rowwise, vocab_embed, logits, tp_grad_sum, sp_norm, sp_region, "
+                       "sp_region_hidden_states, sp_unit or sp_unit_in")
 
 
 class _SplitGather(ParallelStyle):
@@ -88,3 +95,10 @@ def apply_tp(unit: nn.Module, table: dict[str, str], mesh: DeviceMesh, sp: bool,
         parallelize_module(unit, mesh, plan)
     if unit_style is not None:
         unit_style._apply(unit, mesh)
+
+
+def tp_partial_params(unit: nn.Module, table: dict[str, str]) -> set[str]:
+    """Names (in ``unit``) of the parameters whose gradient each TP rank holds only a part of: those of the
+    modules ``table`` marks ``tp_grad_sum``. Names, not tensors: ZeRO-3 replaces the parameter objects."""
+    return {f"{fqn}.{name}" if fqn else name for fqn, style in table.items() if style == TP_GRAD_SUM
+            for name, _ in unit.get_submodule(fqn).named_parameters(recurse=False)}

@@ -41,7 +41,7 @@ from autopar.runtime.precision_policy import apply_cast, check_policy, fsdp_poli
 from autopar.runtime.sharding import FlatShard, apply_fsdp, backward_reducer
 from autopar.runtime.stage import LocalUnit, cross_entropy
 from autopar.runtime.sync_batchnorm import apply_sync_batchnorm, has_batchnorm
-from autopar.runtime.tensor_parallel import apply_tp
+from autopar.runtime.tensor_parallel import apply_tp, tp_partial_params
 from autopar.runtime.ties import TiedGrads, tie_rank_sets
 from autopar.units import UnitTPInfo
 
@@ -260,7 +260,10 @@ def _build_unit(ly: StageLayer, module: nn.Module, info: UnitTPInfo, places: lis
         apply_fsdp(module, fsdp_mesh, fsdp_policy(policy, params[0].dtype, last) if policy is not None else None,
                    reshard_after_forward=strat.reshard, ignored_params=fsdp_ignored(module, mine))
         params = list(module.parameters())
-    sync = (ExpertGradSync if strat.ep > 1 else UnitGradSync)(module, places, mine, rank, groups)
+    if strat.ep > 1:
+        sync = ExpertGradSync(module, places, mine, rank, groups)
+    else:  # tp > 1: the gradients each TP rank holds a part of are summed over TP too
+        sync = UnitGradSync(module, places, mine, rank, groups, tp_partial_params(module, info.plan or {}))
     shard, proxies, zero2 = None, [_local(p) for p in params], None
     # ZeRO-1/2 of an expert-parallel unit: sliced over its expert-DP group (all its tensors are equal there).
     shard_ranks = zero_group(mine, rank) if strat.ep > 1 else lay.dp_group(rank)
