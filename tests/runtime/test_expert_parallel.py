@@ -1,4 +1,4 @@
-"""Expert parallel (plan ``ep``) on transformers' Mixtral / Qwen2-MoE: 4 AdamW steps under a plan equal 4 steps
+"""Expert parallel (plan ``ep``) on transformers' Mixtral / Qwen2-MoE / Qwen3-MoE: 4 AdamW steps under a plan equal 4 steps
 of the single-process model (losses and every parameter, the experts' whole tensors gathered), on 2 and
 4 fork-started gloo ranks; checkpoints of expert-sharded weights reload under another plan exactly."""
 
@@ -35,7 +35,17 @@ def qwen2_moe():
     return transformers.Qwen2MoeForCausalLM(cfg)
 
 
-BUILDERS = {"mixtral": mixtral, "qwen2_moe": qwen2_moe}
+def qwen3_moe():
+    """Qwen3-MoE: Qwen3's per-head Q/K norms and head_dim (16 here, on hidden 32 and 4 heads), no shared expert."""
+    cfg = transformers.Qwen3MoeConfig(vocab_size=64, hidden_size=32, intermediate_size=48, moe_intermediate_size=24,
+                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                      max_position_embeddings=16, num_experts=4, num_experts_per_tok=2,
+                                      attn_implementation="eager")
+    torch.manual_seed(0)
+    return transformers.Qwen3MoeForCausalLM(cfg)
+
+
+BUILDERS = {"mixtral": mixtral, "qwen2_moe": qwen2_moe, "qwen3_moe": qwen3_moe}
 
 
 def _adamw(params):
@@ -121,7 +131,8 @@ CASES = [("ep2_dp2", "mixtral", None), ("ep2_dp4", "mixtral", CLIP), ("ep4_dp4",
          ("ep2_pp2", "mixtral", CLIP), ("ep2_pp2_zb-h1", "mixtral", CLIP), ("ep2_dp4_zero1", "mixtral", CLIP), ("ep2_dp4_zero2_ckpt", "mixtral", None),
          ("ep2_dp4_zero3", "mixtral", CLIP), ("ep2_dp2_zero3", "mixtral", CLIP),
          ("ep2_two_pipelines", "mixtral", CLIP), ("ep2_interleaved", "mixtral", None),
-         ("ep2_zero3_two_pipelines", "mixtral", CLIP), ("ep2_dp2", "qwen2_moe", None)]
+         ("ep2_zero3_two_pipelines", "mixtral", CLIP), ("ep2_dp2", "qwen2_moe", None), ("ep2_dp2", "qwen3_moe", None),
+         ("ep2_pp2", "qwen3_moe", CLIP)]
 
 
 @pytest.mark.parametrize("plan_name,model,clip", CASES,
@@ -253,3 +264,12 @@ def test_mixed_precision_with_expert_parallel_matches_one_process_under_the_poli
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), atol=1e-3, rtol=0)
     for k, ref in m.named_parameters():
         torch.testing.assert_close(state[k], ref.detach(), atol=5e-4, rtol=0, msg=lambda msg, n=k: f"{n}: {msg}")
+
+
+@pytest.mark.parametrize("model", sorted(BUILDERS))
+def test_the_units_view_of_each_moe_model_equals_the_hf_model(model):
+    from autopar.models.hf import from_transformers
+
+    hf = BUILDERS[model]().eval()
+    x = token_data(batch=2, seq=8)[0]
+    torch.testing.assert_close(from_transformers(hf)(x), hf(x).logits)
