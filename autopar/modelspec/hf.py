@@ -1,13 +1,14 @@
 """Hugging Face ``config.json`` -> zoo-style entry -> ModelSpec (the zoo's formulas; no transformers needed).
 
-Supported ``model_type``: llama, mistral, qwen2, qwen3, gpt2, gpt_neox, bert, vit, and the mixture-of-experts
-mixtral, qwen2_moe, qwen3_moe (``moe`` below; blocks from ``zoo_moe``). Qwen2's Q/K/V biases (``qkv_bias``),
-Qwen3's per-head Q/K norms (``qk_norm``) and its ``head_dim`` (not always hidden / heads) are counted. The default
-sequence length is ``max_position_embeddings`` capped at ``DEFAULT_SEQ_CAP`` (long-context maxima are
-rarely the training length; pass ``--seq-len``). The attention implementation comes from ``attn_implementation``
+Supported ``model_type``: llama, mistral, qwen2, qwen3, phi3, gemma, gemma2, gemma3_text, gpt2, gpt_neox, bert,
+vit, and the mixture-of-experts mixtral, qwen2_moe, qwen3_moe (``moe`` below; blocks from ``zoo_moe``). Qwen2's
+Q/K/V biases (``qkv_bias``), the per-head Q/K norms of Qwen3 and Gemma 3 (``qk_norm``), Gemma 2 / 3's norms of
+each sublayer's output (``block_norms``) and a ``head_dim`` that is not hidden / heads are counted; Gemma 2's
+logit soft-capping and the sliding windows of Mistral, Qwen2, Phi-3 and Gemma 2 / 3 are not (full attention is
+counted). The default sequence length is ``max_position_embeddings`` capped at ``DEFAULT_SEQ_CAP``
+(long-context maxima are rarely the training length; pass ``--seq-len``). The attention implementation comes from ``attn_implementation``
 (``ATTN_IMPLEMENTATIONS``): ``eager`` materialises the s x s scores (their memory, and their HBM traffic
-in the cost model); absent, flash/SDPA is assumed, as transformers picks SDPA by default. Mistral's
-and Qwen2's sliding windows are ignored (full attention is counted).
+in the cost model); absent, flash/SDPA is assumed, as transformers picks SDPA by default.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ _LLAMA = {
 _QWEN_MOE = {"experts": ("num_experts", "num_local_experts"), "top_k": "num_experts_per_tok", "moe_ffn": "moe_intermediate_size",
              "shared_ffn": "shared_expert_intermediate_size", "moe_every": "decoder_sparse_step",
              "dense_layers": "mlp_only_layers", "head_dim": "head_dim"}
+_GEMMA = {**_LLAMA, "shape": {**_LLAMA["shape"], "head_dim": "head_dim"},
+          "flags": {**_LLAMA["flags"], "tied": ("tie_word_embeddings", True)}}
 # model_type -> how to read it: "shape" zoo field <- config key; "flags" zoo field <- (config key,
 # default), truthy values turn a flag on; "fixed" values every such model has; "moe" zoo MoE field
 # (autopar/modelspec/zoo_moe.py) <- config key (or the first present of several spellings).
@@ -45,6 +48,12 @@ HF_TYPES = {
     # Qwen3Attention: unbiased projections, an RMSNorm over each query and key head, heads head_dim wide
     "qwen3": {**_LLAMA, "shape": {**_LLAMA["shape"], "head_dim": "head_dim"}, "fixed": {**_LLAMA["fixed"], "qk_norm": True}},
     "qwen2_moe": {**_LLAMA, "fixed": {**_LLAMA["fixed"], "shared_gate": True, "qkv_bias": True}, "moe": _QWEN_MOE},
+    "phi3": {**_LLAMA, "fixed": {**_LLAMA["fixed"], "fused_qkv": True}},  # Phi-3: one qkv_proj, one gate_up_proj
+    # Gemma: GeGLU (three matrices, as SwiGLU), heads head_dim wide, tied embeddings; Gemma 2 / 3 also normalise
+    # each sublayer's output (four norms a block), Gemma 3 each query and key head
+    "gemma": _GEMMA,
+    "gemma2": {**_GEMMA, "fixed": {**_GEMMA["fixed"], "block_norms": 4}},
+    "gemma3_text": {**_GEMMA, "fixed": {**_GEMMA["fixed"], "block_norms": 4, "qk_norm": True}},
     "qwen3_moe": {**_LLAMA, "fixed": {**_LLAMA["fixed"], "qk_norm": True}, "moe": _QWEN_MOE},
     "gpt2": {
         "shape": {"layers": "n_layer", "hidden": "n_embd", "heads": "n_head", "ffn": "n_inner",

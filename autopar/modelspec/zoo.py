@@ -113,7 +113,7 @@ def normalize_entry(entry: dict) -> dict:
     entry.setdefault("dtype_bytes", 2)
     for key, default in (("tied", False), ("bias", False), ("qkv_bias", False), ("qk_norm", False), ("dropout", False),
                          ("flash", True), ("type_vocab", 0), ("embed_norm", False), ("tp_family", "gpt"),
-                         ("fused_qkv", False)):
+                         ("fused_qkv", False), ("block_norms", 2)):
         entry.setdefault(key, default)
     h, a, kv = entry["hidden"], entry["heads"], entry["kv_heads"]
     head_dim = entry.get("head_dim")
@@ -171,6 +171,12 @@ class _Shape:
     @property
     def norm(self) -> int:
         return NORM_PARAMS[self.e["norm"]] * self.h
+
+    @property
+    def extra_norms_saved(self) -> int:
+        """Bytes per sample the norms beyond a block's two keep for backward (their inputs): Gemma 2 / 3
+        normalise each sublayer's output too (``block_norms`` 4)."""
+        return (self.e["block_norms"] - 2) * self.s * self.h * self.d
 
     @property
     def tied(self) -> int:
@@ -234,9 +240,9 @@ def _block(x: _Shape, i: int) -> LayerSpec:
     else:  # softmax output; with dropout also its mask and output (Korthikanti's 5*a*s^2 in fp16)
         act_attn = a * s * s * (d + (d + m if m else 0))
     return LayerSpec(
-        f"layers.{i}", "block", params=w_attn + w_mlp + col_bias + row_bias + 2 * x.norm + qk_norm,
+        f"layers.{i}", "block", params=w_attn + w_mlp + col_bias + row_bias + e["block_norms"] * x.norm + qk_norm,
         tp_params=w_attn + w_mlp + col_bias, flops=2.0 * s * (w_attn + w_mlp) + attn_core,
-        attn_core_flops=attn_core, act_tp_bytes=act_tp, act_seq_bytes=s * h * (4 * d + 2 * m),
+        attn_core_flops=attn_core, act_tp_bytes=act_tp, act_seq_bytes=s * h * (4 * d + 2 * m) + x.extra_norms_saved,
         act_attn_bytes=act_attn, boundary_bytes=s * h * d,
         tp_divisors=(a, f) if e["tp_family"] == "gpt" else (a, x.kv, f), tp_comm_bytes=2 * s * h * d, tp_collectives=2,
         tp_plan=f"{e['tp_family']}.block", op=_block_op(x, attn_core), kv_bytes=2.0 * s * x.hkv * d,

@@ -71,7 +71,7 @@ def moe_block(x, i: int) -> LayerSpec:
     router = h * E
     experts = E * SWIGLU_MATRICES * h * fe
     shared = SWIGLU_MATRICES * h * fs + (h if fs and e["shared_gate"] else 0)
-    norms = 2 * x.norm + (2 * x.hd if e["qk_norm"] else 0)  # Qwen3: a per-head RMSNorm of queries and keys
+    norms = e["block_norms"] * x.norm + (2 * x.hd if e["qk_norm"] else 0)  # Qwen3: per-head RMSNorm of Q and K
     attn_core = 4.0 * s * s * qw
     expert_flops = 2.0 * s * k * SWIGLU_MATRICES * h * fe
     flops = 2.0 * s * (w_attn + router + shared) + attn_core + expert_flops
@@ -88,7 +88,7 @@ def moe_block(x, i: int) -> LayerSpec:
     return LayerSpec(
         f"layers.{i}", "block", params=w_attn + col_bias + row_bias + router + experts + shared + norms,
         tp_params=w_attn + col_bias + experts + shared, flops=flops, attn_core_flops=attn_core,
-        act_tp_bytes=act_tp, act_seq_bytes=s * h * (4 * d + 2 * m), act_attn_bytes=act_attn,
+        act_tp_bytes=act_tp, act_seq_bytes=s * h * (4 * d + 2 * m) + x.extra_norms_saved, act_attn_bytes=act_attn,
         boundary_bytes=s * h * d, tp_divisors=divisors, tp_comm_bytes=2 * s * h * d, tp_collectives=2,
         tp_plan=f"{e['tp_family']}.block", moe=moe, gemms=_dense_gemms(x, qw, kvw, fs), gemm_rows=s)
 

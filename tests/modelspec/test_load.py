@@ -254,3 +254,48 @@ def test_attn_implementation_decides_the_score_memory(tmp_path):
     assert eager.act_attn_bytes >= 4 * 256 * 256 * 2 > sdpa.act_attn_bytes  # heads x s^2 at 2 bytes at least
     with pytest.raises(AutoparError, match="attn_implementation.*unknown attention implementation 'magic'"):
         block("magic")
+
+
+# (model_type, transformers config class, causal LM class, the published model's shape): each config's
+# parameter count equals the transformers model's own (built on the meta device).
+FAMILIES = {
+    "qwen3-0.6b": ("qwen3", "Qwen3Config", "Qwen3ForCausalLM",
+                   dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                        num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True)),
+    "phi-3-mini": ("phi3", "Phi3Config", "Phi3ForCausalLM",
+                   dict(hidden_size=3072, intermediate_size=8192, num_hidden_layers=32, num_attention_heads=32,
+                        num_key_value_heads=32, vocab_size=32064, tie_word_embeddings=False)),
+    "gemma-7b": ("gemma", "GemmaConfig", "GemmaForCausalLM",
+                 dict(hidden_size=3072, intermediate_size=24576, num_hidden_layers=28, num_attention_heads=16,
+                      num_key_value_heads=16, head_dim=256, vocab_size=256000)),
+    "gemma-2-9b": ("gemma2", "Gemma2Config", "Gemma2ForCausalLM",
+                   dict(hidden_size=3584, intermediate_size=14336, num_hidden_layers=42, num_attention_heads=16,
+                        num_key_value_heads=8, head_dim=256, vocab_size=256000)),
+    "gemma-3-1b": ("gemma3_text", "Gemma3TextConfig", "Gemma3ForCausalLM",
+                   dict(hidden_size=1152, intermediate_size=6912, num_hidden_layers=26, num_attention_heads=4,
+                        num_key_value_heads=1, head_dim=256, vocab_size=262144)),
+}
+PUBLISHED = {"qwen3-0.6b": 596_049_920, "phi-3-mini": 3_821_079_552, "gemma-7b": 8_537_680_896,
+             "gemma-2-9b": 9_241_705_984, "gemma-3-1b": 999_885_952}
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_config_families_count_what_the_transformers_model_holds(tmp_path, name):
+    model_type, config_cls, model_cls, shape = FAMILIES[name]
+    spec = load_model(str(_write(tmp_path, {"model_type": model_type, "max_position_embeddings": 4096, **shape})))
+    assert spec.num_params == PUBLISHED[name]
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    with torch.device("meta"):
+        hf = getattr(transformers, model_cls)(getattr(transformers, config_cls)(**shape))
+    assert spec.num_params == sum(p.numel() for p in hf.parameters())
+
+
+def test_gemma2_blocks_hold_and_save_two_norms_more_than_gemma(tmp_path):
+    shape = {"max_position_embeddings": 4096, **FAMILIES["gemma-2-9b"][3]}
+    g1 = load_model(str(_write(tmp_path, {"model_type": "gemma", **shape}, "g1.json")), seq_len=1024)
+    g2 = load_model(str(_write(tmp_path, {"model_type": "gemma2", **shape}, "g2.json")), seq_len=1024)
+    b1, b2 = g1.layer("layers.0"), g2.layer("layers.0")
+    assert b2.params - b1.params == 2 * 3584  # post-attention and post-feedforward norms
+    assert b2.act_seq_bytes - b1.act_seq_bytes == 2 * 1024 * 3584 * 2  # their bf16 inputs, kept for backward
+    assert (b2.flops, b2.tp_params) == (b1.flops, b1.tp_params)
