@@ -7,11 +7,31 @@ import torch
 from torch import nn
 
 
-def causal_mask(x: torch.Tensor) -> torch.Tensor:
-    """Additive ``[1, 1, S, S]`` mask: 0 on and below the diagonal, the dtype's minimum above it."""
+def causal_mask(x: torch.Tensor, window: int | None = None) -> torch.Tensor:
+    """Additive ``[1, 1, S, S]`` mask: 0 on and below the diagonal, the dtype's minimum above it; with a
+    sliding ``window`` also at and beyond ``window`` positions back (transformers' sliding_window_overlay:
+    key j is seen from query i when i - window < j <= i)."""
     s = x.shape[1]
-    mask = torch.full((s, s), torch.finfo(x.dtype).min, device=x.device, dtype=x.dtype).triu(1)
+    i = torch.arange(s, device=x.device)
+    hidden = i[None, :] > i[:, None]  # [query, key]: a key after the query
+    if window is not None:
+        hidden = hidden | (i[None, :] <= i[:, None] - window)
+    mask = torch.zeros((s, s), device=x.device, dtype=x.dtype).masked_fill(hidden, torch.finfo(x.dtype).min)
     return mask[None, None]
+
+
+# transformers attention implementations whose kernel applies a layer's sliding window itself (the attention
+# module passes ``sliding_window`` to it); the others see a window only through the mask they are given.
+WINDOWED_KERNELS = frozenset({"flash_attention_2", "flash_attention_3"})
+
+
+def sliding_window(attn: nn.Module) -> int | None:
+    """The sliding window ``attn`` attends over, None for full attention: the module's own ``sliding_window``
+    where it keeps one (Qwen2 / Qwen3 set it per layer from ``layer_types``), else its config's (Mistral's
+    applies to every layer)."""
+    if hasattr(attn, "sliding_window"):
+        return attn.sliding_window
+    return getattr(getattr(attn, "config", None), "sliding_window", None)
 
 
 # transformers attention implementations that mask causally by themselves when given no mask: its
@@ -22,11 +42,15 @@ SELF_CAUSAL = frozenset({"sdpa", "flash_attention_2", "flash_attention_3"})
 
 def block_mask(attn: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
     """The mask a causal decoder block is given: None where ``attn``'s implementation (its config's
-    ``_attn_implementation``) masks causally itself, else ``causal_mask(x)``. An explicit mask sends SDPA
+    ``_attn_implementation``) masks causally itself, else ``causal_mask(x)``; a sliding window shorter than the
+    sequence is always given as a mask, except to the kernels that apply it themselves. An explicit mask sends SDPA
     from its flash kernel to a slower masked one and makes transformers expand GQA's K and V per head
     (measured on an H200: a Llama 3 8B layer's forward + backward at 8192 tokens, 33.6 ms with the mask,
     24.4 ms without; benchmarks/results/gpu_single_device.json, part mask)."""
     impl = getattr(getattr(attn, "config", None), "_attn_implementation", None)
+    window = sliding_window(attn)
+    if window is not None and x.shape[1] > window and impl not in WINDOWED_KERNELS:
+        return causal_mask(x, window)  # as the HF model's own sliding-window mask: SDPA needs it explicit
     return None if impl in SELF_CAUSAL else causal_mask(x)
 
 
