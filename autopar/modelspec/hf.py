@@ -27,16 +27,15 @@ ATTN_IMPLEMENTATIONS = {"eager": False, "sdpa": True, "flash_attention_2": True,
 _LLAMA = {
     "shape": {"layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
               "kv_heads": "num_key_value_heads", "ffn": "intermediate_size", "vocab": "vocab_size",
-              "seq_len": "max_position_embeddings"},
+              "seq_len": "max_position_embeddings", "head_dim": "head_dim"},
     "flags": {"tied": ("tie_word_embeddings", False), "bias": ("attention_bias", False),
               "dropout": ("attention_dropout", 0.0)},
     "fixed": {"arch": "decoder", "norm": "rms", "mlp": "swiglu", "pos": "rope", "tp_family": "llama"},
 }
 _QWEN_MOE = {"experts": ("num_experts", "num_local_experts"), "top_k": "num_experts_per_tok", "moe_ffn": "moe_intermediate_size",
              "shared_ffn": "shared_expert_intermediate_size", "moe_every": "decoder_sparse_step",
-             "dense_layers": "mlp_only_layers", "head_dim": "head_dim"}
-_GEMMA = {**_LLAMA, "shape": {**_LLAMA["shape"], "head_dim": "head_dim"},
-          "flags": {**_LLAMA["flags"], "tied": ("tie_word_embeddings", True)}}
+             "dense_layers": "mlp_only_layers"}
+_GEMMA = {**_LLAMA, "flags": {**_LLAMA["flags"], "tied": ("tie_word_embeddings", True)}}
 # model_type -> how to read it: "shape" zoo field <- config key; "flags" zoo field <- (config key,
 # default), truthy values turn a flag on; "fixed" values every such model has; "moe" zoo MoE field
 # (autopar/modelspec/zoo_moe.py) <- config key (or the first present of several spellings).
@@ -46,7 +45,7 @@ HF_TYPES = {
     "mixtral": {**_LLAMA, "moe": {"experts": "num_local_experts", "top_k": "num_experts_per_tok"}},
     "qwen2": {**_LLAMA, "fixed": {**_LLAMA["fixed"], "qkv_bias": True}},  # Qwen2Attention: biased q/k/v_proj
     # Qwen3Attention: unbiased projections, an RMSNorm over each query and key head, heads head_dim wide
-    "qwen3": {**_LLAMA, "shape": {**_LLAMA["shape"], "head_dim": "head_dim"}, "fixed": {**_LLAMA["fixed"], "qk_norm": True}},
+    "qwen3": {**_LLAMA, "fixed": {**_LLAMA["fixed"], "qk_norm": True}},
     "qwen2_moe": {**_LLAMA, "fixed": {**_LLAMA["fixed"], "shared_gate": True, "qkv_bias": True}, "moe": _QWEN_MOE},
     "phi3": {**_LLAMA, "fixed": {**_LLAMA["fixed"], "fused_qkv": True}},  # Phi-3: one qkv_proj, one gate_up_proj
     # Gemma: GeGLU (three matrices, as SwiGLU), heads head_dim wide, tied embeddings; Gemma 2 / 3 also normalise

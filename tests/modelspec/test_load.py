@@ -262,6 +262,9 @@ FAMILIES = {
     "qwen3-0.6b": ("qwen3", "Qwen3Config", "Qwen3ForCausalLM",
                    dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
                         num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True)),
+    "mistral-nemo-12b": ("mistral", "MistralConfig", "MistralForCausalLM",  # head_dim 128, not 5120 / 32
+                         dict(hidden_size=5120, intermediate_size=14336, num_hidden_layers=40, num_attention_heads=32,
+                              num_key_value_heads=8, head_dim=128, vocab_size=131072, tie_word_embeddings=False)),
     "phi-3-mini": ("phi3", "Phi3Config", "Phi3ForCausalLM",
                    dict(hidden_size=3072, intermediate_size=8192, num_hidden_layers=32, num_attention_heads=32,
                         num_key_value_heads=32, vocab_size=32064, tie_word_embeddings=False)),
@@ -275,7 +278,7 @@ FAMILIES = {
                    dict(hidden_size=1152, intermediate_size=6912, num_hidden_layers=26, num_attention_heads=4,
                         num_key_value_heads=1, head_dim=256, vocab_size=262144)),
 }
-PUBLISHED = {"qwen3-0.6b": 596_049_920, "phi-3-mini": 3_821_079_552, "gemma-7b": 8_537_680_896,
+PUBLISHED = {"mistral-nemo-12b": 12_247_782_400, "qwen3-0.6b": 596_049_920, "phi-3-mini": 3_821_079_552, "gemma-7b": 8_537_680_896,
              "gemma-2-9b": 9_241_705_984, "gemma-3-1b": 999_885_952}
 
 
