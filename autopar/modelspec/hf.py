@@ -1,7 +1,8 @@
 """Hugging Face ``config.json`` -> zoo-style entry -> ModelSpec (the zoo's formulas; no transformers needed).
 
 Supported ``model_type``: llama, mistral, qwen2, qwen3, phi3, gemma, gemma2, gemma3_text, gpt2, gpt_neox, bert,
-vit, and the mixture-of-experts mixtral, qwen2_moe, qwen3_moe (``moe`` below; blocks from ``zoo_moe``). Qwen2's
+vit, and the mixture-of-experts mixtral, qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3 (``moe`` below; blocks from
+``zoo_moe``, DeepSeek's latent attention from ``zoo_attention``). Qwen2's
 Q/K/V biases (``qkv_bias``), the per-head Q/K norms of Qwen3 and Gemma 3 (``qk_norm``), Gemma 2 / 3's norms of
 each sublayer's output (``block_norms``) and a ``head_dim`` that is not hidden / heads are counted; Gemma 2's
 logit soft-capping and the sliding windows of Mistral, Qwen2, Phi-3 and Gemma 2 / 3 are not (full attention is
@@ -35,6 +36,14 @@ _LLAMA = {
 _QWEN_MOE = {"experts": ("num_experts", "num_local_experts"), "top_k": "num_experts_per_tok", "moe_ffn": "moe_intermediate_size",
              "shared_ffn": "shared_expert_intermediate_size", "moe_every": "decoder_sparse_step",
              "dense_layers": "mlp_only_layers"}
+# DeepSeek-V2 / V3: routed experts, ``n_shared_experts`` shared ones each moe_intermediate_size wide, the first
+# ``first_k_dense_replace`` blocks dense, and multi-head latent attention (zoo_attention.mla)
+_DEEPSEEK = {**_LLAMA, "moe": {"experts": "n_routed_experts", "top_k": "num_experts_per_tok",
+                               "moe_ffn": "moe_intermediate_size", "moe_every": "moe_layer_freq",
+                               "dense_first": "first_k_dense_replace", "kv_lora": "kv_lora_rank",
+                               "q_lora": "q_lora_rank", "qk_nope": "qk_nope_head_dim", "qk_rope": "qk_rope_head_dim",
+                               "v_head": "v_head_dim"},
+             "products": {"shared_ffn": ("n_shared_experts", "moe_intermediate_size")}}
 _GEMMA = {**_LLAMA, "flags": {**_LLAMA["flags"], "tied": ("tie_word_embeddings", True)}}
 # model_type -> how to read it: "shape" zoo field <- config key; "flags" zoo field <- (config key,
 # default), truthy values turn a flag on; "fixed" values every such model has; "moe" zoo MoE field
@@ -53,6 +62,8 @@ HF_TYPES = {
     "gemma": _GEMMA,
     "gemma2": {**_GEMMA, "fixed": {**_GEMMA["fixed"], "block_norms": 4}},
     "gemma3_text": {**_GEMMA, "fixed": {**_GEMMA["fixed"], "block_norms": 4, "qk_norm": True}},
+    "deepseek_v2": _DEEPSEEK,
+    "deepseek_v3": _DEEPSEEK,
     "qwen3_moe": {**_LLAMA, "fixed": {**_LLAMA["fixed"], "qk_norm": True}, "moe": _QWEN_MOE},
     "gpt2": {
         "shape": {"layers": "n_layer", "hidden": "n_embd", "heads": "n_head", "ffn": "n_inner",
@@ -125,6 +136,9 @@ def entry_from_hf_config(cfg: dict, name: str) -> dict:
             if cfg.get(key) is not None:
                 entry[field] = cfg[key]
                 break
+    for field, (a, b) in table.get("products", {}).items():  # a count of equal parts times their width
+        if isinstance(cfg.get(a), int) and isinstance(cfg.get(b), int):
+            entry[field] = cfg[a] * cfg[b]
     if "ffn" not in entry and isinstance(entry.get("hidden"), int):
         entry["ffn"] = 4 * entry["hidden"]  # GPT-2's n_inner: null means 4 * hidden
     for field, (key, default) in table["flags"].items():

@@ -50,6 +50,7 @@ import yaml
 from autopar.errors import AutoparError
 from autopar.modelspec.op_policy import Matmul, OpSaved, op_saved
 from autopar.modelspec.spec import LayerSpec, ModelSpec
+from autopar.modelspec.zoo_attention import attention, normalize_mla
 from autopar.modelspec.zoo_moe import is_moe_layer, moe_block, normalize_moe
 from cost_models.gemm_shapes import Gemm
 
@@ -135,6 +136,7 @@ def normalize_entry(entry: dict) -> dict:
                            "give the tokenizer's vocabulary size")
     entry.setdefault("seq_len", entry.get("max_pos", 2048))
     normalize_moe(entry)
+    normalize_mla(entry)
     if entry["pos"] == "learned":
         entry.setdefault("max_pos", entry["seq_len"])
     return entry
@@ -208,10 +210,8 @@ def _embed_patches(x: _Shape) -> LayerSpec:
 def _block_gemms(x: _Shape) -> tuple[Gemm, ...]:
     """A block's matmuls in execution order, each ``[s, k] @ [k, n]``; ``row``: row-parallel under TP."""
     h, f = x.h, x.f
-    q = x.qw
-    qkv = [Gemm(h, q + 2 * x.hkv)] if x.e["fused_qkv"] else [Gemm(h, q), Gemm(h, x.hkv), Gemm(h, x.hkv)]
     mlp_in = [Gemm(h, f)] * (MLP_MATRICES[x.e["mlp"]] - 1)
-    return (*qkv, Gemm(q, h, row=True), *mlp_in, Gemm(f, h, row=True))
+    return (*attention(x).gemms, *mlp_in, Gemm(f, h, row=True))
 
 
 def _block_op(x: _Shape, attn_core: float) -> OpSaved:
@@ -219,38 +219,40 @@ def _block_op(x: _Shape, attn_core: float) -> OpSaved:
     s, h, d = x.s, x.h, x.d
     matmuls = [Matmul(s * g.n * d, 2.0 * s * g.k * g.n, g.row) for g in _block_gemms(x)]
     flash = x.e["flash"]
-    sdpa = s * x.qw * d + x.a * s * STATS_BYTES if flash else 0.0
+    sdpa = s * attention(x).out_width * d + x.a * s * STATS_BYTES if flash else 0.0
     return op_saved(s * h * d, matmuls, sdpa, 0.0 if flash else attn_core)
 
 
 def _block(x: _Shape, i: int) -> LayerSpec:
     e, s, h, a, f, d, m, q = x.e, x.s, x.h, x.a, x.f, x.d, x.m, x.qw
+    at = attention(x)  # GQA, or DeepSeek's latent attention (zoo_attention)
     n_mlp = MLP_MATRICES[e["mlp"]]
-    w_attn = h * (q + 2 * x.hkv) + q * h
     w_mlp = n_mlp * h * f
     col_bias = (q + 2 * x.hkv + (n_mlp - 1) * f) if e["bias"] else 0  # QKV, fc1 / gate+up: sharded
     col_bias = col_bias or ((q + 2 * x.hkv) if e["qkv_bias"] else 0)  # Qwen2: Q, K and V alone
     row_bias = 2 * h if e["bias"] else 0  # attention out, fc2 / down: replicated
     qk_norm = 2 * x.hd if e["qk_norm"] else 0  # Qwen3: RMSNorm of each query and key head (one weight per width)
-    attn_core = 4.0 * s * s * q  # QK^T and AV, full s x s (see module docstring)
-    kv_saved = x.hkv if e["flash"] else q  # eager attention repeats K, V to all heads before matmul
-    act_tp = s * d * (2 * q + 2 * kv_saved) + MLP_SAVED[e["mlp"]] * s * f * d
+    attn_core = at.core_flops  # QK^T and AV, full s x s (see module docstring)
+    act_tp = s * d * at.saved_tp + MLP_SAVED[e["mlp"]] * s * f * d
     if e["flash"]:
         act_attn = a * s * STATS_BYTES
     else:  # softmax output; with dropout also its mask and output (Korthikanti's 5*a*s^2 in fp16)
         act_attn = a * s * s * (d + (d + m if m else 0))
+    out = at.out_width
     return LayerSpec(
-        f"layers.{i}", "block", params=w_attn + w_mlp + col_bias + row_bias + e["block_norms"] * x.norm + qk_norm,
-        tp_params=w_attn + w_mlp + col_bias, flops=2.0 * s * (w_attn + w_mlp) + attn_core,
-        attn_core_flops=attn_core, act_tp_bytes=act_tp, act_seq_bytes=s * h * (4 * d + 2 * m) + x.extra_norms_saved,
+        f"layers.{i}", "block",
+        params=at.tp_params + at.rep_params + w_mlp + col_bias + row_bias + e["block_norms"] * x.norm + qk_norm,
+        tp_params=at.tp_params + w_mlp + col_bias, flops=2.0 * s * (at.matmul_params + w_mlp) + attn_core,
+        attn_core_flops=attn_core, act_tp_bytes=act_tp,
+        act_seq_bytes=s * h * (4 * d + 2 * m) + x.extra_norms_saved + s * d * at.latent_saved,
         act_attn_bytes=act_attn, boundary_bytes=s * h * d,
         tp_divisors=(a, f) if e["tp_family"] == "gpt" else (a, x.kv, f), tp_comm_bytes=2 * s * h * d, tp_collectives=2,
-        tp_plan=f"{e['tp_family']}.block", op=_block_op(x, attn_core), kv_bytes=2.0 * s * x.hkv * d,
+        tp_plan=f"{e['tp_family']}.block", op=_block_op(x, attn_core), kv_bytes=float(s * at.kv_width * d),
         gemms=_block_gemms(x), gemm_rows=s,
         # linear inputs (LayerSpec.cast_input_delta): the two norm outputs (QKV's, the MLP's), the down-projection's
         # input, and the out-projection's, which flash attention keeps as its own output (eager attention does not)
-        lin_in_seq_bytes=2.0 * s * h * d, lin_in_tp_bytes=s * f * d + (0.0 if e["flash"] else s * q * d),
-        lin_in_shared_bytes=s * q * d if e["flash"] else 0.0)
+        lin_in_seq_bytes=2.0 * s * h * d, lin_in_tp_bytes=s * f * d + (0.0 if e["flash"] else s * out * d),
+        lin_in_shared_bytes=s * out * d if e["flash"] else 0.0)
 
 
 def _head_lm(x: _Shape) -> LayerSpec:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from autopar.errors import AutoparError
 from autopar.modelspec.spec import LayerSpec, MoESpec
+from autopar.modelspec.zoo_attention import attention
 from cost_models.gemm_shapes import Gemm
 
 ROUTER_LOGIT_BYTES = 4  # HF routers compute softmax over fp32 logits
@@ -63,21 +64,22 @@ def is_moe_layer(e: dict, i: int) -> bool:
 def moe_block(x, i: int) -> LayerSpec:
     """LayerSpec of MoE block ``i`` (``x``: the zoo's per-sample shape, ``zoo._Shape``)."""
     e, s, h, a, d, m = x.e, x.s, x.h, x.a, x.d, x.m
+    at = attention(x)  # GQA, or DeepSeek's latent attention (zoo_attention)
     qw, kvw = x.qw, x.hkv  # query / attention-output width, K and V width (zoo._Shape: head_dim where stated)
     E, k, fe, fs = e["experts"], e["top_k"], e["moe_ffn"], e["shared_ffn"]
-    w_attn = h * (qw + 2 * kvw) + qw * h
     col_bias = (qw + 2 * kvw) if e["bias"] or e["qkv_bias"] else 0
     row_bias = h if e["bias"] else 0
     router = h * E
     experts = E * SWIGLU_MATRICES * h * fe
     shared = SWIGLU_MATRICES * h * fs + (h if fs and e["shared_gate"] else 0)
     norms = e["block_norms"] * x.norm + (2 * x.hd if e["qk_norm"] else 0)  # Qwen3: per-head RMSNorm of Q and K
-    attn_core = 4.0 * s * s * qw
+    attn_core = at.core_flops
     expert_flops = 2.0 * s * k * SWIGLU_MATRICES * h * fe
-    flops = 2.0 * s * (w_attn + router + shared) + attn_core + expert_flops
-    kv_saved = kvw if e["flash"] else qw
+    flops = 2.0 * s * (at.matmul_params + router + shared) + attn_core + expert_flops
     expert_act = k * s * h * d + SWIGLU_SAVED * k * s * fe * d
-    act_tp = s * d * (h + qw + 2 * kv_saved) + expert_act + SWIGLU_SAVED * s * fs * d + s * E * ROUTER_LOGIT_BYTES
+    # the QKV input (h), queries, keys, values (at.saved_tp less the attention output)
+    act_tp = s * d * (h + at.saved_tp - at.out_width) + expert_act + SWIGLU_SAVED * s * fs * d \
+        + s * E * ROUTER_LOGIT_BYTES
     if e["flash"]:
         act_attn = a * s * 4
     else:
@@ -86,17 +88,16 @@ def moe_block(x, i: int) -> LayerSpec:
     moe = MoESpec(num_experts=E, top_k=k, expert_params=experts, expert_flops=expert_flops,
                   dispatch_bytes=float(k * s * h * d), expert_act_bytes=float(expert_act))
     return LayerSpec(
-        f"layers.{i}", "block", params=w_attn + col_bias + row_bias + router + experts + shared + norms,
-        tp_params=w_attn + col_bias + experts + shared, flops=flops, attn_core_flops=attn_core,
-        act_tp_bytes=act_tp, act_seq_bytes=s * h * (4 * d + 2 * m) + x.extra_norms_saved, act_attn_bytes=act_attn,
-        boundary_bytes=s * h * d, tp_divisors=divisors, tp_comm_bytes=2 * s * h * d, tp_collectives=2,
-        tp_plan=f"{e['tp_family']}.block", moe=moe, gemms=_dense_gemms(x, qw, kvw, fs), gemm_rows=s)
+        f"layers.{i}", "block",
+        params=at.tp_params + at.rep_params + col_bias + row_bias + router + experts + shared + norms,
+        tp_params=at.tp_params + col_bias + experts + shared, flops=flops, attn_core_flops=attn_core,
+        act_tp_bytes=act_tp, act_seq_bytes=s * h * (4 * d + 2 * m) + x.extra_norms_saved + s * d * at.latent_saved,
+        act_attn_bytes=act_attn, boundary_bytes=s * h * d, tp_divisors=divisors, tp_comm_bytes=2 * s * h * d,
+        tp_collectives=2, tp_plan=f"{e['tp_family']}.block", moe=moe, gemms=_dense_gemms(at, h, fs), gemm_rows=s)
 
 
-def _dense_gemms(x, qw: int, kvw: int, fs: int) -> tuple[Gemm, ...]:
+def _dense_gemms(at, h: int, fs: int) -> tuple[Gemm, ...]:
     """The MoE block's matmuls every token runs (attention, shared experts), in execution order; the routed
     experts' matmuls, of data-dependent rows, are not listed (their FLOPs run at the large-GEMM efficiency)."""
-    h = x.h
-    qkv = [Gemm(h, qw + 2 * kvw)] if x.e["fused_qkv"] else [Gemm(h, qw), Gemm(h, kvw), Gemm(h, kvw)]
     shared = [Gemm(h, fs), Gemm(h, fs), Gemm(fs, h, row=True)] if fs else []
-    return (*qkv, Gemm(qw, h, row=True), *shared)
+    return (*at.gemms, *shared)

@@ -278,7 +278,21 @@ FAMILIES = {
                    dict(hidden_size=1152, intermediate_size=6912, num_hidden_layers=26, num_attention_heads=4,
                         num_key_value_heads=1, head_dim=256, vocab_size=262144)),
 }
-PUBLISHED = {"mistral-nemo-12b": 12_247_782_400, "qwen3-0.6b": 596_049_920, "phi-3-mini": 3_821_079_552, "gemma-7b": 8_537_680_896,
+FAMILIES.update({
+    "deepseek-v3": ("deepseek_v3", "DeepseekV3Config", "DeepseekV3ForCausalLM",
+                    dict(hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048, num_hidden_layers=61,
+                         num_attention_heads=128, num_key_value_heads=128, n_shared_experts=1, n_routed_experts=256,
+                         num_experts_per_tok=8, first_k_dense_replace=3, kv_lora_rank=512, q_lora_rank=1536,
+                         qk_rope_head_dim=64, v_head_dim=128, qk_nope_head_dim=128, vocab_size=129280,
+                         n_group=8, topk_group=4, tie_word_embeddings=False)),
+    "deepseek-v2-lite": ("deepseek_v2", "DeepseekV2Config", "DeepseekV2ForCausalLM",  # no query latent
+                         dict(hidden_size=2048, intermediate_size=10944, moe_intermediate_size=1408,
+                              num_hidden_layers=27, num_attention_heads=16, num_key_value_heads=16, n_shared_experts=2,
+                              n_routed_experts=64, num_experts_per_tok=6, first_k_dense_replace=1, kv_lora_rank=512,
+                              q_lora_rank=None, qk_rope_head_dim=64, v_head_dim=128, qk_nope_head_dim=128,
+                              vocab_size=102400, tie_word_embeddings=False)),
+})
+PUBLISHED = {"deepseek-v3": 671_026_404_352, "deepseek-v2-lite": 15_706_484_224, "mistral-nemo-12b": 12_247_782_400, "qwen3-0.6b": 596_049_920, "phi-3-mini": 3_821_079_552, "gemma-7b": 8_537_680_896,
              "gemma-2-9b": 9_241_705_984, "gemma-3-1b": 999_885_952}
 
 
@@ -302,3 +316,19 @@ def test_gemma2_blocks_hold_and_save_two_norms_more_than_gemma(tmp_path):
     assert b2.params - b1.params == 2 * 3584  # post-attention and post-feedforward norms
     assert b2.act_seq_bytes - b1.act_seq_bytes == 2 * 1024 * 3584 * 2  # their bf16 inputs, kept for backward
     assert (b2.flops, b2.tp_params) == (b1.flops, b1.tp_params)
+
+
+def test_deepseek_latent_attention_splits_its_heads_and_keeps_its_latents_whole(tmp_path):
+    shape = {"model_type": "deepseek_v3", "max_position_embeddings": 4096, **FAMILIES["deepseek-v3"][3]}
+    m = load_model(str(_write(tmp_path, shape)), seq_len=4096)
+    assert m.active_params == pytest.approx(37.55e9, rel=1e-3)  # DeepSeek-V3: 37B activated of 671B
+    dense, moe = m.layer("layers.0"), m.layer("layers.3")  # first_k_dense_replace = 3
+    assert dense.moe is None and moe.moe.num_experts == 256 and moe.moe.top_k == 8
+    a, h, qk, v, s = 128, 7168, 192, 128, 4096
+    latent = 7168 * 1536 + 1536 + 7168 * (512 + 64) + 512  # q_a_proj, its norm, kv_a_proj_with_mqa, its norm
+    heads = 1536 * a * qk + 512 * a * (128 + v) + a * v * h  # q_b_proj, kv_b_proj, o_proj: split by heads
+    assert dense.params - dense.tp_params == latent + 2 * h  # whole on every TP rank, with the block's two norms
+    assert dense.tp_params == heads + 3 * h * 18432
+    assert dense.attn_core_flops == 2.0 * s * s * a * (qk + v)  # QK^T over 192 wide heads, AV over 128
+    assert dense.kv_bytes == s * a * (qk + v) * 2  # the up-projected keys and values a CP all-gather moves
+    assert 128 in dense.tp_divisors
