@@ -1,4 +1,4 @@
-"""Hugging Face ``transformers`` LMs (Llama family, Qwen2/3, Mixtral, Qwen-MoE, GPT-2, BERT MLM, T5) as units.
+"""Hugging Face ``transformers`` LMs (Llama family, Qwen2/3, Phi-3, Mixtral, Qwen-MoE, GPT-2, BERT MLM, T5) as units.
 
 ``from_transformers(hf_model)`` returns a module whose children are the plan's units and which
 shares the HF model's submodules (no copies of weights). Only needed when ``transformers`` is
@@ -10,6 +10,8 @@ installed; nothing here imports it.
   embedding (no parameters), so a unit never shares a module with another.
 * Qwen3: its plan marks the per-head Q/K norms ``replicated_with_grad_allreduce``: each TP rank normalises its
   own heads with the whole weight, so its gradient is a part; autopar's ``tp_grad_sum`` sums it over TP.
+* Phi-3: tp = 1 only (HF's colwise_gather_output / rowwise_split_input styles on its fused qkv_proj and
+  gate_up_proj are not translated).
 * GPT-2: tp = 1 only (its fused ``c_attn`` cannot be split by heads with a plain column split).
 * Mixtral, Qwen2-MoE, Qwen3-MoE: Llama-like, tp = 1 (HF's packed / MoE TP styles are not translated); their packed
   experts are replicated, or split over ``ep`` DP ranks by a plan's ``ep`` (autopar.runtime.expert_parallel).
@@ -44,7 +46,7 @@ from torch import nn
 from autopar.errors import AutoparError
 from autopar.models.hf_units import HFCausalLM, block_mask
 
-LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe")
+LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "phi3", "mixtral", "qwen2_moe", "qwen3_moe")
 # HF style name -> autopar style name (autopar/models/tp_plans.py)
 _HF_STYLES = {"colwise": "colwise", "rowwise": "rowwise", "replicated_with_grad_allreduce": "tp_grad_sum"}
 _LLAMA_SP = {

@@ -1,4 +1,4 @@
-"""Sliding-window attention (Mistral; Qwen2 / Qwen3 with use_sliding_window): the units view applies the HF
+"""Sliding-window attention (Mistral, Phi-3; Qwen2 / Qwen3 with use_sliding_window): the units view applies the HF
 model's window when the sequence is longer than it, so wrap trains the model transformers defines."""
 
 from __future__ import annotations
@@ -31,8 +31,13 @@ def qwen3(attn, window=3):
         attn_implementation=attn))
 
 
+def phi3(attn, window=3):  # Phi-3's window is a config field, as Mistral's
+    return transformers.Phi3ForCausalLM(transformers.Phi3Config(**SHAPE, sliding_window=window, pad_token_id=0,
+                                                                attn_implementation=attn))
+
+
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
-@pytest.mark.parametrize("build", [mistral, qwen2, qwen3])
+@pytest.mark.parametrize("build", [mistral, qwen2, qwen3, phi3])
 def test_the_units_view_applies_the_window(build, attn):
     from autopar.models.hf import from_transformers
 
