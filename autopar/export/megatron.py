@@ -6,7 +6,9 @@ TP fastest, then data parallel, pipeline slowest = the plan's), ``--sequence-par
 --data-parallel-sharding-strategy optim_grads[_params]``), ``zero_overlap`` as ``--overlap-grad-reduce
 --overlap-param-gather``, ``--recompute-granularity selective`` (the
 attention core) or ``full`` (``--recompute-method uniform --recompute-num-layers 1``), the micro and
-global batch, the model's shape, and with pipelining ``--pipeline-model-parallel-layout`` (the stages'
+global batch, the model's shape and architecture (``ARCHITECTURE``: norm, MLP, rotary positions and base, untied
+embeddings, biases, head width, dropout, latent attention; refused for what pretrain_gpt.py does not build),
+and with pipelining ``--pipeline-model-parallel-layout`` (the stages'
 units: ``E`` embedding, ``t`` block, ``L`` loss; ``|`` between stages). An MoE model adds its experts
 (``moe_args``: ``--num-experts``, ``--moe-router-topk``, ``--moe-ffn-hidden-size``, shared experts,
 ``--moe-layer-freq`` where some blocks are dense; TransformerConfig's ``num_moe_experts``,
@@ -22,6 +24,29 @@ from autopar.errors import AutoparError
 from autopar.export.common import Export, bash_array
 
 PRECISION = {"bf16": ["--bf16"], "fp16": ["--fp16"], "fp32": []}
+# pretrain_gpt.py's model arguments beyond the shape, as Megatron-LM's own scripts spell them
+# (NVIDIA/Megatron-LM @ d98e8a64: examples/llama/train_llama3_8b_h100_fp8.sh, examples/megatron_fsdp/
+# sbatch_mfsdp_deepseek_v3.sh, examples/multimodal/nvlm/pretrain_qwen20_72b_internvit_6b.sh): what a model
+# spec's meta says -> the arguments. Megatron's defaults are GPT's: LayerNorm, GeLU, learned positions, tied
+# embeddings, biased linears, dropout 0.1.
+ARCHITECTURE = [
+    (lambda a: a.get("norm") == "rms", lambda a: ["--normalization", "RMSNorm"]),
+    (lambda a: a.get("mlp") == "swiglu", lambda a: ["--swiglu"]),
+    (lambda a: a.get("pos") == "rope", lambda a: ["--position-embedding-type", "rope"]),
+    (lambda a: a.get("pos") == "rope" and a.get("rope_theta"), lambda a: ["--rotary-base", str(int(a["rope_theta"]))]),
+    (lambda a: (a.get("rope_scaling") or {}).get("type") == "llama3",
+     lambda a: ["--use-rope-scaling", "--rope-scaling-factor", str(a["rope_scaling"].get("factor") or 8.0)]),
+    (lambda a: not a.get("tied_embeddings"), lambda a: ["--untie-embeddings-and-output-weights"]),
+    (lambda a: not a.get("bias"), lambda a: ["--disable-bias-linear"]),
+    (lambda a: a.get("qkv_bias"), lambda a: ["--add-qkv-bias"]),
+    (lambda a: a.get("head_dim"), lambda a: ["--kv-channels", str(a["head_dim"])]),
+    (lambda a: not a.get("dropout"), lambda a: ["--attention-dropout", "0.0", "--hidden-dropout", "0.0"]),
+    (lambda a: a.get("kv_lora"), lambda a: ["--multi-latent-attention", "--kv-lora-rank", str(a["kv_lora"]),
+                                            "--qk-head-dim", str(a["qk_nope"]), "--qk-pos-emb-head-dim",
+                                            str(a["qk_rope"]), "--v-head-dim", str(a["v_head"])]
+                                           + (["--q-lora-rank", str(a["q_lora"])] if a.get("q_lora") else [])),
+    (lambda a: a.get("qk_norm") or a.get("kv_lora"), lambda a: ["--qk-layernorm"]),  # MLA: its latents' norms
+]
 FSDP = {2: "optim_grads", 3: "optim_grads_params"}
 
 
@@ -50,6 +75,23 @@ def moe_args(ex: Export) -> list[str]:
     if ex.shape.ep > 1:
         out += ["--expert-model-parallel-size", str(ex.shape.ep), "--moe-token-dispatcher-type", "alltoall"]
     return out
+
+
+def architecture(ex: Export) -> list[str]:
+    """The model arguments of ``ARCHITECTURE``; nothing for a traced model (its spec states its shape, not its
+    layers' kinds); AutoparError for what pretrain_gpt.py does not build (it would train another model)."""
+    a, name = ex.model.meta, ex.model.name
+    if "norm" not in a:
+        return []
+    refuse = ("encoder or image model: pretrain_gpt.py builds causal decoders" if a.get("arch") != "decoder" else
+              "Gemma's GeGLU, embedding scale and sublayer-output norms" if str(a.get("family")).startswith("gemma")
+              or a.get("block_norms", 2) != 2 else
+              f"rope scaling {a['rope_scaling']['type']!r}" if a.get("rope_scaling")
+              and a["rope_scaling"].get("type") != "llama3" else "")
+    if refuse:
+        raise AutoparError("export --to megatron", f"model {name!r}: {refuse} has no pretrain_gpt.py argument "
+                           "autopar writes", "export it to deepspeed or accelerate (they run the model as it is)")
+    return [arg for when, then in ARCHITECTURE if when(a) for arg in then(a)]
 
 
 def args(ex: Export) -> list[str]:
@@ -85,7 +127,7 @@ def args(ex: Export) -> list[str]:
         out += ["--ffn-hidden-size", str(m.ffn)]
     if m.num_kv_heads and m.num_kv_heads != m.num_heads:
         out += ["--group-query-attention", "--num-query-groups", str(m.num_kv_heads)]
-    return out + moe_args(ex) + PRECISION[ex.plan.precision]
+    return out + architecture(ex) + moe_args(ex) + PRECISION[ex.plan.precision]
 
 
 def render(ex: Export) -> str:

@@ -136,6 +136,14 @@ def entry_from_hf_config(cfg: dict, name: str) -> dict:
             if cfg.get(key) is not None:
                 entry[field] = cfg[key]
                 break
+    rope = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
+    theta = cfg.get("rope_theta", rope.get("rope_theta"))
+    if isinstance(theta, (int, float)) and not isinstance(theta, bool) and theta > 0:
+        entry["rope_theta"] = theta  # the rotary base (Megatron's --rotary-base)
+    scaling = cfg.get("rope_scaling") if isinstance(cfg.get("rope_scaling"), dict) else rope
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if isinstance(kind, str) and kind != "default":
+        entry["rope_scaling"] = {"type": kind, "factor": scaling.get("factor")}
     for field, (a, b) in table.get("products", {}).items():  # a count of equal parts times their width
         if isinstance(cfg.get(a), int) and isinstance(cfg.get(b), int):
             entry[field] = cfg[a] * cfg[b]

@@ -314,6 +314,9 @@ def spec_from_entry(entry: dict, seq_len: int | None = None, dtype_bytes: int | 
     layers.append(HEAD_UNITS[HEAD_KIND[e["arch"]]](x))
     meta = {k: e[k] for k in ("arch", "norm", "mlp", "pos", "bias", "dropout", "flash", "fused_qkv") if k in e}
     meta.update({k: e[k] for k in ("experts", "top_k", "moe_ffn", "shared_ffn") if e.get(k)})
+    # what a tool's model arguments need beyond the shape (autopar/export/megatron.py architecture)
+    meta.update({k: e[k] for k in ("qkv_bias", "qk_norm", "block_norms", "head_dim", "rope_theta", "rope_scaling",
+                                   "kv_lora", "q_lora", "qk_nope", "qk_rope", "v_head") if e.get(k)})
     meta.update(tied_embeddings=bool(e["tied"]) and e["arch"] != "vit", family=e.get("family", ""),
                 vocab_unpadded=e["vocab"])
     return ModelSpec(name=e["name"], seq_len=s, layers=layers, hidden=x.h, vocab=vocab, num_heads=x.a,

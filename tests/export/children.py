@@ -48,6 +48,7 @@ import torch
 from megatron.core.distributed import DistributedDataParallelConfig
 from megatron.core.num_microbatches_calculator import ConstantNumMicroBatchesCalculator
 from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer.transformer_config import MLATransformerConfig
 
 def megatron_args(argv):
     # Megatron-LM's argparse convention: --a-b v -> a_b (ints where numbers), a bare flag -> True
@@ -61,15 +62,25 @@ def megatron_args(argv):
             out[key], i = True, i + 1
     return out
 
-fields = {f.name for f in dataclasses.fields(TransformerConfig)}
 out = {}
 for item in json.load(open(sys.argv[1])):
     try:
         a = megatron_args(item["args"])
+        cls = MLATransformerConfig if a.get("multi_latent_attention") else TransformerConfig  # as Megatron-LM picks
+        fields = {f.name for f in dataclasses.fields(cls)}
         kw = {k: v for k, v in a.items() if k in fields}  # what Megatron-LM copies into TransformerConfig
         dtype = torch.bfloat16 if a.get("bf16") else torch.float16 if a.get("fp16") else torch.float32
         kw.update(params_dtype=dtype, pipeline_dtype=dtype)  # what Megatron-LM derives from --bf16/--fp16
-        cfg = TransformerConfig(**kw)
+        if "num_experts" in a:  # renamed as Megatron-LM does (megatron/training/argument_utils.py @ d98e8a64 l.308)
+            kw["num_moe_experts"] = a["num_experts"]
+        if a.get("swiglu"):  # Megatron-LM's --swiglu: a gated linear unit of SiLU
+            kw.update(gated_linear_unit=True, activation_func=torch.nn.functional.silu)
+        if a.get("disable_bias_linear"):
+            kw.update(add_bias_linear=False)
+        for k in ("attention_dropout", "hidden_dropout"):
+            if k in kw:
+                kw[k] = float(kw[k])
+        cfg = cls(**kw)
         layout = cfg.pipeline_model_parallel_layout
         blocks = None if layout is None else [
             sum(1 for t in layout.layout[p][0] if str(t).endswith("decoder")) for p in range(cfg.pipeline_model_parallel_size)]
@@ -83,7 +94,12 @@ for item in json.load(open(sys.argv[1])):
             "recompute": cfg.recompute_granularity, "blocks_per_stage": blocks,
             "distributed_optimizer": ddp.use_distributed_optimizer, "sharding": ddp.data_parallel_sharding_strategy,
             "overlap": [ddp.overlap_grad_reduce, ddp.overlap_param_gather],
-            "microbatches": calc.get(), "bf16": cfg.bf16}
+            "microbatches": calc.get(), "bf16": cfg.bf16,
+            "arch": {"normalization": cfg.normalization, "glu": cfg.gated_linear_unit, "bias": cfg.add_bias_linear,
+                     "qkv_bias": cfg.add_qkv_bias, "kv_channels": cfg.kv_channels, "qk_layernorm": cfg.qk_layernorm,
+                     "dropout": [cfg.attention_dropout, cfg.hidden_dropout],
+                     "mla": [getattr(cfg, k, None) for k in ("q_lora_rank", "kv_lora_rank", "qk_head_dim",
+                                                             "qk_pos_emb_head_dim", "v_head_dim")]}}
     except BaseException as e:
         out[item["name"]] = {"error": repr(e)[:2000]}
 print("RESULT" + json.dumps(out))
