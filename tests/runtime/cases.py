@@ -9,6 +9,9 @@ from torch import nn
 from autopar.models import GPT, GPTConfig, Llama, LlamaConfig
 
 GPT_UNITS = ["embed", "layers.0", "layers.1", "head"]
+# The shape of the tiny transformers decoders the runtime tests build (Llama-family configs)
+HF_TINY = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, max_position_embeddings=16)
 MLP_UNITS = [str(i) for i in range(5)]
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from autopar.plan.compact import make_plan
-from tests.runtime.cases import GPT_UNITS, same, token_data
+from tests.runtime.cases import GPT_UNITS, HF_TINY, same, token_data
 from tests.runtime.reference import assert_matches_reference, wrap_outcomes
 
 transformers = pytest.importorskip("transformers")
@@ -17,10 +17,7 @@ E, L0, L1, H = GPT_UNITS
 
 
 def phi3_model():
-    cfg = transformers.Phi3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16,
-                                  pad_token_id=0)
-    return transformers.Phi3ForCausalLM(cfg)
+    return transformers.Phi3ForCausalLM(transformers.Phi3Config(**HF_TINY, pad_token_id=0))
 
 
 def hf_phi3():

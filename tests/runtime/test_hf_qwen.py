@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from autopar.plan.compact import make_plan
-from tests.runtime.cases import GPT_UNITS, same, token_data
+from tests.runtime.cases import GPT_UNITS, HF_TINY, same, token_data
 from tests.runtime.reference import assert_matches_reference
 
 transformers = pytest.importorskip("transformers")
@@ -19,9 +19,7 @@ E, L0, L1, H = GPT_UNITS
 
 
 def qwen2_model():
-    cfg = transformers.Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16,
-                                   tie_word_embeddings=False)
+    cfg = transformers.Qwen2Config(**HF_TINY, tie_word_embeddings=False)
     model = transformers.Qwen2ForCausalLM(cfg)
     with torch.no_grad():  # HF starts the biases at zero: random ones show a wrongly sharded bias
         for name, p in model.named_parameters():
@@ -91,9 +89,7 @@ def test_the_traced_qwen2_equals_its_config():
 
 def qwen3_model():
     """head_dim 16 with hidden 32 and 4 heads: queries 64 wide, wider than the hidden state (as Qwen3-0.6B's)."""
-    cfg = transformers.Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                                   max_position_embeddings=16, tie_word_embeddings=False)
+    cfg = transformers.Qwen3Config(**HF_TINY, head_dim=16, tie_word_embeddings=False)
     model = transformers.Qwen3ForCausalLM(cfg)
     with torch.no_grad():  # HF starts the norms at one: random weights show a norm applied to the wrong heads
         for name, p in model.named_parameters():
