@@ -87,7 +87,8 @@ def architecture(ex: Export) -> list[str]:
               "Gemma's GeGLU, embedding scale and sublayer-output norms" if str(a.get("family")).startswith("gemma")
               or a.get("block_norms", 2) != 2 else
               f"rope scaling {a['rope_scaling']['type']!r}" if a.get("rope_scaling")
-              and a["rope_scaling"].get("type") != "llama3" else "")
+              and a["rope_scaling"].get("type") != "llama3" else
+              "biases on the attention or the MLP alone" if a.get("attn_bias") or a.get("mlp_bias") else "")
     if refuse:
         raise AutoparError("export --to megatron", f"model {name!r}: {refuse} has no pretrain_gpt.py argument "
                            "autopar writes", "export it to deepspeed or accelerate (they run the model as it is)")

@@ -29,8 +29,9 @@ _LLAMA = {
     "shape": {"layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
               "kv_heads": "num_key_value_heads", "ffn": "intermediate_size", "vocab": "vocab_size",
               "seq_len": "max_position_embeddings", "head_dim": "head_dim"},
-    "flags": {"tied": ("tie_word_embeddings", False), "bias": ("attention_bias", False),
-              "dropout": ("attention_dropout", 0.0)},
+    # attention_bias: q, k, v and o projections biased; mlp_bias: gate, up and down (transformers' LlamaConfig)
+    "flags": {"tied": ("tie_word_embeddings", False), "attn_bias": ("attention_bias", False),
+              "mlp_bias": ("mlp_bias", False), "dropout": ("attention_dropout", 0.0)},
     "fixed": {"arch": "decoder", "norm": "rms", "mlp": "swiglu", "pos": "rope", "tp_family": "llama"},
 }
 _QWEN_MOE = {"experts": ("num_experts", "num_local_experts"), "top_k": "num_experts_per_tok", "moe_ffn": "moe_intermediate_size",

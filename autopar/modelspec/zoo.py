@@ -112,9 +112,10 @@ def normalize_entry(entry: dict) -> dict:
     entry.setdefault("kv_heads", entry["heads"])
     entry.setdefault("pad_vocab_to", 1)
     entry.setdefault("dtype_bytes", 2)
-    for key, default in (("tied", False), ("bias", False), ("qkv_bias", False), ("qk_norm", False), ("dropout", False),
-                         ("flash", True), ("type_vocab", 0), ("embed_norm", False), ("tp_family", "gpt"),
-                         ("fused_qkv", False), ("block_norms", 2)):
+    for key, default in (("tied", False), ("bias", False), ("attn_bias", False), ("mlp_bias", False),
+                         ("qkv_bias", False), ("qk_norm", False), ("dropout", False), ("flash", True),
+                         ("type_vocab", 0), ("embed_norm", False), ("tp_family", "gpt"), ("fused_qkv", False),
+                         ("block_norms", 2)):
         entry.setdefault(key, default)
     h, a, kv = entry["hidden"], entry["heads"], entry["kv_heads"]
     head_dim = entry.get("head_dim")
@@ -228,9 +229,9 @@ def _block(x: _Shape, i: int) -> LayerSpec:
     at = attention(x)  # GQA, or DeepSeek's latent attention (zoo_attention)
     n_mlp = MLP_MATRICES[e["mlp"]]
     w_mlp = n_mlp * h * f
-    col_bias = (q + 2 * x.hkv + (n_mlp - 1) * f) if e["bias"] else 0  # QKV, fc1 / gate+up: sharded
-    col_bias = col_bias or ((q + 2 * x.hkv) if e["qkv_bias"] else 0)  # Qwen2: Q, K and V alone
-    row_bias = 2 * h if e["bias"] else 0  # attention out, fc2 / down: replicated
+    attn_bias, mlp_bias = e["bias"] or e["attn_bias"], e["bias"] or e["mlp_bias"]  # Llama: either, or both
+    col_bias = ((q + 2 * x.hkv) if attn_bias or e["qkv_bias"] else 0) + ((n_mlp - 1) * f if mlp_bias else 0)
+    row_bias = (h if attn_bias else 0) + (h if mlp_bias else 0)  # out / down-projection biases: replicated
     qk_norm = 2 * x.hd if e["qk_norm"] else 0  # Qwen3: RMSNorm of each query and key head (one weight per width)
     attn_core = at.core_flops  # QK^T and AV, full s x s (see module docstring)
     act_tp = s * d * at.saved_tp + MLP_SAVED[e["mlp"]] * s * f * d
@@ -315,7 +316,7 @@ def spec_from_entry(entry: dict, seq_len: int | None = None, dtype_bytes: int | 
     meta = {k: e[k] for k in ("arch", "norm", "mlp", "pos", "bias", "dropout", "flash", "fused_qkv") if k in e}
     meta.update({k: e[k] for k in ("experts", "top_k", "moe_ffn", "shared_ffn") if e.get(k)})
     # what a tool's model arguments need beyond the shape (autopar/export/megatron.py architecture)
-    meta.update({k: e[k] for k in ("qkv_bias", "qk_norm", "block_norms", "head_dim", "rope_theta", "rope_scaling",
+    meta.update({k: e[k] for k in ("attn_bias", "mlp_bias", "qkv_bias", "qk_norm", "block_norms", "head_dim", "rope_theta", "rope_scaling",
                                    "kv_lora", "q_lora", "qk_nope", "qk_rope", "v_head") if e.get(k)})
     meta.update(tied_embeddings=bool(e["tied"]) and e["arch"] != "vit", family=e.get("family", ""),
                 vocab_unpadded=e["vocab"])

@@ -67,8 +67,8 @@ def moe_block(x, i: int) -> LayerSpec:
     at = attention(x)  # GQA, or DeepSeek's latent attention (zoo_attention)
     qw, kvw = x.qw, x.hkv  # query / attention-output width, K and V width (zoo._Shape: head_dim where stated)
     E, k, fe, fs = e["experts"], e["top_k"], e["moe_ffn"], e["shared_ffn"]
-    col_bias = (qw + 2 * kvw) if e["bias"] or e["qkv_bias"] else 0
-    row_bias = h if e["bias"] else 0
+    col_bias = (qw + 2 * kvw) if e["bias"] or e["attn_bias"] or e["qkv_bias"] else 0
+    row_bias = h if e["bias"] or e["attn_bias"] else 0
     router = h * E
     experts = E * SWIGLU_MATRICES * h * fe
     shared = SWIGLU_MATRICES * h * fs + (h if fs and e["shared_gate"] else 0)

@@ -332,3 +332,14 @@ def test_deepseek_latent_attention_splits_its_heads_and_keeps_its_latents_whole(
     assert dense.attn_core_flops == 2.0 * s * s * a * (qk + v)  # QK^T over 192 wide heads, AV over 128
     assert dense.kv_bytes == s * a * (qk + v) * 2  # the up-projected keys and values a CP all-gather moves
     assert 128 in dense.tp_divisors
+
+
+@pytest.mark.parametrize("attention_bias, mlp_bias", [(True, False), (False, True), (True, True)])
+def test_llama_biases_are_the_attentions_or_the_mlps_as_the_config_says(tmp_path, attention_bias, mlp_bias):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    cfg = {**LLAMA3_8B, "num_hidden_layers": 2, "vocab_size": 1000, "attention_bias": attention_bias,
+           "mlp_bias": mlp_bias}
+    with torch.device("meta"):
+        hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{k: v for k, v in cfg.items() if k != "model_type"}))
+    assert load_model(str(_write(tmp_path, cfg))).num_params == sum(p.numel() for p in hf.parameters())
