@@ -27,11 +27,19 @@ WINDOWED_KERNELS = frozenset({"flash_attention_2", "flash_attention_3"})
 
 def sliding_window(attn: nn.Module) -> int | None:
     """The sliding window ``attn`` attends over, None for full attention: the module's own ``sliding_window``
-    where it keeps one (Qwen2 / Qwen3 set it per layer from ``layer_types``), else its config's (Mistral's
-    applies to every layer)."""
+    where it keeps one (Qwen2 / Qwen3 set it per layer from ``layer_types``), else its config's (Mistral's and
+    Phi-3's apply to every layer) unless the config turns windows off (``use_sliding_window: false``, Qwen2-MoE,
+    whose ``sliding_window`` then holds a placeholder) or marks this layer's type as full attention."""
     if hasattr(attn, "sliding_window"):
-        return attn.sliding_window
-    return getattr(getattr(attn, "config", None), "sliding_window", None)
+        window = attn.sliding_window
+    else:
+        cfg = getattr(attn, "config", None)
+        types, layer = getattr(cfg, "layer_types", None), getattr(attn, "layer_idx", None)
+        if getattr(cfg, "use_sliding_window", True) is False or (
+                types and isinstance(layer, int) and layer < len(types) and types[layer] != "sliding_attention"):
+            return None
+        window = getattr(cfg, "sliding_window", None)
+    return window if isinstance(window, int) and not isinstance(window, bool) and window > 0 else None
 
 
 # transformers attention implementations that mask causally by themselves when given no mask: its

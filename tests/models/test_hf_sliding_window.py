@@ -36,8 +36,13 @@ def phi3(attn, window=3):  # Phi-3's window is a config field, as Mistral's
                                                                 attn_implementation=attn))
 
 
+def mixtral(attn, window=3):
+    return transformers.MixtralForCausalLM(transformers.MixtralConfig(
+        **SHAPE, num_local_experts=4, num_experts_per_tok=2, sliding_window=window, attn_implementation=attn))
+
+
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
-@pytest.mark.parametrize("build", [mistral, qwen2, qwen3, phi3])
+@pytest.mark.parametrize("build", [mistral, qwen2, qwen3, phi3, mixtral])
 def test_the_units_view_applies_the_window(build, attn):
     from autopar.models.hf import from_transformers
 
@@ -71,3 +76,17 @@ def test_a_windowed_model_trains_under_tp_like_one_process(sp):
     x, y = token_data()  # 8 tokens over a window of 3
     assert_matches_reference(lambda: from_transformers(qwen2("sdpa")),
                              make_plan([(4, 2, [([0, 1], same(GPT_UNITS, tp=2, sp=sp))])]), x, y)
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_a_config_with_windows_off_keeps_full_attention(attn):
+    """Qwen2-MoE with use_sliding_window false (its sliding_window a placeholder): the HF model attends fully,
+    and so does the view, at any length."""
+    from autopar.models.hf import from_transformers
+
+    torch.manual_seed(0)
+    hf = transformers.Qwen2MoeForCausalLM(transformers.Qwen2MoeConfig(
+        **SHAPE, moe_intermediate_size=16, shared_expert_intermediate_size=16, num_experts=4, num_experts_per_tok=2,
+        use_sliding_window=False, sliding_window=3, attn_implementation=attn)).eval()
+    x = torch.randint(0, 64, (2, 12))
+    torch.testing.assert_close(from_transformers(hf)(x), hf(x).logits)
