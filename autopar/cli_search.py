@@ -126,7 +126,6 @@ def cmd_search(args) -> int:
     return 0
 
 
-
 def _search_output(output: str | None) -> Path:
     """Where ``search`` writes its plan. ``-o PATH`` names the file to write (an existing one is replaced);
     without ``-o`` it is ``plan.yaml`` here, which must not exist yet: an earlier plan is never replaced

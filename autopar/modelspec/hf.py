@@ -1,15 +1,15 @@
 """Hugging Face ``config.json`` -> zoo-style entry -> ModelSpec (the zoo's formulas; no transformers needed).
 
 Supported ``model_type``: llama, mistral, qwen2, qwen3, phi3, gemma, gemma2, gemma3_text, gpt2, gpt_neox, bert,
-vit, and the mixture-of-experts mixtral, qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3 (``moe`` below; blocks from
-``zoo_moe``, DeepSeek's latent attention from ``zoo_attention``). Qwen2's
-Q/K/V biases (``qkv_bias``), the per-head Q/K norms of Qwen3 and Gemma 3 (``qk_norm``), Gemma 2 / 3's norms of
-each sublayer's output (``block_norms``) and a ``head_dim`` that is not hidden / heads are counted; Gemma 2's
-logit soft-capping and the sliding windows of Mistral, Qwen2, Phi-3 and Gemma 2 / 3 are not (full attention is
-counted). The default sequence length is ``max_position_embeddings`` capped at ``DEFAULT_SEQ_CAP``
-(long-context maxima are rarely the training length; pass ``--seq-len``). The attention implementation comes from ``attn_implementation``
-(``ATTN_IMPLEMENTATIONS``): ``eager`` materialises the s x s scores (their memory, and their HBM traffic
-in the cost model); absent, flash/SDPA is assumed, as transformers picks SDPA by default.
+vit, and the mixture-of-experts mixtral, qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3 (``moe`` below; blocks
+from ``zoo_moe``, DeepSeek's latent attention from ``zoo_attention``). Qwen2's Q/K/V biases (``qkv_bias``), the
+per-head Q/K norms of Qwen3 and Gemma 3 (``qk_norm``), Gemma 2 / 3's norms of each sublayer's output
+(``block_norms``) and a ``head_dim`` that is not hidden / heads are counted; Gemma 2's logit soft-capping and
+the sliding windows of Mistral, Qwen2, Phi-3 and Gemma 2 / 3 are not (full attention is counted). The default
+sequence length is ``max_position_embeddings`` capped at ``DEFAULT_SEQ_CAP`` (long-context maxima are rarely
+the training length; pass ``--seq-len``). The attention implementation comes from ``attn_implementation``
+(``ATTN_IMPLEMENTATIONS``): ``eager`` materialises the s x s scores (their memory, and their HBM traffic in the
+cost model); absent, flash/SDPA is assumed, as transformers picks SDPA by default.
 """
 
 from __future__ import annotations

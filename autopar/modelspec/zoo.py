@@ -50,7 +50,7 @@ import yaml
 from autopar.errors import AutoparError
 from autopar.modelspec.op_policy import Matmul, OpSaved, op_saved
 from autopar.modelspec.spec import LayerSpec, ModelSpec
-from autopar.modelspec.zoo_attention import attention, normalize_mla
+from autopar.modelspec.zoo_attention import Attention, attention, normalize_mla
 from autopar.modelspec.zoo_moe import is_moe_layer, moe_block, normalize_moe
 from cost_models.gemm_shapes import Gemm
 
@@ -208,20 +208,20 @@ def _embed_patches(x: _Shape) -> LayerSpec:
                      act_seq_bytes=(s - 1) * patch_in * d, boundary_bytes=s * h * d)
 
 
-def _block_gemms(x: _Shape) -> tuple[Gemm, ...]:
+def _block_gemms(x: _Shape, at: Attention) -> tuple[Gemm, ...]:
     """A block's matmuls in execution order, each ``[s, k] @ [k, n]``; ``row``: row-parallel under TP."""
     h, f = x.h, x.f
     mlp_in = [Gemm(h, f)] * (MLP_MATRICES[x.e["mlp"]] - 1)
-    return (*attention(x).gemms, *mlp_in, Gemm(f, h, row=True))
+    return (*at.gemms, *mlp_in, Gemm(f, h, row=True))
 
 
-def _block_op(x: _Shape, attn_core: float) -> OpSaved:
+def _block_op(x: _Shape, at: Attention) -> OpSaved:
     """What ckpt ``op`` keeps of a block and recomputes (module docstring; ``op_policy``)."""
     s, h, d = x.s, x.h, x.d
-    matmuls = [Matmul(s * g.n * d, 2.0 * s * g.k * g.n, g.row) for g in _block_gemms(x)]
+    matmuls = [Matmul(s * g.n * d, 2.0 * s * g.k * g.n, g.row) for g in _block_gemms(x, at)]
     flash = x.e["flash"]
-    sdpa = s * attention(x).out_width * d + x.a * s * STATS_BYTES if flash else 0.0
-    return op_saved(s * h * d, matmuls, sdpa, 0.0 if flash else attn_core)
+    sdpa = s * at.out_width * d + x.a * s * STATS_BYTES if flash else 0.0
+    return op_saved(s * h * d, matmuls, sdpa, 0.0 if flash else at.core_flops)
 
 
 def _block(x: _Shape, i: int) -> LayerSpec:
@@ -248,8 +248,8 @@ def _block(x: _Shape, i: int) -> LayerSpec:
         act_seq_bytes=s * h * (4 * d + 2 * m) + x.extra_norms_saved + s * d * at.latent_saved,
         act_attn_bytes=act_attn, boundary_bytes=s * h * d,
         tp_divisors=(a, f) if e["tp_family"] == "gpt" else (a, x.kv, f), tp_comm_bytes=2 * s * h * d, tp_collectives=2,
-        tp_plan=f"{e['tp_family']}.block", op=_block_op(x, attn_core), kv_bytes=float(s * at.kv_width * d),
-        gemms=_block_gemms(x), gemm_rows=s,
+        tp_plan=f"{e['tp_family']}.block", op=_block_op(x, at), kv_bytes=float(s * at.kv_width * d),
+        gemms=_block_gemms(x, at), gemm_rows=s,
         # linear inputs (LayerSpec.cast_input_delta): the two norm outputs (QKV's, the MLP's), the down-projection's
         # input, and the out-projection's, which flash attention keeps as its own output (eager attention does not)
         lin_in_seq_bytes=2.0 * s * h * d, lin_in_tp_bytes=s * f * d + (0.0 if e["flash"] else s * out * d),
@@ -316,8 +316,9 @@ def spec_from_entry(entry: dict, seq_len: int | None = None, dtype_bytes: int | 
     meta = {k: e[k] for k in ("arch", "norm", "mlp", "pos", "bias", "dropout", "flash", "fused_qkv") if k in e}
     meta.update({k: e[k] for k in ("experts", "top_k", "moe_ffn", "shared_ffn") if e.get(k)})
     # what a tool's model arguments need beyond the shape (autopar/export/megatron.py architecture)
-    meta.update({k: e[k] for k in ("attn_bias", "mlp_bias", "qkv_bias", "qk_norm", "block_norms", "head_dim", "rope_theta", "rope_scaling",
-                                   "kv_lora", "q_lora", "qk_nope", "qk_rope", "v_head") if e.get(k)})
+    meta.update({k: e[k] for k in ("attn_bias", "mlp_bias", "qkv_bias", "qk_norm", "block_norms", "head_dim",
+                                   "rope_theta", "rope_scaling", "kv_lora", "q_lora", "qk_nope", "qk_rope", "v_head")
+                 if e.get(k)})
     meta.update(tied_embeddings=bool(e["tied"]) and e["arch"] != "vit", family=e.get("family", ""),
                 vocab_unpadded=e["vocab"])
     return ModelSpec(name=e["name"], seq_len=s, layers=layers, hidden=x.h, vocab=vocab, num_heads=x.a,
