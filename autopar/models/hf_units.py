@@ -72,8 +72,7 @@ class HFCausalLM(nn.Module):
         self.embed, self.layers, self.head = embed, nn.ModuleList(layers), head
         self.family, self.tp_plans, self.tp_divisors, self.selective_ckpt = family, tp_plans, tp_divisors, selective
         self.init_module = None  # the HF model's _init_weights (meta-device materialisation, runtime.materialize)
-        # context parallel: HF Llama (full causal attention; Mistral / Qwen2 sliding windows are not modelled)
-        self.context_parallel = family == "hf-llama"
+        self.context_parallel = False  # set by the view of a family whose blocks run under CP (autopar.models.hf)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.embed(tokens)

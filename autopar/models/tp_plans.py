@@ -14,6 +14,8 @@ when the layer runs with sequence parallelism. Style names:
                 gradient is summed over the TP group by the unit's gradient sync (HF's
                 replicated_with_grad_allreduce)
   sp_norm       SequenceParallel: the norm runs on its sequence shard
+  sp_norm_local the same, its output a plain tensor: for a norm whose output is added to the residual stream
+                (Gemma 2's norms of the attention and MLP outputs), where sp_norm's DTensor would meet a plain one
   sp_region     the module's input is gathered from sequence shards (attention / MLP need the full sequence)
   sp_region_hidden_states   the same for a module called with ``hidden_states=`` (HF attention)
   sp_unit       the unit's input is split along the sequence and its output gathered back, so unit

@@ -25,15 +25,16 @@ masks runs it).
 How a model opts in (``supports_cp``): its units view has ``context_parallel = True``; modules that
 compute positions expose a ``cp_positions`` attribute (None = positions 0..S-1), which ``apply_cp``
 sets to this rank's ``positions``; autopar's ``AttentionCore`` modules are replaced by
-``CPAttentionCore``; a Hugging Face Llama block (``HFRotaryBlock``, model_type llama) gets
-``cp_attention`` and runs its attention through the ``autopar_cp`` attention function registered with
-transformers. Both gather K and V at KV-head width (what the cost model counts): HF before its own
+``CPAttentionCore``; a Hugging Face Llama-like dense block (``HFRotaryBlock``: Llama, Mistral, Qwen2/3, Phi-3,
+Gemma 1-3) gets ``cp_attention`` and runs its attention through the ``autopar_cp`` attention function registered
+with transformers, under a causal mask at the true positions that also carries the layer's sliding window. Both gather K and V at KV-head width (what the cost model counts): HF before its own
 repeat, autopar's Llama (which repeats K and V to every query head before its attention core, stating
 ``kv_repeat``) by gathering one copy per KV head and repeating after the gather.
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -60,11 +61,12 @@ class CPGroup:
         """The true positions of this rank's ``local_len`` tokens (chunks index and 2c-1-index)."""
         return chunk_positions(local_len * self.cp, self.cp, self.index, device)
 
-    def hf_positions_and_mask(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def hf_positions_and_mask(self, x: torch.Tensor, window: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """For a Hugging Face block on this rank's tokens ``x [B, local, d]``: position ids ``[1, local]``
-        and the additive ``[1, 1, local, S]`` causal mask of its queries against the whole sequence."""
+        and the additive ``[1, 1, local, S]`` causal mask of its queries against the whole sequence (with a
+        sliding ``window``: only the keys less than ``window`` positions back, as ``hf_units.causal_mask``)."""
         pos = self.positions(x.shape[1], x.device)
-        allowed = causal_mask_at(pos, x.shape[1] * self.cp)
+        allowed = causal_mask_at(pos, x.shape[1] * self.cp, window)
         mask = torch.zeros(allowed.shape, dtype=x.dtype, device=x.device).masked_fill(~allowed, torch.finfo(x.dtype).min)
         return pos[None], mask[None, None]
 
@@ -120,9 +122,12 @@ def gather_sequence(x: torch.Tensor, cpg: CPGroup) -> torch.Tensor:
     return _GatherSequence.apply(x, cpg)
 
 
-def causal_mask_at(q_pos: torch.Tensor, seq_len: int) -> torch.Tensor:
-    """Boolean ``[len(q_pos), seq_len]`` mask: query at position p sees keys 0..p."""
-    return torch.arange(seq_len, device=q_pos.device)[None, :] <= q_pos[:, None]
+def causal_mask_at(q_pos: torch.Tensor, seq_len: int, window: int | None = None) -> torch.Tensor:
+    """Boolean ``[len(q_pos), seq_len]`` mask: query at position p sees keys 0..p (p - window + 1..p with a
+    sliding ``window``)."""
+    keys = torch.arange(seq_len, device=q_pos.device)[None, :]
+    seen = keys <= q_pos[:, None]
+    return seen if window is None else seen & (keys > q_pos[:, None] - window)
 
 
 class CPAttentionCore(AttentionCore):
@@ -165,10 +170,11 @@ def check_cp_model(plan: Plan, model: nn.Module) -> None:
     used = plan_cp(plan)
     if used and not supports_cp(model):
         pi, si, li = used[0]
+        name = getattr(model, "family", None) or type(model).__name__  # a transformers view: its model type
         raise AutoparError(f"pipelines[{pi}].stages[{si}].layers[{li}].cp",
-                           f"context parallel needs a model with the context-parallel hook; "
-                           f"{type(model).__name__} has none (autopar.models Llama / GPT and Hugging Face "
-                           "Llama-family models have it)", "set cp: 1, or run one of those models")
+                           f"context parallel needs a model with the context-parallel hook; {name} has none "
+                           "(autopar.models Llama / GPT and the Hugging Face dense Llama-like models: Llama, "
+                           "Mistral, Qwen2/3, Phi-3, Gemma 1-3 have it)", "set cp: 1, or run one of those models")
 
 
 def check_cp_settings(plan: Plan, token_loss: bool, compiled: bool) -> None:
@@ -191,21 +197,29 @@ def check_cp_settings(plan: Plan, token_loss: bool, compiled: bool) -> None:
 def hf_cp_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     attention_mask: torch.Tensor | None, **kwargs) -> tuple[torch.Tensor, None]:
     """transformers attention function ``autopar_cp``: K and V gathered over the module's CP group
-    (``module.autopar_cp``, set by ``HFRotaryBlock``), then transformers' own SDPA attention."""
+    (``module.autopar_cp``, set by ``HFRotaryBlock``), then the attention the model was built with: its
+    modeling file's own ``eager_attention_forward`` for eager (Gemma 2's soft-capping lives there), else
+    transformers' SDPA (the flash kernels take no mask; the block's mask carries causality and windows)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     cpg = module.autopar_cp
-    return sdpa_attention_forward(module, query, gather_sequence(key, cpg), gather_sequence(value, cpg),
-                                  attention_mask, **kwargs)
+    attend = sdpa_attention_forward
+    if getattr(module.config, "autopar_cp_base", None) == "eager":
+        attend = sys.modules[type(module).__module__].eager_attention_forward
+    return attend(module, query, gather_sequence(key, cpg), gather_sequence(value, cpg), attention_mask, **kwargs)
 
 
 def _use_hf_cp_attention(block: nn.Module) -> None:
     """Register ``autopar_cp`` with transformers and point the block's attention at it (the config is
-    the model's: every block of this rank shares the pipeline's one cp)."""
+    the model's: every block of this rank shares the pipeline's one cp); the implementation it replaces is
+    kept as ``autopar_cp_base``."""
     from transformers import AttentionInterface
 
     AttentionInterface.register("autopar_cp", hf_cp_attention)
-    block.layer.self_attn.config._attn_implementation = "autopar_cp"
+    cfg = block.layer.self_attn.config
+    if cfg._attn_implementation != "autopar_cp":
+        cfg.autopar_cp_base = cfg._attn_implementation
+    cfg._attn_implementation = "autopar_cp"
 
 
 def apply_cp(unit: nn.Module, cpg: CPGroup) -> None:

@@ -48,6 +48,8 @@ def _style(name: str, sp: bool, logits_sharded: bool) -> ParallelStyle | None:
         return None  # the remaining styles only act under sequence parallelism
     if name == "sp_norm":
         return SequenceParallel()
+    if name == "sp_norm_local":  # a norm whose output meets plain tensors (Gemma 2's norms on sublayer outputs)
+        return SequenceParallel(use_local_output=True)
     if name == "sp_region":
         return PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),))
     if name == "sp_region_hidden_states":  # the same for a module called as m(hidden_states=...) (HF attention)
@@ -59,7 +61,7 @@ def _style(name: str, sp: bool, logits_sharded: bool) -> ParallelStyle | None:
         return PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(seq,),
                                   use_local_output=True)
     raise AutoparError("tp plan", f"unknown style {name!r}",
-                       "use colwise, rowwise, vocab_embed, logits, tp_grad_sum, sp_norm, sp_region, "
+                       "use colwise, rowwise, vocab_embed, logits, tp_grad_sum, sp_norm, sp_norm_local, sp_region, "
                        "sp_region_hidden_states, sp_unit or sp_unit_in")
 
 
