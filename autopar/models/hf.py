@@ -1,19 +1,15 @@
-"""Hugging Face ``transformers`` LMs (Llama family, Qwen2/3, Gemma 1-3, Phi-3, Mixtral, Qwen-MoE, GPT-2, BERT MLM, T5)
-as units.
+"""Hugging Face ``transformers`` LMs (the Llama-structured families, GPT-2, BERT MLM, T5) as units.
 
 ``from_transformers(hf_model)`` returns a module whose children are the plan's units and which
 shares the HF model's submodules (no copies of weights). Only needed when ``transformers`` is
 installed; nothing here imports it.
 
-* Llama-like (``llama``, ``mistral``, ``qwen2``, ``qwen3``): TP plan from the config's ``base_model_tp_plan``
-  (the colwise / rowwise entries HF ships), plus vocabulary-parallel embedding / logits and
-  sequence-parallel norms as in autopar's own Llama. Each block gets its own copy of the rotary
-  embedding (no parameters), so a unit never shares a module with another.
-* Gemma (``gemma``, ``gemma2``, ``gemma3_text``): Llama-like. Its embedding module scales by sqrt(hidden) itself;
-  Gemma 2 / 3 normalise each sublayer's output before the residual add (``sp_norm_local`` under sequence
-  parallelism), soft-cap the logits after the head (``HFHead``'s ``softcap``, as their ForCausalLM does) and
-  alternate sliding and full layers; Gemma 3's blocks ask its rotary module for their layer type's table (a local
-  base on sliding layers). ``use_bidirectional_attention`` (embedding models) is refused.
+* Llama-structured (``hf_llama.LLAMA_LIKE``: Llama, Mistral, Qwen2/3, Phi-3, Gemma 1-3, OLMo 1-3, Granite,
+  Cohere 1-2, StarCoder2, GLM / GLM-4, SmolLM3, Seed-OSS, EXAONE 4, Apertus, Arcee, ERNIE 4.5, and the MoE
+  Mixtral, Qwen2-MoE, Qwen3-MoE): ``autopar.models.hf_llama``, with what each family's forward adds to Llama's
+  (embedding multipliers, logit scales and soft-caps) as data. Gemma 2 / 3 alternate sliding and full layers;
+  Gemma 3's blocks ask its rotary module for their layer type's table. ``use_bidirectional_attention``
+  (embedding models) is refused.
 * Qwen3: its plan marks the per-head Q/K norms ``replicated_with_grad_allreduce``: each TP rank normalises its
   own heads with the whole weight, so its gradient is a part; autopar's ``tp_grad_sum`` sums it over TP.
 * Phi-3: tp = 1 only (HF's colwise_gather_output / rowwise_split_input styles on its fused qkv_proj and
@@ -44,43 +40,12 @@ a tied head gets the embedding's value).
 
 from __future__ import annotations
 
-import copy
-import inspect
-
 import torch
 from torch import nn
 
 from autopar.errors import AutoparError
-from autopar.models.hf_units import HFCausalLM, block_mask, sliding_window
-
-LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "phi3", "mixtral", "qwen2_moe", "qwen3_moe", "gemma", "gemma2",
-              "gemma3_text")
-MOE = ("mixtral", "qwen2_moe", "qwen3_moe")
-# HF style name -> autopar style name (autopar/models/tp_plans.py)
-_HF_STYLES = {"colwise": "colwise", "rowwise": "rowwise", "replicated_with_grad_allreduce": "tp_grad_sum"}
-_LLAMA_SP = {
-    "layer": "sp_unit",
-    "layer.input_layernorm": "sp_norm",
-    "layer.self_attn": "sp_region_hidden_states",
-    "layer.post_attention_layernorm": "sp_norm",
-    "layer.mlp": "sp_region",
-}
-# Gemma 2 / 3 normalise each sublayer's output before the residual add (so that norm's output must be a plain
-# tensor under sequence parallelism) and the MLP's input with a norm of its own
-_GEMMA2_SP = {
-    "layer.post_attention_layernorm": "sp_norm_local",
-    "layer.pre_feedforward_layernorm": "sp_norm",
-    "layer.post_feedforward_layernorm": "sp_norm_local",
-}
-
-
-class HFTokenEmbed(nn.Module):
-    def __init__(self, tok: nn.Embedding) -> None:
-        super().__init__()
-        self.tok = tok
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.tok(tokens)
+from autopar.models.hf_llama import LLAMA_LIKE, HFHead, llama_like_view
+from autopar.models.hf_units import HFCausalLM, block_mask
 
 
 class HFGPT2Embed(nn.Module):
@@ -91,31 +56,6 @@ class HFGPT2Embed(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         positions = torch.arange(tokens.shape[1], device=tokens.device)
         return self.drop(self.wte(tokens) + self.wpe(positions))
-
-
-class HFRotaryBlock(nn.Module):
-    """A Llama-like decoder layer plus the rotary table it needs (computed for the full sequence).
-
-    ``cp_attention``: set by the runtime under context parallel (autopar.runtime.context_parallel):
-    the block then holds this rank's tokens, takes their true positions and mask, and its attention runs
-    through the ``autopar_cp`` attention function (K and V gathered over the CP group)."""
-
-    def __init__(self, layer: nn.Module, rotary: nn.Module, layer_type: str | None = None) -> None:
-        super().__init__()
-        self.layer, self.rotary = layer, rotary
-        self.layer_type = layer_type  # Gemma 3: the rotary table differs between sliding and full layers
-        self.cp_attention = None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        cpg = self.cp_attention
-        if cpg is None:
-            pos, mask = torch.arange(x.shape[1], device=x.device)[None], block_mask(self.layer.self_attn, x)
-        else:
-            pos, mask = cpg.hf_positions_and_mask(x, sliding_window(self.layer.self_attn))
-            self.layer.self_attn.autopar_cp = cpg  # read by the autopar_cp attention function
-        cos, sin = self.rotary(x, pos) if self.layer_type is None else self.rotary(x, pos, self.layer_type)
-        out = self.layer(x, attention_mask=mask, position_ids=pos, position_embeddings=(cos, sin))
-        return out[0] if isinstance(out, tuple) else out
 
 
 class HFBlock(nn.Module):
@@ -149,38 +89,6 @@ class HFBidirectionalBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.block(x)
         return out[0] if isinstance(out, tuple) else out
-
-
-class HFHead(nn.Module):
-    """Final norm and LM head; ``softcap``: Gemma 2's final logit soft-capping, ``cap * tanh(logits / cap)``,
-    which its ForCausalLM applies after the head (elementwise, so vocabulary shards cap alike)."""
-
-    def __init__(self, norm: nn.Module, proj: nn.Linear, softcap: float | None = None) -> None:
-        super().__init__()
-        self.norm, self.proj, self.softcap = norm, proj, softcap
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        logits = self.proj(self.norm(x))
-        if self.softcap is None:
-            return logits
-        return torch.tanh(logits / self.softcap) * self.softcap
-
-
-def _llama_block_plan(cfg, layer: nn.Module) -> dict[str, str] | None:
-    raw = getattr(cfg, "base_model_tp_plan", None) or {}
-    plan = {}
-    for key, style in raw.items():
-        if not key.startswith("layers.*."):
-            continue
-        if style not in _HF_STYLES:
-            return None  # a style autopar does not translate: run this architecture with tp = 1
-        plan["layer." + key[len("layers.*."):]] = _HF_STYLES[style]
-    if not plan:
-        return None
-    sp = dict(_LLAMA_SP)
-    if hasattr(layer, "post_feedforward_layernorm"):  # Gemma 2 / 3: the norms of the sublayer outputs
-        sp.update(_GEMMA2_SP)
-    return {**sp, **plan}
 
 
 def is_transformers_model(model: nn.Module) -> bool:
@@ -222,26 +130,7 @@ def _view(hf_model: nn.Module) -> HFCausalLM:
                            "use T5ForConditionalGeneration, a decoder-only causal LM or BertForMaskedLM, or write the "
                            "model as a chain of units that pass (encoder states, decoder states) tuples")
     if kind in LLAMA_LIKE:
-        if getattr(cfg, "use_bidirectional_attention", False):
-            raise AutoparError("model.config.use_bidirectional_attention", f"is true: this {kind} attends to both "
-                               "sides (an embedding model), which autopar's causal units view would not reproduce",
-                               "set it to false for a causal LM")
-        base = hf_model.model
-        embed = HFTokenEmbed(base.embed_tokens)  # Gemma's scales by sqrt(hidden) itself (TextScaledWordEmbedding)
-        # Gemma 3 keeps a rotary table per layer type (local base for sliding layers) and asks for the type
-        per_type = "layer_type" in inspect.signature(base.rotary_emb.forward).parameters
-        types = cfg.layer_types if per_type else None
-        layers = [HFRotaryBlock(layer, copy.deepcopy(base.rotary_emb), types[i] if types else None)
-                  for i, layer in enumerate(base.layers)]
-        head = HFHead(base.norm, hf_model.lm_head, getattr(cfg, "final_logit_softcapping", None))
-        block = _llama_block_plan(cfg, base.layers[0])
-        plans = {"embed": {"tok": "vocab_embed"} if block else None, "block": block,
-                 "head": {"": "sp_unit_in", "norm": "sp_norm", "proj": "logits"} if block else None}
-        divisors = {"embed": (cfg.vocab_size,), "head": (cfg.vocab_size,),
-                    "block": (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size)}
-        view = HFCausalLM(embed, layers, head, f"hf-{kind}", plans, divisors, {"block": ("layer.self_attn",)})
-        view.context_parallel = kind not in MOE  # the MoE blocks' expert parallel is not combined with CP
-        return view
+        return llama_like_view(hf_model)
     if kind == "gpt2":
         base = hf_model.transformer
         embed = HFGPT2Embed(base.wte, base.wpe, base.drop)

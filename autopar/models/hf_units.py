@@ -29,7 +29,10 @@ def sliding_window(attn: nn.Module) -> int | None:
     """The sliding window ``attn`` attends over, None for full attention: the module's own ``sliding_window``
     where it keeps one (Qwen2 / Qwen3 set it per layer from ``layer_types``), else its config's (Mistral's and
     Phi-3's apply to every layer) unless the config turns windows off (``use_sliding_window: false``, Qwen2-MoE,
-    whose ``sliding_window`` then holds a placeholder) or marks this layer's type as full attention."""
+    whose ``sliding_window`` then holds a placeholder) or marks this layer's type as full attention. A module
+    whose ``is_sliding`` is false has none (EXAONE 4 keeps the config's window on its full layers too)."""
+    if getattr(attn, "is_sliding", None) is False:
+        return None
     if hasattr(attn, "sliding_window"):
         window = attn.sliding_window
     else:

@@ -1,0 +1,172 @@
+"""The units view of a Llama-structured ``transformers`` causal LM: ``model.embed_tokens``, ``model.layers``
+(decoder layers taking ``position_embeddings``), ``model.norm``, ``model.rotary_emb`` and ``lm_head``.
+
+Each family listed in ``LLAMA_LIKE`` has been checked to run its whole forward in those modules, except what
+``FORWARD_EXTRAS`` names (a multiplier or dropout on the embeddings, a scale, divisor or soft-cap on the logits,
+which its Model / ForCausalLM forward applies): the view applies the same, so its logits equal the HF model's
+(tests/models/test_hf_families.py). A family not listed is refused rather than run with a step missing.
+
+* TP plan from the config's ``base_model_tp_plan`` (its colwise / rowwise / replicated_with_grad_allreduce
+  entries; a family using another style runs with tp = 1), plus vocabulary-parallel embedding / logits and
+  sequence parallelism: the block is split along the sequence, attention and MLP gather their input, and every
+  norm the layer holds runs on its shard (``sp_norm_local``: a norm may feed a sublayer or the residual stream).
+* Each block gets its own copy of the rotary embedding (no parameters), so a unit never shares a module with
+  another; a rotary module that keeps a table per layer type (Gemma 3, OLMo 3) is asked for the block's.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+
+import torch
+from torch import nn
+
+from autopar.errors import AutoparError
+from autopar.models.hf_units import HFCausalLM, block_mask, sliding_window
+
+DENSE = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "olmo", "olmo2", "olmo3",
+         "granite", "cohere", "cohere2", "starcoder2", "glm", "glm4", "smollm3", "seed_oss", "exaone4", "apertus",
+         "arcee", "ernie4_5")
+MOE = ("mixtral", "qwen2_moe", "qwen3_moe")
+LLAMA_LIKE = DENSE + MOE
+
+# What a family's Model / ForCausalLM forward does beyond Llama's, by config field: the embeddings are multiplied
+# by ``embed_multiplier`` and dropped out with ``embed_dropout``; the logits multiplied by ``logit_scale``, divided
+# by ``logit_divisor`` and soft-capped (``cap * tanh(logits / cap)``) by ``softcap``.
+FORWARD_EXTRAS = {
+    "gemma2": {"softcap": "final_logit_softcapping"},
+    "gemma3_text": {"softcap": "final_logit_softcapping"},
+    "granite": {"embed_multiplier": "embedding_multiplier", "logit_divisor": "logits_scaling"},
+    "cohere": {"logit_scale": "logit_scale"},
+    "cohere2": {"logit_scale": "logit_scale"},
+    "starcoder2": {"embed_dropout": "embedding_dropout"},
+}
+
+# Parameters a family's HF TP plan leaves out although each TP rank sees only its shard of their input, so their
+# gradients are parts to sum (Apertus's learned xIELU activation between the column- and row-parallel MLP halves)
+TP_EXTRAS = {"apertus": {"layer.mlp.act_fn": "tp_grad_sum"}}
+# Config settings under which a family runs with tp = 1: OLMo's clip_qkv clamps the projections in place, which
+# the column-parallel outputs (views of DTensors) do not allow
+TP_OFF_WHEN = {"olmo": "clip_qkv"}
+
+# HF style name -> autopar style name (autopar/models/tp_plans.py)
+_HF_STYLES = {"colwise": "colwise", "rowwise": "rowwise", "replicated_with_grad_allreduce": "tp_grad_sum"}
+_SP = {"layer": "sp_unit", "layer.self_attn": "sp_region_hidden_states", "layer.mlp": "sp_region"}
+
+
+class HFTokenEmbed(nn.Module):
+    """Token embedding (Gemma's module scales by sqrt(hidden) itself), times ``multiplier``, then dropout ``p``."""
+
+    def __init__(self, tok: nn.Embedding, multiplier: float | None = None, p: float = 0.0) -> None:
+        super().__init__()
+        self.tok, self.multiplier = tok, multiplier
+        self.dropout = nn.Dropout(p) if p else None
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.tok(tokens)
+        if self.multiplier is not None:
+            x = x * self.multiplier
+        return x if self.dropout is None else self.dropout(x)
+
+
+class HFRotaryBlock(nn.Module):
+    """A Llama-like decoder layer plus the rotary table it needs (computed for the full sequence).
+
+    ``cp_attention``: set by the runtime under context parallel (autopar.runtime.context_parallel):
+    the block then holds this rank's tokens, takes their true positions and mask, and its attention runs
+    through the ``autopar_cp`` attention function (K and V gathered over the CP group)."""
+
+    def __init__(self, layer: nn.Module, rotary: nn.Module, layer_type: str | None = None) -> None:
+        super().__init__()
+        self.layer, self.rotary = layer, rotary
+        self.layer_type = layer_type  # Gemma 3: the rotary table differs between sliding and full layers
+        self.cp_attention = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        cpg = self.cp_attention
+        if cpg is None:
+            pos, mask = torch.arange(x.shape[1], device=x.device)[None], block_mask(self.layer.self_attn, x)
+        else:
+            pos, mask = cpg.hf_positions_and_mask(x, sliding_window(self.layer.self_attn))
+            self.layer.self_attn.autopar_cp = cpg  # read by the autopar_cp attention function
+        cos, sin = self.rotary(x, pos) if self.layer_type is None else self.rotary(x, pos, self.layer_type)
+        out = self.layer(x, attention_mask=mask, position_ids=pos, position_embeddings=(cos, sin))
+        return out[0] if isinstance(out, tuple) else out
+
+
+class HFHead(nn.Module):
+    """Final norm and LM head, then what the family's ForCausalLM applies to the logits, in its order: times
+    ``scale``, divided by ``divisor``, soft-capped by ``softcap`` (elementwise, so vocabulary shards do it alike)."""
+
+    def __init__(self, norm: nn.Module, proj: nn.Linear, softcap: float | None = None, scale: float | None = None,
+                 divisor: float | None = None) -> None:
+        super().__init__()
+        self.norm, self.proj, self.softcap, self.scale, self.divisor = norm, proj, softcap, scale, divisor
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = self.proj(self.norm(x))
+        if self.scale is not None:
+            logits = logits * self.scale
+        if self.divisor is not None:
+            logits = logits / self.divisor
+        if self.softcap is not None:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+
+def block_plan(cfg, layer: nn.Module) -> dict[str, str] | None:
+    """The block's TP plan: HF's entries translated (plus ``TP_EXTRAS``), sequence parallelism around them.
+
+    None (tp = 1 only): no plan, a style autopar does not translate, a ``TP_OFF_WHEN`` setting, or a parameter
+    inside the attention or MLP that the plan neither shards nor sums (TP would train it on a part of its input
+    without syncing: Cohere's per-head Q/K norms with ``use_qk_norm``)."""
+    kind = cfg.model_type
+    raw = getattr(cfg, "base_model_tp_plan", None) or {}
+    if not raw or getattr(cfg, TP_OFF_WHEN.get(kind, ""), None):
+        return None
+    plan = {}
+    for key, style in raw.items():
+        if not key.startswith("layers.*."):
+            continue
+        if style not in _HF_STYLES:
+            return None  # a style autopar does not translate: run this architecture with tp = 1
+        plan["layer." + key[len("layers.*."):]] = _HF_STYLES[style]
+    plan.update(TP_EXTRAS.get(kind, {}))
+    for region in ("self_attn", "mlp"):
+        for fqn, module in getattr(layer, region).named_modules(prefix=f"layer.{region}"):
+            if plan.get(fqn) is None and any(True for _ in module.parameters(recurse=False)):
+                return None
+    norms = {f"layer.{name}": "sp_norm_local" for name, _ in layer.named_children() if "norm" in name}
+    return {**_SP, **norms, **plan}
+
+
+def _extra(cfg, kind: str, what: str):
+    field = FORWARD_EXTRAS.get(kind, {}).get(what)
+    return getattr(cfg, field, None) if field else None
+
+
+def llama_like_view(hf_model: nn.Module) -> HFCausalLM:
+    """Units view (``embed``, ``layers.i``, ``head``) of a ``LLAMA_LIKE`` family's causal LM (shares its modules)."""
+    cfg, kind = hf_model.config, hf_model.config.model_type
+    if getattr(cfg, "use_bidirectional_attention", False):
+        raise AutoparError("model.config.use_bidirectional_attention", f"is true: this {kind} attends to both "
+                           "sides (an embedding model), which autopar's causal units view would not reproduce",
+                           "set it to false for a causal LM")
+    base = hf_model.model
+    embed = HFTokenEmbed(base.embed_tokens, _extra(cfg, kind, "embed_multiplier"),
+                         _extra(cfg, kind, "embed_dropout") or 0.0)
+    per_type = "layer_type" in inspect.signature(base.rotary_emb.forward).parameters
+    types = cfg.layer_types if per_type else None
+    layers = [HFRotaryBlock(layer, copy.deepcopy(base.rotary_emb), types[i] if types else None)
+              for i, layer in enumerate(base.layers)]
+    head = HFHead(base.norm, hf_model.lm_head, _extra(cfg, kind, "softcap"), _extra(cfg, kind, "logit_scale"),
+                  _extra(cfg, kind, "logit_divisor"))
+    block = block_plan(cfg, base.layers[0])
+    plans = {"embed": {"tok": "vocab_embed"} if block else None, "block": block,
+             "head": {"": "sp_unit_in", "norm": "sp_norm", "proj": "logits"} if block else None}
+    divisors = {"embed": (cfg.vocab_size,), "head": (cfg.vocab_size,),
+                "block": (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size)}
+    view = HFCausalLM(embed, layers, head, f"hf-{kind}", plans, divisors, {"block": ("layer.self_attn",)})
+    view.context_parallel = kind not in MOE  # the MoE blocks' expert parallel is not combined with CP
+    return view

@@ -1,0 +1,91 @@
+"""Every Llama-structured transformers family wrap runs (autopar.models.hf_llama.LLAMA_LIKE): its units view gives
+the HF model's logits, with each config knob that changes the forward set away from its default (embedding
+multipliers, logit scales, sliding windows shorter than the sequence, per-head norms, clipping) and every norm and
+bias drawn at random, so a step the view left out or applied twice would show."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.runtime.cases import HF_TINY, token_data
+
+transformers = pytest.importorskip("transformers")
+
+_IDS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
+_WINDOWS = dict(sliding_window=4, layer_types=["sliding_attention", "full_attention"])
+# model_type -> config fields besides HF_TINY (the forward-changing knobs away from their defaults)
+FAMILIES = {
+    "llama": {},
+    "mistral": dict(sliding_window=4),
+    "gemma": {},
+    "gemma2": dict(_WINDOWS, head_dim=8, query_pre_attn_scalar=8, attn_logit_softcapping=2.0,
+                   final_logit_softcapping=1.5),
+    "gemma3_text": dict(_WINDOWS, head_dim=8, query_pre_attn_scalar=8, final_logit_softcapping=1.5),
+    "olmo": dict(clip_qkv=0.3),
+    "olmo2": {},
+    "olmo3": dict(_WINDOWS),
+    "granite": dict(embedding_multiplier=3.0, logits_scaling=2.5, residual_multiplier=0.7, attention_multiplier=0.3),
+    "cohere": dict(logit_scale=0.3, use_qk_norm=True),
+    "cohere2": dict(_WINDOWS, logit_scale=0.3),
+    "starcoder2": dict(sliding_window=4, use_bias=True),
+    "glm": {},
+    "glm4": {},
+    "smollm3": dict(no_rope_layers=[1, 0]),
+    "seed_oss": dict(attention_bias=True, attention_dropout=0.0, residual_dropout=0.0),
+    "exaone4": dict(_WINDOWS),
+    "apertus": {},
+    "arcee": {},
+    "ernie4_5": dict(use_bias=True),
+}
+
+
+def build(kind: str, **extra) -> torch.nn.Module:
+    """The family's tiny causal LM, norms and biases drawn away from their initial values."""
+    cfg = transformers.AutoConfig.for_model(kind, **HF_TINY, **_IDS, **{**FAMILIES[kind], **extra})
+    cfg.tie_word_embeddings = False
+    model = transformers.AutoModelForCausalLM.from_config(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                p.normal_(0.3, 0.5)
+    return model
+
+
+def test_every_family_wrap_runs_is_checked_here():
+    from autopar.models.hf_llama import DENSE
+
+    assert set(DENSE) - {"qwen2", "qwen3", "phi3"} <= set(FAMILIES)  # those three: tests/runtime/test_hf_*.py
+
+
+@pytest.mark.parametrize("kind", sorted(FAMILIES))
+def test_the_units_view_gives_the_hf_logits(kind):
+    from autopar.models.hf import from_transformers
+
+    torch.manual_seed(0)
+    hf = build(kind).eval()
+    x = token_data()[0]
+    torch.testing.assert_close(from_transformers(hf)(x), hf(x).logits)
+
+
+def test_a_family_not_checked_is_refused_in_one_line():
+    from autopar.errors import AutoparError
+    from autopar.models.hf import from_transformers
+
+    cfg = transformers.AutoConfig.for_model("falcon", vocab_size=64, hidden_size=32, num_hidden_layers=2,
+                                            num_attention_heads=4)
+    with pytest.raises(AutoparError, match="falcon.*not supported") as err:
+        from_transformers(transformers.AutoModelForCausalLM.from_config(cfg))
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("kind", sorted(FAMILIES))
+def test_the_tracer_counts_every_parameter_of_the_family(kind):
+    """What `autopar search --model pkg:factory` reads for a factory returning from_transformers(model)."""
+    from autopar.models.hf import from_transformers
+    from autopar.modelspec.trace import spec_from_module
+
+    model = build(kind)
+    spec = spec_from_module(from_transformers(model), token_data(batch=1, seq=16)[0], dtype_bytes=2)
+    assert sum(layer.params for layer in spec.layers) == sum(p.numel() for p in model.parameters())
+    assert all(layer.flops > 0 for layer in spec.layers[1:])  # the embedding lookup has none
