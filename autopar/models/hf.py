@@ -6,7 +6,7 @@ installed; nothing here imports it.
 
 * Llama-structured (``hf_llama.LLAMA_LIKE``: Llama, Mistral, Qwen2/3, Phi-3, Gemma 1-3, OLMo 1-3, Granite,
   Cohere 1-2, StarCoder2, GLM / GLM-4, SmolLM3, Seed-OSS, EXAONE 4, Apertus, Arcee, ERNIE 4.5, and the MoE
-  Mixtral, Qwen2-MoE, Qwen3-MoE): ``autopar.models.hf_llama``, with what each family's forward adds to Llama's
+  Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, Granite-MoE, GLM-4.5, ERNIE 4.5 MoE, gpt-oss): ``autopar.models.hf_llama``, with what each family's forward adds to Llama's
   (embedding multipliers, logit scales and soft-caps) as data. Gemma 2 / 3 alternate sliding and full layers;
   Gemma 3's blocks ask its rotary module for their layer type's table. ``use_bidirectional_attention``
   (embedding models) is refused.
@@ -15,8 +15,9 @@ installed; nothing here imports it.
 * Phi-3: tp = 1 only (HF's colwise_gather_output / rowwise_split_input styles on its fused qkv_proj and
   gate_up_proj are not translated).
 * GPT-2: tp = 1 only (its fused ``c_attn`` cannot be split by heads with a plain column split).
-* Mixtral, Qwen2-MoE, Qwen3-MoE: Llama-like, tp = 1 (HF's packed / MoE TP styles are not translated); their packed
-  experts are replicated, or split over ``ep`` DP ranks by a plan's ``ep`` (autopar.runtime.expert_parallel).
+* The MoE families: tp = 1 (HF's packed / MoE TP styles are not translated); their packed experts are replicated,
+  or split over ``ep`` DP ranks by a plan's ``ep`` (autopar.runtime.expert_parallel) where they are laid out as
+  Mixtral's (gpt-oss's transposed, biased, interleaved experts are refused with ep > 1).
   The router's auxiliary loss is not part of wrap's loss: wrap refuses ``output_router_logits=True``, and
   ``router_jitter_noise > 0`` (random per-token noise no parallel run reproduces); tracing takes both.
 * BERT masked LM (``BertForMaskedLM``): embeddings, encoder layers attending to every position (no

@@ -28,7 +28,7 @@ from autopar.models.hf_units import HFCausalLM, block_mask, sliding_window
 DENSE = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "olmo", "olmo2", "olmo3",
          "granite", "cohere", "cohere2", "starcoder2", "glm", "glm4", "smollm3", "seed_oss", "exaone4", "apertus",
          "arcee", "ernie4_5")
-MOE = ("mixtral", "qwen2_moe", "qwen3_moe")
+MOE = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe", "glm4_moe", "ernie4_5_moe", "gpt_oss")
 LLAMA_LIKE = DENSE + MOE
 
 # What a family's Model / ForCausalLM forward does beyond Llama's, by config field: the embeddings are multiplied
@@ -38,6 +38,7 @@ FORWARD_EXTRAS = {
     "gemma2": {"softcap": "final_logit_softcapping"},
     "gemma3_text": {"softcap": "final_logit_softcapping"},
     "granite": {"embed_multiplier": "embedding_multiplier", "logit_divisor": "logits_scaling"},
+    "granitemoe": {"embed_multiplier": "embedding_multiplier", "logit_divisor": "logits_scaling"},
     "cohere": {"logit_scale": "logit_scale"},
     "cohere2": {"logit_scale": "logit_scale"},
     "starcoder2": {"embed_dropout": "embedding_dropout"},
@@ -115,12 +116,13 @@ class HFHead(nn.Module):
         return logits
 
 
-def block_plan(cfg, layer: nn.Module) -> dict[str, str] | None:
-    """The block's TP plan: HF's entries translated (plus ``TP_EXTRAS``), sequence parallelism around them.
+def block_plan(cfg, layers: list[nn.Module]) -> dict[str, str] | None:
+    """The blocks' TP plan: HF's entries translated (plus ``TP_EXTRAS``), sequence parallelism around them.
 
-    None (tp = 1 only): no plan, a style autopar does not translate, a ``TP_OFF_WHEN`` setting, or a parameter
-    inside the attention or MLP that the plan neither shards nor sums (TP would train it on a part of its input
-    without syncing: Cohere's per-head Q/K norms with ``use_qk_norm``)."""
+    None (tp = 1 only): no plan, a style autopar does not translate, a ``TP_OFF_WHEN`` setting, or a block whose
+    attention or MLP holds a parameter the plan neither shards nor sums (TP would train it on a part of its input
+    without syncing: Cohere's per-head Q/K norms with ``use_qk_norm``; the routed experts of an MoE model's later
+    blocks when its first ones are dense), or lacks a module the plan names."""
     kind = cfg.model_type
     raw = getattr(cfg, "base_model_tp_plan", None) or {}
     if not raw or getattr(cfg, TP_OFF_WHEN.get(kind, ""), None):
@@ -133,12 +135,19 @@ def block_plan(cfg, layer: nn.Module) -> dict[str, str] | None:
             return None  # a style autopar does not translate: run this architecture with tp = 1
         plan["layer." + key[len("layers.*."):]] = _HF_STYLES[style]
     plan.update(TP_EXTRAS.get(kind, {}))
-    for region in ("self_attn", "mlp"):
-        for fqn, module in getattr(layer, region).named_modules(prefix=f"layer.{region}"):
-            if plan.get(fqn) is None and any(True for _ in module.parameters(recurse=False)):
-                return None
-    norms = {f"layer.{name}": "sp_norm_local" for name, _ in layer.named_children() if "norm" in name}
+    if not all(_covered(plan, layer) for layer in layers):
+        return None
+    norms = {f"layer.{name}": "sp_norm_local" for name, _ in layers[0].named_children() if "norm" in name}
     return {**_SP, **norms, **plan}
+
+
+def _covered(plan: dict[str, str], layer: nn.Module) -> bool:
+    """Whether ``plan`` names only modules ``layer`` has and shards or sums every parameter of its attention / MLP."""
+    modules = dict(layer.named_modules(prefix="layer"))
+    if any(fqn not in modules for fqn in plan):
+        return False
+    return all(plan.get(fqn) is not None or not any(True for _ in m.parameters(recurse=False))
+               for fqn, m in modules.items() if fqn.startswith(("layer.self_attn", "layer.mlp")))
 
 
 def _extra(cfg, kind: str, what: str):
@@ -162,7 +171,7 @@ def llama_like_view(hf_model: nn.Module) -> HFCausalLM:
               for i, layer in enumerate(base.layers)]
     head = HFHead(base.norm, hf_model.lm_head, _extra(cfg, kind, "softcap"), _extra(cfg, kind, "logit_scale"),
                   _extra(cfg, kind, "logit_divisor"))
-    block = block_plan(cfg, base.layers[0])
+    block = block_plan(cfg, list(base.layers))
     plans = {"embed": {"tok": "vocab_embed"} if block else None, "block": block,
              "head": {"": "sp_unit_in", "norm": "sp_norm", "proj": "logits"} if block else None}
     divisors = {"embed": (cfg.vocab_size,), "head": (cfg.vocab_size,),

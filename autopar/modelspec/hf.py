@@ -122,7 +122,8 @@ def entry_from_hf_config(cfg: dict, name: str) -> dict:
     mtype = cfg.get("model_type")
     if mtype not in HF_TYPES:
         raise AutoparError("model", f"config model_type {mtype!r} is not supported",
-                           f"use one of {', '.join(HF_TYPES)}, or trace the module with pkg.module:factory")
+                           f"use one of {', '.join(HF_TYPES)} or a family autopar.models.from_transformers runs, "
+                           "or trace the module with pkg.module:factory")
     table = HF_TYPES[mtype]
     impl = cfg.get("attn_implementation", cfg.get("_attn_implementation")) or "sdpa"
     if impl not in ATTN_IMPLEMENTATIONS:
@@ -166,7 +167,9 @@ def entry_from_hf_config(cfg: dict, name: str) -> dict:
 
 
 def from_hf_config(path: str | Path, seq_len: int | None = None, dtype_bytes: int | None = None) -> ModelSpec:
-    """ModelSpec of the HF ``config.json`` at ``path`` (or a directory holding one).
+    """ModelSpec of the HF ``config.json`` at ``path`` (or a directory holding one): from the formulas for the
+    ``HF_TYPES`` families, else traced from its transformers model where autopar's units view runs the family
+    (``modelspec.hf_traced``).
 
     ``source`` is the absolute path, so ``load_model(spec.source, spec.seq_len)`` rebuilds it.
     """
@@ -174,5 +177,10 @@ def from_hf_config(path: str | Path, seq_len: int | None = None, dtype_bytes: in
     cfg = _read_config(p)
     file = (p / "config.json" if p.is_dir() else p).resolve()
     name = cfg.get("_name_or_path") or (file.parent.name if file.name == "config.json" else file.stem)
+    if cfg.get("model_type") not in HF_TYPES:
+        from autopar.modelspec.hf_traced import traceable, traced_from_hf_config
+
+        if traceable(cfg.get("model_type")):
+            return traced_from_hf_config(cfg, file, str(name), seq_len=seq_len, dtype_bytes=dtype_bytes)
     entry = entry_from_hf_config(cfg, str(name))
     return spec_from_entry(entry, seq_len=seq_len, dtype_bytes=dtype_bytes, source=str(file))

@@ -2,8 +2,8 @@
 meta trace cannot count for them.
 
 An experts container is a module with an integer ``num_experts`` whose own parameters are all packed
-per expert (>= 3-D, first dimension ``num_experts``: HF Mixtral / Qwen-MoE ``*Experts`` of
-transformers 5), or an ``nn.ModuleList`` of ``num_experts`` expert MLPs under a module stating
+per expert (weights >= 3-D, per-expert biases 2-D, first dimension ``num_experts``: HF Mixtral / Qwen-MoE /
+gpt-oss ``*Experts`` of transformers 5), or an ``nn.ModuleList`` of ``num_experts`` expert MLPs under a module stating
 ``num_experts`` (the older per-expert layout). ``top_k`` is the first integer ``top_k`` (or
 ``num_experts_per_tok``) of a module of the same unit (the router or the sparse block).
 
@@ -34,8 +34,8 @@ def _experts_of(mod: nn.Module) -> list[tuple[nn.Module, int]]:
         e = getattr(m, "num_experts", None)
         if not isinstance(e, int) or e < 1:
             continue
-        own = list(m.parameters(recurse=False))
-        if own and all(p.dim() >= 3 and p.shape[0] == e for p in own):
+        own = list(m.parameters(recurse=False))  # packed weights, and their per-expert biases (gpt-oss)
+        if any(p.dim() >= 3 for p in own) and all(p.dim() >= 2 and p.shape[0] == e for p in own):
             out.append((m, e))
             continue
         for child in m.children():

@@ -39,26 +39,40 @@ FAMILIES = {
     "ernie4_5": dict(use_bias=True),
 }
 
+# The mixture-of-experts families beyond Mixtral and the Qwen MoE models (tests/runtime/test_expert_parallel.py):
+# 4 experts, 2 per token; GLM-4.5 and ERNIE 4.5 with a dense first block, as their releases have
+MOE_FAMILIES = {
+    "olmoe": dict(num_experts=4, num_experts_per_tok=2),
+    "granitemoe": dict(num_local_experts=4, num_experts_per_tok=2, embedding_multiplier=3.0, logits_scaling=2.5,
+                       residual_multiplier=0.7),
+    "glm4_moe": dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, first_k_dense_replace=1,
+                     n_group=1, topk_group=1),
+    "ernie4_5_moe": dict(moe_num_experts=4, moe_k=2, moe_intermediate_size=16, moe_layer_start_index=1),
+    "gpt_oss": dict(_WINDOWS, num_local_experts=4, num_experts_per_tok=2, head_dim=8),
+}
+
 
 def build(kind: str, **extra) -> torch.nn.Module:
-    """The family's tiny causal LM, norms and biases drawn away from their initial values."""
-    cfg = transformers.AutoConfig.for_model(kind, **HF_TINY, **_IDS, **{**FAMILIES[kind], **extra})
+    """The family's tiny causal LM, norms, biases and attention sinks drawn away from their initial values."""
+    fields = {**FAMILIES.get(kind, {}), **MOE_FAMILIES.get(kind, {}), **extra}
+    cfg = transformers.AutoConfig.for_model(kind, **HF_TINY, **_IDS, **fields)
     cfg.tie_word_embeddings = False
     model = transformers.AutoModelForCausalLM.from_config(cfg)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "norm" in name or name.endswith("bias"):
+            if "norm" in name or name.endswith("bias") or "sinks" in name:
                 p.normal_(0.3, 0.5)
     return model
 
 
 def test_every_family_wrap_runs_is_checked_here():
-    from autopar.models.hf_llama import DENSE
+    from autopar.models.hf_llama import DENSE, MOE
 
     assert set(DENSE) - {"qwen2", "qwen3", "phi3"} <= set(FAMILIES)  # those three: tests/runtime/test_hf_*.py
+    assert set(MOE) - {"mixtral", "qwen2_moe", "qwen3_moe"} <= set(MOE_FAMILIES)
 
 
-@pytest.mark.parametrize("kind", sorted(FAMILIES))
+@pytest.mark.parametrize("kind", sorted(FAMILIES) + sorted(MOE_FAMILIES))
 def test_the_units_view_gives_the_hf_logits(kind):
     from autopar.models.hf import from_transformers
 
@@ -79,7 +93,7 @@ def test_a_family_not_checked_is_refused_in_one_line():
     assert "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("kind", sorted(FAMILIES))
+@pytest.mark.parametrize("kind", sorted(FAMILIES) + sorted(MOE_FAMILIES))
 def test_the_tracer_counts_every_parameter_of_the_family(kind):
     """What `autopar search --model pkg:factory` reads for a factory returning from_transformers(model)."""
     from autopar.models.hf import from_transformers
@@ -89,3 +103,9 @@ def test_the_tracer_counts_every_parameter_of_the_family(kind):
     spec = spec_from_module(from_transformers(model), token_data(batch=1, seq=16)[0], dtype_bytes=2)
     assert sum(layer.params for layer in spec.layers) == sum(p.numel() for p in model.parameters())
     assert all(layer.flops > 0 for layer in spec.layers[1:])  # the embedding lookup has none
+    moe = [layer.moe for layer in spec.layers[1:-1] if layer.moe is not None]
+    if kind in MOE_FAMILIES:  # every routed block is found, with its 4 experts and 2 per token
+        routed = len(spec.layers) - 2 - (1 if kind in ("glm4_moe", "ernie4_5_moe") else 0)
+        assert [(m.num_experts, m.top_k) for m in moe] == [(4, 2)] * routed
+    else:
+        assert moe == []

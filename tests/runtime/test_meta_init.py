@@ -221,7 +221,9 @@ def test_peak_memory_per_rank_is_its_shards_plus_one_unit(plan):
     mib = 2 ** 20
     for rank, ((peak, kept), (real_peak, real_kept)) in enumerate(zip(meta, real)):
         assert kept == real_kept <= whole / 4 + block, (rank, kept / mib)
-        assert real_peak >= whole, (rank, real_peak / mib)  # the measurement sees a full copy when there is one
+        # the measurement sees a full copy when there is one (less what the allocator finds already resident in
+        # the forked rank: 0.5 MiB of the 145 once, with a larger test session imported)
+        assert real_peak >= whole - 4 * mib, (rank, real_peak / mib)
         overhead = real_peak - whole
         assert peak <= kept + block + overhead + 8 * mib, (rank, peak / mib, kept / mib, overhead / mib)
         assert peak < 0.6 * real_peak, (rank, peak / mib, real_peak / mib)

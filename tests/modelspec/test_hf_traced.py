@@ -1,0 +1,76 @@
+"""A config.json of a family the formulas do not cover but wrap runs (OLMo 2, gpt-oss, ...) is read by tracing its
+transformers model on the meta device: the search, the plan it writes and every command that reloads that plan
+see the model's own parameters, and a family neither covers is still refused in one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from autopar.cli import main
+
+transformers = pytest.importorskip("transformers")
+
+# allenai/OLMo-2-1124-7B config.json (the fields that shape the model)
+OLMO2_7B = {"model_type": "olmo2", "architectures": ["Olmo2ForCausalLM"], "hidden_size": 4096,
+            "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
+            "vocab_size": 100352, "max_position_embeddings": 4096, "rope_theta": 500000, "rms_norm_eps": 1e-06,
+            "tie_word_embeddings": False, "attention_bias": False, "pad_token_id": 100277, "eos_token_id": 100257}
+TINY_GPT_OSS = {"model_type": "gpt_oss", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
+                "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+                "num_local_experts": 4, "num_experts_per_tok": 2, "max_position_embeddings": 64, "sliding_window": 8,
+                "layer_types": ["sliding_attention", "full_attention"], "pad_token_id": 0, "eos_token_id": 1}
+
+
+def _write(tmp_path, cfg: dict) -> str:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    return str(path)
+
+
+def _hf_params(cfg: dict) -> int:
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(CONFIG_MAPPING[cfg["model_type"]].from_dict(cfg))
+    return sum(p.numel() for p in model.parameters())
+
+
+def test_an_olmo2_config_is_traced_to_its_models_parameters(tmp_path):
+    from autopar.modelspec.load import load_model
+
+    spec = load_model(_write(tmp_path, OLMO2_7B))
+    assert sum(layer.params for layer in spec.layers) == _hf_params(OLMO2_7B) == 7_298_617_344
+    assert spec.seq_len == 4096 and [layer.name for layer in spec.layers[:2]] == ["embed", "layers.0"]
+    again = load_model(spec.source, spec.seq_len)  # what a plan's model reference reloads
+    assert [(a.params, a.flops) for a in again.layers] == [(b.params, b.flops) for b in spec.layers]
+
+
+def test_a_gpt_oss_config_is_traced_with_its_routed_experts(tmp_path):
+    from autopar.modelspec.load import load_model
+
+    spec = load_model(_write(tmp_path, TINY_GPT_OSS), seq_len=16)
+    assert sum(layer.params for layer in spec.layers) == _hf_params(TINY_GPT_OSS)
+    assert [(layer.moe.num_experts, layer.moe.top_k) for layer in spec.layers[1:3]] == [(4, 2), (4, 2)]
+
+
+def test_search_on_a_traced_config_writes_a_plan_estimate_reads_as_one_number(tmp_path, capsys):
+    config, plan = _write(tmp_path, OLMO2_7B), str(tmp_path / "plan.yaml")
+    assert main(["search", "--model", config, "--cluster", "8xA100-80G", "--global-batch-size", "64", "--seq-len",
+                 "2048", "--no-baselines", "-o", plan, "--json"]) == 0
+    searched = json.loads(capsys.readouterr().out)["predicted"]
+    assert main(["validate", plan]) == 0
+    capsys.readouterr()
+    assert main(["estimate", plan, "--json"]) == 0
+    estimated = json.loads(capsys.readouterr().out)["predicted"]
+    assert estimated["step_time_s"] == searched["step_time_s"] > 0
+
+
+def test_a_family_neither_the_formulas_nor_the_view_cover_is_refused_in_one_line(tmp_path, capsys):
+    config = _write(tmp_path, {"model_type": "falcon", "hidden_size": 64, "num_hidden_layers": 2,
+                               "num_attention_heads": 4, "vocab_size": 64})
+    assert main(["search", "--model", config, "--cluster", "8xA100-80G", "--global-batch-size", "8"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "model_type 'falcon' is not supported" in err and "\n" not in err
