@@ -16,8 +16,8 @@ installed; nothing here imports it.
   gate_up_proj are not translated).
 * GPT-2: tp = 1 only (its fused ``c_attn`` cannot be split by heads with a plain column split).
 * The MoE families: tp = 1 (HF's packed / MoE TP styles are not translated); their packed experts are replicated,
-  or split over ``ep`` DP ranks by a plan's ``ep`` (autopar.runtime.expert_parallel) where they are laid out as
-  Mixtral's (gpt-oss's transposed, biased, interleaved experts are refused with ep > 1).
+  or split over ``ep`` DP ranks by a plan's ``ep`` (autopar.runtime.expert_parallel; gpt-oss's transposed,
+  biased experts with their clamped gate included).
   The router's auxiliary loss is not part of wrap's loss: wrap refuses ``output_router_logits=True``, and
   ``router_jitter_noise > 0`` (random per-token noise no parallel run reproduces); tracing takes both.
 * BERT masked LM (``BertForMaskedLM``): embeddings, encoder layers attending to every position (no

@@ -2,8 +2,9 @@
 
 A unit with ``ep`` e (tp 1) on a stage with devices D: DP rank r (its position in D) belongs to EP group
 ``D[(r // e) * e:(r // e + 1) * e]`` and holds experts ``[(r % e) * E/e, (r % e + 1) * E/e)`` of each packed
-experts module (``gate_up_proj [E, 2F, H]`` / ``down_proj [E, H, F]``, as transformers' Mixtral and
-Qwen2-MoE store them); the plan rules make each EP group's devices increasing, so r % e is also the
+experts module (``gate_up_proj [E, 2F, H]`` / ``down_proj [E, H, F]`` as transformers' Mixtral and Qwen2-MoE
+store them, transposed with per-expert biases as gpt-oss's: every parameter of the module is split on its expert
+dimension); the plan rules make each EP group's devices increasing, so r % e is also the
 rank's position in the EP process group and the Shard(0) coordinate of its expert DTensors.
 
 Forward of one experts module (``hidden [T, H], top_k_index [T, k], top_k_weights [T, k]``, the router
@@ -11,7 +12,8 @@ replicated and run by each rank on its own tokens, exactly as in the HF model):
 
 1. the T * k token copies are sorted by expert (stable), so they go out grouped by owning rank;
 2. dispatch: one ``all_to_all_single`` of the copies' hidden states (and one of their expert ids);
-3. each rank runs its local experts on what it received (``down(act(gate) * up)``, HF's eager math);
+3. each rank runs its local experts on what it received (``down(gate(gate_up(x)))`` with the experts class's own
+   gate: HF's eager math);
 4. combine: the reverse ``all_to_all_single`` brings each copy's output home, where it is weighted by
    its router probability and summed into its token in ascending expert order (HF's order).
 
@@ -136,14 +138,16 @@ def runtime_problems(plan: Plan) -> list[tuple[str, str, str]]:
     return out
 
 
-_LAYOUT = (("is_transposed", False), ("has_bias", False), ("has_gate", True), ("is_concatenated", True))
+# transformers' experts interface flags the share computes (any weight orientation, biases and gate, which is the
+# experts class's own): a gate, and no norm after the experts
+_LAYOUT = (("has_gate", True), ("has_post_expert_norm", False))
 
 
 def check_moe_units(plan: Plan, named_units: list[tuple[str, nn.Module]]) -> None:
     """Refuse what wrap cannot train as one process does, in one line: an HF MoE model configured to add the
     router's auxiliary loss (``output_router_logits``: wrap's loss has no such term) or with router jitter
-    (random per-token noise), and ep > 1 on experts laid out otherwise than HF Mixtral's (transposed, with
-    biases, without a gate, interleaved gate / up): ``ExpertParallelExperts`` computes that one layout."""
+    (random per-token noise), and ep > 1 on experts without a gate (``up_proj`` only) or with a norm after them,
+    which ``ExpertParallelExperts`` does not compute."""
     eps = {ly.name for st in plan.stages for ly in st.layers if ly.strategy.ep > 1}
     for name, unit in named_units:
         for parent, _, experts in packed_experts(unit):
@@ -213,18 +217,24 @@ def _exchange_plain(x: torch.Tensor, out_splits: list[int], in_splits: list[int]
 class ExpertParallelExperts(nn.Module):
     """This rank's share of a packed experts module, with all-to-all dispatch and combine (see module doc).
 
-    ``gate_up_proj`` / ``down_proj`` keep their names and logical shapes: DTensors sharded on the expert
-    dimension over the EP group's mesh (checkpoints and ``full_state_dict`` see the whole tensors).
+    Every parameter (``gate_up_proj`` / ``down_proj``, and their ``*_bias`` where the experts have biases) keeps
+    its name and logical shape: DTensors sharded on the expert dimension over the EP group's mesh (checkpoints and
+    ``full_state_dict`` see the whole tensors). The plain attributes the experts' gate reads (``act_fn``, gpt-oss's
+    ``alpha`` / ``limit``) are copied, and the gate is the experts class's own ``_apply_gate``.
     """
 
     def __init__(self, experts: nn.Module, shard: int, ep: int, group, mesh) -> None:
         super().__init__()
+        for key, value in vars(experts).items():  # flags and gate constants, not torch's bookkeeping
+            if not key.startswith("_") and key != "training" and isinstance(value, (bool, int, float, str)):
+                setattr(self, key, value)
         self.num_experts, self.ep, self.group = experts.num_experts, ep, group
         self.local = self.num_experts // ep
         self.base = shard * self.local
-        self.act_fn = experts.act_fn
-        for name in ("gate_up_proj", "down_proj"):
-            full = getattr(experts, name)
+        self.act_fn = getattr(experts, "act_fn", None)
+        self.gate = type(experts)._apply_gate  # transformers' experts interface: the custom or default gate
+        self.transposed = bool(getattr(experts, "is_transposed", False))
+        for name, full in experts.named_parameters(recurse=False):
             part = full.detach()[self.base:self.base + self.local].clone()
             dt = DTensor.from_local(part, mesh, [Shard(0)], run_check=False, shape=full.shape, stride=full.stride())
             setattr(self, name, nn.Parameter(dt, requires_grad=full.requires_grad))
@@ -247,15 +257,21 @@ class ExpertParallelExperts(nn.Module):
         return torch.zeros_like(hidden).index_add(0, token, contrib.to(hidden.dtype))
 
     def _run_local(self, x: torch.Tensor, local_ids: torch.Tensor) -> torch.Tensor:
-        """``down(act(gate) * up)`` of each received row by its local expert (every expert runs, 0 rows too)."""
+        """``down(gate(gate_up(x)))`` of each received row by its local expert, as transformers' experts compute
+        it (weights transposed or not, biases where they have them; every expert runs, 0 rows too)."""
         perm = torch.argsort(local_ids, stable=True)
         counts = torch.bincount(local_ids, minlength=self.local).tolist()
-        gate_up, down = self.gate_up_proj.to_local(), self.down_proj.to_local()
+        local = {name: p.to_local() for name, p in self.named_parameters(recurse=False)}
         outs = []
         for j, rows in enumerate(torch.split(x[perm], counts)):
-            gate, up = nn.functional.linear(rows, gate_up[j]).chunk(2, dim=-1)
-            outs.append(nn.functional.linear(self.act_fn(gate) * up, down[j]))
+            h = self.gate(self, self._linear(rows, local, "gate_up_proj", j))
+            outs.append(self._linear(h, local, "down_proj", j))
         return torch.cat(outs).index_select(0, torch.argsort(perm))
+
+    def _linear(self, x: torch.Tensor, local: dict[str, torch.Tensor], name: str, j: int) -> torch.Tensor:
+        w, b = local[name][j], local.get(f"{name}_bias")
+        y = x @ w if self.transposed else nn.functional.linear(x, w)
+        return y if b is None else y + b[j]
 
 
 def apply_expert_parallel(module: nn.Module, places: list[Placement], mine: Placement, rank: int,

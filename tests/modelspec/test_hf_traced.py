@@ -18,6 +18,18 @@ OLMO2_7B = {"model_type": "olmo2", "architectures": ["Olmo2ForCausalLM"], "hidde
             "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
             "vocab_size": 100352, "max_position_embeddings": 4096, "rope_theta": 500000, "rms_norm_eps": 1e-06,
             "tie_word_embeddings": False, "attention_bias": False, "pad_token_id": 100277, "eos_token_id": 100257}
+# openai/gpt-oss-20b config.json (the fields that shape the model; its MXFP4 quantization is for inference: the
+# model is traced as trained, in bf16); layer_types alternate sliding and full attention
+GPT_OSS_20B = {"model_type": "gpt_oss", "hidden_size": 2880, "intermediate_size": 2880, "num_hidden_layers": 24,
+               "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64, "num_local_experts": 32,
+               "num_experts_per_tok": 4, "experts_per_token": 4, "vocab_size": 201088, "max_position_embeddings": 131072,
+               "sliding_window": 128, "attention_bias": True, "tie_word_embeddings": False, "rope_theta": 150000,
+               "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0, "original_max_position_embeddings": 4096,
+                                "rope_type": "yarn", "truncate": False},
+               "swiglu_limit": 7.0, "pad_token_id": 199999, "eos_token_id": 200002,
+               "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": [
+                   "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}}
+GPT_OSS_20B["layer_types"] = ["sliding_attention", "full_attention"] * 12
 TINY_GPT_OSS = {"model_type": "gpt_oss", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
                 "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
                 "num_local_experts": 4, "num_experts_per_tok": 2, "max_position_embeddings": 64, "sliding_window": 8,
@@ -54,6 +66,14 @@ def test_a_gpt_oss_config_is_traced_with_its_routed_experts(tmp_path):
     spec = load_model(_write(tmp_path, TINY_GPT_OSS), seq_len=16)
     assert sum(layer.params for layer in spec.layers) == _hf_params(TINY_GPT_OSS)
     assert [(layer.moe.num_experts, layer.moe.top_k) for layer in spec.layers[1:3]] == [(4, 2), (4, 2)]
+
+
+def test_the_gpt_oss_20b_config_traces_to_its_published_parameter_count(tmp_path):
+    from autopar.modelspec.load import load_model
+
+    spec = load_model(_write(tmp_path, GPT_OSS_20B), seq_len=4096)
+    assert sum(layer.params for layer in spec.layers) == 20_914_757_184  # "21B parameters" (20.91B)
+    assert {(layer.moe.num_experts, layer.moe.top_k) for layer in spec.layers[1:-1]} == {(32, 4)}
 
 
 def test_search_on_a_traced_config_writes_a_plan_estimate_reads_as_one_number(tmp_path, capsys):

@@ -98,10 +98,10 @@ def test_experts_in_another_layout_are_refused_with_ep_only():
     from autopar.units import units
 
     named = units(from_transformers(_mixtral()))
-    dict(named)[L1].layer.mlp.experts.has_bias = True  # as GPT-OSS's experts
+    dict(named)[L1].layer.mlp.experts.has_gate = False  # an up_proj and an activation, no gate
     check_moe_units(_plan([0, 1], layer={}), named)  # replicated experts run in any layout
     with pytest.raises(AutoparError, match="^strategy.ep: unit layers.1's experts module MixtralExperts has "
-                       "has_bias=True, a layout expert parallel does not run; use ep 1"):
+                       "has_gate=False, a layout expert parallel does not run; use ep 1"):
         check_moe_units(_plan([0, 1], layer={"ep": 2}), named)
 
 

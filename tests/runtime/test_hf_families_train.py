@@ -75,18 +75,21 @@ def test_family_under_context_parallel_trains_like_one_process(kind):
     assert_matches_reference(view(kind), plan, x, y, tol=1e-6)
 
 
-# The MoE families run tp 1 (their experts' HF styles are not translated); expert parallel on the routed blocks
-# where their packed experts are laid out as Mixtral's, which gpt-oss's (transposed, biased, gate and up interleaved)
-# are not. float32: the experts' grouped matmul takes no float64.
+# The MoE families run tp 1 (their experts' HF styles are not translated), with expert parallel on the routed
+# blocks (gpt-oss's experts transposed, biased, with their own clamped gate). float32: the experts' grouped matmul
+# takes no float64.
 DENSE_FIRST = ("glm4_moe", "ernie4_5_moe")
 
 
-def _ep_plan(kind: str):
+def _ep_plan(kind: str, **strategy):
     routed = [L1] if kind in DENSE_FIRST else [L0, L1]
-    return [(4, 2, [([0, 1, 2, 3], [(u, {"zero": 1, **({"ep": 2} if u in routed else {})}) for u in GPT_UNITS])])]
+    return [(4, 2, [([0, 1, 2, 3], [(u, {**strategy, **({"ep": 2} if u in routed else {})}) for u in GPT_UNITS])])]
 
 
-MOE_CASES = [(k, p) for k in sorted(MOE_FAMILIES) for p in ("pp2-dp2-zero3", "ep2-zero1") if (k, p) != ("gpt_oss", "ep2-zero1")]
+MOE_PLANS = {"pp2-dp2-zero3": lambda kind: NO_TP_PLANS["pp2-dp2-zero3"],
+             "ep2-zero1": lambda kind: _ep_plan(kind, zero=1),
+             "ep2-zero3-ckpt": lambda kind: _ep_plan(kind, zero=3, ckpt="full")}
+MOE_CASES = [(k, p) for k in sorted(MOE_FAMILIES) for p in MOE_PLANS]
 
 
 @pytest.mark.parametrize(("kind", "plan"), MOE_CASES, ids=[f"{k}-{p}" for k, p in MOE_CASES])
@@ -95,12 +98,4 @@ def test_moe_family_trains_like_one_process(kind, plan):
 
     assert not _has_tp(kind)
     x, y = token_data()
-    pipelines = _ep_plan(kind) if plan == "ep2-zero1" else NO_TP_PLANS[plan]
-    assert_matches_reference(lambda: from_transformers(build(kind)), make_plan(pipelines), x, y)
-
-
-def test_gpt_oss_experts_under_expert_parallel_are_refused_in_one_line():
-    from tests.runtime.reference import wrap_outcomes
-
-    outcomes = wrap_outcomes(view("gpt_oss"), make_plan(_ep_plan("gpt_oss")))
-    assert all("is_transposed=True" in o and "\n" not in o for o in outcomes), outcomes
+    assert_matches_reference(lambda: from_transformers(build(kind)), make_plan(MOE_PLANS[plan](kind)), x, y)
