@@ -1,0 +1,29 @@
+"""docs/models.md lists exactly the model types autopar reads or runs, each with the reader the code uses."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "models.md"
+
+
+def _rows() -> dict[str, list[str]]:
+    rows = {}
+    for line in DOC.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| ") and len(cells) == 6 and cells[0] not in ("model_type", "---"):
+            rows[cells[0]] = cells[1:]
+    return rows
+
+
+def test_the_models_page_lists_every_family_with_its_reader():
+    from autopar.models.hf_llama import LLAMA_LIKE, MOE
+    from autopar.modelspec.hf import HF_TYPES
+
+    rows = _rows()
+    assert set(rows) == set(HF_TYPES) | set(LLAMA_LIKE) | {"gpt2", "bert", "t5"}
+    for kind, (reads, runs, _tp, cp, ep) in rows.items():
+        assert reads == ("formulas" if kind in HF_TYPES else "traced" if kind in LLAMA_LIKE else "-"), kind
+        assert (runs != "-") == (kind in LLAMA_LIKE or kind in ("gpt2", "bert", "t5")), kind
+        assert (ep == "yes") == (kind in MOE), kind
+        assert (cp == "yes") == (kind in LLAMA_LIKE and kind not in MOE), kind
