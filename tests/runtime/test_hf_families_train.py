@@ -99,3 +99,32 @@ def test_moe_family_trains_like_one_process(kind, plan):
     assert not _has_tp(kind)
     x, y = token_data()
     assert_matches_reference(lambda: from_transformers(build(kind)), make_plan(MOE_PLANS[plan](kind)), x, y)
+
+
+def _meta(kind: str):
+    import torch
+
+    from autopar.models.hf import from_transformers
+
+    def build_on_meta():
+        with torch.device("meta"):
+            return from_transformers(build(kind))
+    return build_on_meta
+
+
+META_PLAN = [(2, 4, [([0], same([E, L0])), ([1], same([L1, H]))])]
+
+
+@pytest.mark.parametrize("kind", sorted((set(FAMILIES) | set(MOE_FAMILIES)) - {"apertus"}))
+def test_family_built_on_the_meta_device_trains_like_one_process(kind):
+    """HF's own _init_weights sets every tensor of each unit on the rank that holds it."""
+    x, y = token_data()
+    assert_matches_reference(_meta(kind), make_plan(META_PLAN), x, y, meta=True)
+
+
+def test_apertus_on_the_meta_device_is_refused_naming_the_tensor_hf_init_leaves_unset():
+    """Its xIELU activation's parameters are set by the constructor, which _init_weights does not redo."""
+    from tests.runtime.reference import wrap_outcomes
+
+    outcomes = wrap_outcomes(_meta("apertus"), make_plan(META_PLAN))
+    assert any("act_fn.alpha_p (XIELUActivation) is not set" in o and "\n" not in o for o in outcomes), outcomes
