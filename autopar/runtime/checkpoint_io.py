@@ -43,7 +43,7 @@ def _as_logical(local: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     return local
 
 
-def _persistent_buffers(module: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+def persistent_buffers(module: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
     out = []
     for mname, m in module.named_modules():
         for bname, b in m.named_buffers(recurse=False):
@@ -52,7 +52,7 @@ def _persistent_buffers(module: torch.nn.Module) -> list[tuple[str, torch.Tensor
     return out
 
 
-def _param_names(st) -> list[str]:
+def param_names(st) -> list[str]:
     return [fqn for fqn, _ in st.unit.module.named_parameters()]
 
 
@@ -109,12 +109,12 @@ def save_checkpoint(pm, path: str | os.PathLike) -> None:
             continue
         name = st.unit.name
         views = _optimizer_views(pm, st)
-        for fqn, p, opt in zip(_param_names(st), st.sync.params, views):
+        for fqn, p, opt in zip(param_names(st), st.sync.params, views):
             sd[f"model.{name}.{fqn}"] = p.detach()
             for key, v in opt.items():
                 logical = (_as_logical(v, p) if isinstance(v, torch.Tensor) and v.dim() else v)
                 sd[f"optim.{name}.{fqn}.{key}"] = logical
-        for fqn, b in _persistent_buffers(st.unit.module):
+        for fqn, b in persistent_buffers(st.unit.module):
             sd[f"model.{name}.{fqn}"] = b
     sd["autopar.optimizer"] = type(pm.optimizer).__name__
     sd["autopar.calls"] = pm._calls
@@ -126,13 +126,14 @@ def save_checkpoint(pm, path: str | os.PathLike) -> None:
     dcp.save(sd, checkpoint_id=os.fspath(path))
 
 
-def _agree_missing(problem: str) -> None:
+def agree_missing(problem: str, field: str = "checkpoint",
+                  fix: str = "load a checkpoint of the same model (unit and parameter names)") -> None:
     """Collective: raise the first rank's problem on every rank (nothing when no rank has one)."""
     found = [None] * dist.get_world_size()
     dist.all_gather_object(found, problem)
     first = next((f for f in found if f), "")
     if first:
-        raise AutoparError("checkpoint", first, "load a checkpoint of the same model (unit and parameter names)")
+        raise AutoparError(field, first, fix)
 
 
 def load_checkpoint(pm, path: str | os.PathLike) -> None:
@@ -159,7 +160,7 @@ def load_checkpoint(pm, path: str | os.PathLike) -> None:
     problem = ""
     for st in pm._states:
         name = st.unit.name
-        for fqn, p in zip(_param_names(st), st.sync.params):
+        for fqn, p in zip(param_names(st), st.sync.params):
             key = f"model.{name}.{fqn}"
             md = meta.get(key)
             if not isinstance(md, TensorStorageMetadata) or tuple(md.size) != tuple(p.shape):
@@ -180,12 +181,12 @@ def load_checkpoint(pm, path: str | os.PathLike) -> None:
                     sd[k] = torch.zeros(md_k.size, dtype=md_k.properties.dtype)
                 targets.append((k[len(prefix):], k))
             optim.append((st, targets))
-        for fqn, b in _persistent_buffers(st.unit.module):
+        for fqn, b in persistent_buffers(st.unit.module):
             if f"model.{name}.{fqn}" not in meta:
                 problem = problem or f"{path} has no buffer {name}.{fqn}"
                 continue
             sd[f"model.{name}.{fqn}"] = b
-    _agree_missing(problem)
+    agree_missing(problem)
     for k in ("autopar.calls", "autopar.optimizer_steps", "autopar.skipped_steps"):
         sd[k] = None
     rng = f"rng.rank{pm.rank}" if f"rng.rank{pm.rank}.cpu" in meta else "rng.rank0"
@@ -202,6 +203,12 @@ def load_checkpoint(pm, path: str | os.PathLike) -> None:
         torch.cuda.set_rng_state(sd[f"{rng}.cuda"], pm.device)
 
 
+@torch.no_grad()
+def refresh_master(shard) -> None:
+    """Set a ZeRO-1/2 shard's master slice from the parameters it covers (after they were loaded)."""
+    shard.master.copy_(shard._flatten(shard.tensors)[shard.index * shard.size:(shard.index + 1) * shard.size])
+
+
 def _local(t: object) -> object:
     return t.to_local() if isinstance(t, DTensor) else t
 
@@ -216,7 +223,7 @@ def _install(pm, sd: dict, optim: list) -> None:
     for st, per_param in by_state.values():
         if st.shard is not None:
             shard = st.shard
-            shard.master.copy_(shard._flatten(shard.tensors)[shard.index * shard.size:(shard.index + 1) * shard.size])
+            refresh_master(shard)
             if per_param and per_param[0]:
                 state = {}
                 for key, v in per_param[0].items():

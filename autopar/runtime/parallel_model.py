@@ -18,6 +18,7 @@ from autopar.runtime.clip import clip_coefficient, global_grad_norm, optimizer_g
 from autopar.runtime.context_parallel import plan_cp
 from autopar.runtime.grad_sync import UnitGradSync
 from autopar.runtime.guards import check_same_batch, finite_step
+from autopar.runtime.hf_checkpoint import load_hf_checkpoint
 from autopar.runtime.layout import Placement
 from autopar.runtime.outputs import gather_outputs, global_loss
 from autopar.runtime.p2p import Mailbox
@@ -67,6 +68,7 @@ class ParallelModel:
                  tied: TiedGrads | None = None) -> None:
         self.plan, self.device, self.runner, self.optimizer = plan, device, runner, optimizer
         self._tied = tied  # gradients of tensors two units share (autopar.runtime.ties)
+        self.hf_names: dict[str, tuple[str, ...]] | None = None  # a transformers model's state-dict names (load_hf)
         self._states, self._mailbox, self._shapes, self._places = states, mailbox, shapes, places
         self.rank = dist.get_rank()
         self.pipeline, self.stage = runner.spec.pipeline, runner.spec.stage
@@ -246,6 +248,11 @@ class ParallelModel:
         """Replace this model's training state by a checkpoint ``save`` wrote under any plan (collective)."""
         self._no_pending_gradients("load")
         load_checkpoint(self, path)
+
+    def load_hf(self, path: str | os.PathLike) -> None:
+        """Read a Hugging Face checkpoint folder (``save_pretrained``'s safetensors) into this wrapped transformers
+        model before training, each rank reading only what it holds (collective; see hf_checkpoint)."""
+        load_hf_checkpoint(self, path)
 
     @staticmethod
     def _free_accumulated_grads(st: _UnitState) -> None:

@@ -1,0 +1,77 @@
+"""``ParallelModel.load_hf``: a Hugging Face checkpoint (a ``save_pretrained`` folder of safetensors files) read
+into a wrapped transformers model, each rank reading only the pieces it holds.
+
+The model must come from a transformers model (raw, or ``autopar.models.from_transformers``): its units view
+records each tensor's name in the HF state dict (``hf_names``), and ``wrap`` keeps that map. Each rank offers its
+own parameters and persistent buffers (TP and FSDP shards as their DTensors, expert-parallel shards, whole tensors)
+under those names, and ``torch.distributed.checkpoint`` with its ``HuggingFaceStorageReader`` reads exactly those
+regions from the files, converting dtypes. A tied tensor the checkpoint holds once (``lm_head.weight`` under
+``tie_word_embeddings``) is read into every unit that keeps a copy of it. ZeRO-1/2's master shards are then
+refreshed from the loaded parameters. This is how a model built on the meta device starts from pretrained
+weights without any rank holding the whole model.
+
+Only before training: the optimizer's state would not match the new weights. A missing tensor or a shape that
+differs is refused on every rank with one line naming it, before anything is overwritten.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+from autopar.errors import AutoparError
+from autopar.runtime.checkpoint_io import agree_missing, param_names, persistent_buffers, refresh_master
+
+
+def _wanted(pm) -> list[tuple[str, str, torch.Tensor]]:
+    """(this rank's name of the tensor, its candidate HF names, the tensor) for every tensor this rank holds."""
+    out = []
+    for st in pm._states:
+        name = st.unit.name
+        out += [(f"{name}.{fqn}", p.detach()) for fqn, p in zip(param_names(st), st.sync.params)]
+        out += [(f"{name}.{fqn}", b) for fqn, b in persistent_buffers(st.unit.module)]
+    return [(n, pm.hf_names.get(n, ()), t) for n, t in out]
+
+
+def load_hf_checkpoint(pm, path: str | os.PathLike) -> None:
+    """Collective: read the HF safetensors checkpoint in folder ``path`` into ``pm`` (module docstring)."""
+    path = os.fspath(path)
+    if pm.hf_names is None:
+        raise AutoparError("load_hf", "the wrapped model is not a transformers model, so its tensors have no "
+                           "Hugging Face names", "wrap the transformers model (or from_transformers(model)), or "
+                           "use ParallelModel.load for an autopar checkpoint")
+    if pm.optimizer_steps or pm._accumulated:
+        raise AutoparError("load_hf", f"{pm.optimizer_steps} optimizer step(s) have run: the optimizer's state "
+                           "belongs to the weights they trained", "load pretrained weights right after wrap")
+    try:
+        reader = dcp.HuggingFaceStorageReader(path)
+        have = reader.read_metadata().state_dict_metadata
+    except (FileNotFoundError, OSError, ValueError) as e:
+        raise AutoparError("load_hf", f"cannot read a Hugging Face checkpoint in {path}: {e}",
+                           "pass the folder save_pretrained wrote (its *.safetensors files)") from None
+    rounds: list[dict[str, torch.Tensor]] = [{}]
+    problem = ""
+    for mine, names, t in _wanted(pm):
+        key = next((n for n in names if n in have), None)
+        md = have.get(key)
+        if not isinstance(md, TensorStorageMetadata) or tuple(md.size) != tuple(t.shape):
+            found = f" (it has {tuple(md.size)})" if isinstance(md, TensorStorageMetadata) else ""
+            problem = problem or (f"{path} has no tensor {' or '.join(names) or mine} of shape "
+                                  f"{tuple(t.shape)}{found}")
+            continue
+        slot = next(r for r in rounds + [{}] if key not in r)  # a tied tensor twice on this rank: another round
+        if slot not in rounds:
+            rounds.append(slot)
+        slot[key] = t
+    agree_missing(problem, "load_hf", "load a checkpoint of this model (save_pretrained of the same config)")
+    count = torch.tensor([len(rounds)])
+    dist.all_reduce(count, op=dist.ReduceOp.MAX)  # dcp.load is collective: every rank takes as many rounds
+    for i in range(int(count.item())):
+        dcp.load(rounds[i] if i < len(rounds) else {}, storage_reader=dcp.HuggingFaceStorageReader(path))
+    for st in pm._states:
+        if st.shard is not None:
+            refresh_master(st.shard)

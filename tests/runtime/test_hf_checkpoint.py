@@ -1,0 +1,97 @@
+"""ParallelModel.load_hf: a save_pretrained folder read into a transformers model wrapped from the meta device,
+each rank reading its own pieces: afterwards every tensor equals the checkpoint's, and training equals the same
+plan wrapped around the model built with those weights (so ZeRO masters and tied copies were refreshed too)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autopar.plan.compact import make_plan
+from autopar.runtime.local_ranks import run_distributed
+from tests.models.test_hf_families import build
+from tests.runtime.cases import GPT_UNITS, same, token_data
+
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.dist
+
+E, L0, L1, H = GPT_UNITS
+PLANS = {
+    "tp2-sp-zero3": ("llama", [(4, 2, [([0, 1, 2, 3], same(GPT_UNITS, tp=2, sp=True, zero=3))])]),
+    "pp2-tp2-zero3": ("gemma2", [(2, 4, [([0, 1], same([E, L0], tp=2, zero=3)), ([2, 3], same([L1, H], tp=2))])]),
+    "dp2-zero2-ckpt": ("qwen3", [(4, 2, [([0, 1], same(GPT_UNITS, zero=2, ckpt="full"))])]),
+}
+
+
+def _saved(kind: str, path: str, tied: bool) -> None:
+    torch.manual_seed(7)
+    model = build(kind, tie_word_embeddings=tied)
+    model.config.tie_word_embeddings = tied
+    model.tie_weights()
+    model.save_pretrained(path)
+
+
+def _train(rank, world, kind, plan, path, from_checkpoint):
+    from autopar.models.hf import from_transformers
+    from autopar.runtime import wrap
+
+    cfg = transformers.AutoConfig.from_pretrained(path)
+    if from_checkpoint:
+        with torch.device("meta"):
+            model = transformers.AutoModelForCausalLM.from_config(cfg)
+    else:
+        model = transformers.AutoModelForCausalLM.from_pretrained(path)
+    pm = wrap(from_transformers(model), plan, optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-2))
+    if from_checkpoint:
+        pm.load_hf(path)
+    start = pm.full_state_dict()
+    x, y = token_data()
+    return start, [pm.step(x, y) for _ in range(3)], pm.full_state_dict()
+
+
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+@pytest.mark.parametrize("name", sorted(PLANS))
+def test_load_hf_gives_the_checkpoints_tensors_and_trains_as_the_model_built_with_them(name, tied, tmp_path):
+    kind, pipelines = PLANS[name]
+    plan = make_plan(pipelines)
+    _saved(kind, str(tmp_path), tied)
+    loaded = run_distributed(_train, plan.world_size, kind, plan, str(tmp_path), True)
+    built = run_distributed(_train, plan.world_size, kind, plan, str(tmp_path), False)
+    for (start, losses, end), (ref_start, ref_losses, ref_end) in zip(loaded, built):
+        assert start.keys() == ref_start.keys()
+        for k in ref_start:
+            torch.testing.assert_close(start[k], ref_start[k], atol=0, rtol=0, msg=k)
+        assert losses == ref_losses
+        for k in ref_end:
+            torch.testing.assert_close(end[k], ref_end[k], atol=0, rtol=0, msg=k)
+
+
+def _refusal(rank, world, path, model_kind, steps):
+    from autopar.errors import AutoparError
+    from autopar.models.hf import from_transformers
+    from autopar.runtime import wrap
+    from tests.runtime.cases import gpt
+
+    model = gpt() if model_kind == "gpt" else from_transformers(build(model_kind))
+    pm = wrap(model, make_plan([(4, 2, [([0, 1], same(GPT_UNITS))])]), optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1))
+    x, y = token_data()
+    for _ in range(steps):
+        pm.step(x, y)
+    try:
+        pm.load_hf(path)
+    except AutoparError as e:
+        return str(e)
+    return "loaded"
+
+
+@pytest.mark.parametrize(("model_kind", "steps", "says"), [
+    ("gpt", 0, "load_hf: the wrapped model is not a transformers model"),
+    ("llama", 1, "load_hf: 1 optimizer step(s) have run"),
+    ("olmoe", 0, "has no tensor model.layers.0.mlp.experts.gate_up_proj of shape"),
+], ids=["not-transformers", "after-training", "per-expert-checkpoint"])
+def test_what_load_hf_cannot_read_is_refused_on_every_rank_in_one_line(model_kind, steps, says, tmp_path):
+    """transformers saves packed MoE experts one tensor per expert (its conversion mapping), which load_hf does
+    not pack: refused, naming the packed tensor, with nothing overwritten."""
+    build("olmoe" if model_kind == "olmoe" else "llama").save_pretrained(str(tmp_path))
+    outcomes = run_distributed(_refusal, 2, str(tmp_path), model_kind, steps)
+    assert all(says in o and "\n" not in o for o in outcomes), outcomes
