@@ -5,7 +5,8 @@ The model must come from a transformers model (raw, or ``autopar.models.from_tra
 records each tensor's name in the HF state dict (``hf_names``), and ``wrap`` keeps that map. Each rank offers its
 own parameters and persistent buffers (TP and FSDP shards as their DTensors, expert-parallel shards, whole tensors)
 under those names, and ``torch.distributed.checkpoint`` with its ``HuggingFaceStorageReader`` reads exactly those
-regions from the files, converting dtypes. A tied tensor the checkpoint holds once (``lm_head.weight`` under
+regions from the files, converting dtypes. Packed MoE experts, which transformers saves one tensor per expert
+(``hf_experts``), are assembled from exactly the experts this rank holds. A tied tensor the checkpoint holds once (``lm_head.weight`` under
 ``tie_word_embeddings``) is read into every unit that keeps a copy of it. ZeRO-1/2's master shards are then
 refreshed from the loaded parameters. This is how a model built on the meta device starts from pretrained
 weights without any rank holding the whole model.
@@ -25,6 +26,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from autopar.errors import AutoparError
 from autopar.runtime.checkpoint_io import agree_missing, param_names, persistent_buffers, refresh_master
+from autopar.runtime.hf_experts import PACKED, expert_sources, load_packed_experts, spellings
 
 
 def _wanted(pm) -> list[tuple[str, str, torch.Tensor]]:
@@ -54,9 +56,15 @@ def load_hf_checkpoint(pm, path: str | os.PathLike) -> None:
         raise AutoparError("load_hf", f"cannot read a Hugging Face checkpoint in {path}: {e}",
                            "pass the folder save_pretrained wrote (its *.safetensors files)") from None
     rounds: list[dict[str, torch.Tensor]] = [{}]
+    packed: list[tuple[str, torch.Tensor, list[list[str]]]] = []  # (HF name, tensor, per-expert sources)
     problem = ""
     for mine, names, t in _wanted(pm):
-        key = next((n for n in names if n in have), None)
+        key = next((n for name in names for n in spellings(name) if n in have), None)
+        if key is None and names and names[0].rsplit(".", 1)[-1] in PACKED:
+            sources = expert_sources(names[0], t.shape[0], have)  # transformers saves experts one by one
+            if sources is not None:
+                packed.append((names[0], t, sources))
+                continue
         md = have.get(key)
         if not isinstance(md, TensorStorageMetadata) or tuple(md.size) != tuple(t.shape):
             found = f" (it has {tuple(md.size)})" if isinstance(md, TensorStorageMetadata) else ""
@@ -72,6 +80,7 @@ def load_hf_checkpoint(pm, path: str | os.PathLike) -> None:
     dist.all_reduce(count, op=dist.ReduceOp.MAX)  # dcp.load is collective: every rank takes as many rounds
     for i in range(int(count.item())):
         dcp.load(rounds[i] if i < len(rounds) else {}, storage_reader=dcp.HuggingFaceStorageReader(path))
+    load_packed_experts(path, packed)
     for st in pm._states:
         if st.shard is not None:
             refresh_master(st.shard)

@@ -1,0 +1,80 @@
+"""Packed MoE experts from a Hugging Face checkpoint that stores them one tensor per expert.
+
+transformers 5 keeps a MoE layer's experts packed (``experts.gate_up_proj [E, 2F, H]``, ``experts.down_proj
+[E, H, F]``) but ``save_pretrained`` writes them as the released checkpoints do, one module per expert, and packs
+them on load (``transformers/conversion_mapping.py``: ``MergeModulelist(dim=0)`` then ``Concatenate(dim=1)``):
+``gate_up_proj[e] = cat(gate_e, up_e)``, ``down_proj[e] = down_e``. ``EXPERT_SOURCES`` lists those per-expert names
+as data (Qwen-MoE's ``gate_proj`` / ``up_proj`` / ``down_proj``, Mixtral's ``w1`` / ``w3`` / ``w2`` under
+``block_sparse_moe``); each rank reads only the experts of its own shard (expert parallel and ZeRO-3 split the
+packed tensors on the expert dimension) with ``safetensors``, in the parameter's dtype.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+# packed parameter -> the ways a checkpoint may name its per-expert parts, concatenated in this order
+EXPERT_SOURCES = {"gate_up_proj": (("gate_proj", "up_proj"), ("w1", "w3")), "down_proj": (("down_proj",), ("w2",))}
+PACKED = tuple(EXPERT_SOURCES)
+# module-path renames transformers applies on load (conversion_mapping.py's WeightRenaming): Mixtral's MoE block
+# is ``block_sparse_moe`` on disk, ``mlp`` in the module
+RENAMES = ((".mlp.", ".block_sparse_moe."),)
+
+
+def spellings(name: str) -> list[str]:
+    """``name`` as the module has it, then as a checkpoint may spell it (``RENAMES``)."""
+    return [name] + [name.replace(a, b) for a, b in RENAMES if a in name]
+
+
+def expert_sources(name: str, experts: int, have) -> list[list[str]] | None:
+    """For packed parameter ``name`` (``...experts.gate_up_proj``) of ``experts`` experts: per expert, the
+    checkpoint names whose concatenation it is, as the checkpoint ``have`` spells them; None if it has none."""
+    prefix, packed = name.rsplit(".", 1)
+    for base in spellings(prefix):
+        for parts in EXPERT_SOURCES[packed]:
+            names = [[f"{base}.{e}.{part}.weight" for part in parts] for e in range(experts)]
+            if all(n in have for per in names for n in per):
+                return names
+    return None
+
+
+def _files(path: str) -> dict[str, str]:
+    """Tensor name -> safetensors file in checkpoint folder ``path`` (its index, or its one file)."""
+    index = os.path.join(path, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index) as f:
+            return {k: os.path.join(path, v) for k, v in json.load(f)["weight_map"].items()}
+    from safetensors import safe_open
+
+    single = os.path.join(path, "model.safetensors")
+    with safe_open(single, "pt") as f:
+        return dict.fromkeys(f.keys(), single)
+
+
+@torch.no_grad()
+def load_packed_experts(path: str, packed: list[tuple[str, torch.Tensor, list[list[str]]]]) -> None:
+    """Fill each packed tensor's local experts (its rows along dim 0 on this rank) from their per-expert sources."""
+    if not packed:
+        return
+    from safetensors import safe_open
+
+    files = _files(path)
+    handles: dict[str, object] = {}
+    for _, t, sources in packed:
+        if isinstance(t, DTensor):
+            local = t.to_local()
+            _, offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
+            first = offset[0]
+        else:
+            local, first = t, 0
+        for row in range(local.shape[0]):
+            parts = []
+            for key in sources[first + row]:
+                f = handles.setdefault(files[key], safe_open(files[key], "pt"))
+                parts.append(f.get_tensor(key))
+            local[row].copy_(torch.cat(parts, dim=0).to(local.dtype))
