@@ -122,14 +122,9 @@ def hf_names(view: nn.Module, hf_model: nn.Module) -> dict[str, tuple[str, ...]]
     """Each parameter and persistent buffer of ``view`` (by its name there) -> its names in ``hf_model``'s state
     dict (what ``save_pretrained`` writes; a tied tensor has two: the checkpoint holds one of them)."""
     by_id: dict[int, list[str]] = {}
-    for name, p in hf_model.named_parameters(remove_duplicate=False):
-        by_id.setdefault(id(p), []).append(name)
-    for mname, m in hf_model.named_modules(remove_duplicate=False):
-        for bname, b in m.named_buffers(recurse=False):
-            if b is not None and bname not in m._non_persistent_buffers_set:
-                by_id.setdefault(id(b), []).append(f"{mname}.{bname}" if mname else bname)
-    own = list(view.named_parameters(remove_duplicate=False)) + list(view.named_buffers(remove_duplicate=False))
-    return {name: tuple(dict.fromkeys(by_id[id(t)])) for name, t in own if id(t) in by_id}
+    for name, t in hf_model.state_dict(keep_vars=True).items():  # tied tensors under each of their names
+        by_id.setdefault(id(t), []).append(name)
+    return {name: tuple(by_id[id(t)]) for name, t in view.state_dict(keep_vars=True).items() if id(t) in by_id}
 
 
 def _view(hf_model: nn.Module) -> HFCausalLM:

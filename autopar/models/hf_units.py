@@ -7,17 +7,23 @@ import torch
 from torch import nn
 
 
+def visible_keys(q_pos: torch.Tensor, seq_len: int, window: int | None = None) -> torch.Tensor:
+    """Boolean ``[len(q_pos), seq_len]``: the keys a query at position p sees, 0..p, or with a sliding ``window``
+    p - window + 1..p (transformers' sliding_window_overlay: key j is seen from query i when i - window < j <= i)."""
+    keys = torch.arange(seq_len, device=q_pos.device)[None, :]
+    seen = keys <= q_pos[:, None]
+    return seen if window is None else seen & (keys > q_pos[:, None] - window)
+
+
+def additive_mask(seen: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``[1, 1, q, k]`` additive mask of a boolean ``seen``: 0 where seen, the dtype's minimum elsewhere."""
+    return torch.zeros(seen.shape, device=seen.device, dtype=dtype).masked_fill(~seen, torch.finfo(dtype).min)[None, None]
+
+
 def causal_mask(x: torch.Tensor, window: int | None = None) -> torch.Tensor:
-    """Additive ``[1, 1, S, S]`` mask: 0 on and below the diagonal, the dtype's minimum above it; with a
-    sliding ``window`` also at and beyond ``window`` positions back (transformers' sliding_window_overlay:
-    key j is seen from query i when i - window < j <= i)."""
+    """Additive ``[1, 1, S, S]`` causal mask of ``x [B, S, ...]``, with a sliding ``window`` if given."""
     s = x.shape[1]
-    i = torch.arange(s, device=x.device)
-    hidden = i[None, :] > i[:, None]  # [query, key]: a key after the query
-    if window is not None:
-        hidden = hidden | (i[None, :] <= i[:, None] - window)
-    mask = torch.zeros((s, s), device=x.device, dtype=x.dtype).masked_fill(hidden, torch.finfo(x.dtype).min)
-    return mask[None, None]
+    return additive_mask(visible_keys(torch.arange(s, device=x.device), s, window), x.dtype)
 
 
 # transformers attention implementations whose kernel applies a layer's sliding window itself (the attention

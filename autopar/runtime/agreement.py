@@ -139,13 +139,14 @@ def agree(doc: dict | None, error: BaseException | None) -> None:
 
 
 def agreed_start(model: nn.Module, plan: Plan | str | os.PathLike, world_size: int, settings: dict,
-                 ) -> tuple[Plan, list[tuple[str, nn.Module]], dict[str, UnitTPInfo], list[Tie]]:
+                 ) -> tuple[Plan, list[tuple[str, nn.Module]], dict[str, UnitTPInfo], list[Tie], dict | None]:
     """Load the plan, read the model's units and check them on this rank, then ``agree`` (a collective).
 
-    Returns (plan, named units, their TP facts, the ties between units) once every rank holds the
-    same and all passed. Units sharing a tensor or module get their own copies (``ties.untie``).
+    Returns (plan, named units, their TP facts, the ties between units, a transformers model's state-dict
+    names per unit tensor or None: ``ParallelModel.load_hf``) once every rank holds the same and all passed.
+    Units sharing a tensor or module get their own copies (``ties.untie``).
     """
-    doc = error = None
+    doc = error = hf_names = None
     ties: list[Tie] = []
     try:
         if isinstance(plan, (str, os.PathLike)):
@@ -153,6 +154,7 @@ def agreed_start(model: nn.Module, plan: Plan | str | os.PathLike, world_size: i
 
             plan = load_plan(plan)
         model = units_view(model)  # a transformers model: its embed / layers / head view (same weights)
+        hf_names = getattr(model, "hf_names", None)
         named = units(model)
         infos = {n: unit_tp_info(model, n, m) for n, m in named}
         doc = {"plan": plan_doc(plan), "model": model_doc(named), "wrap": settings}
@@ -166,4 +168,4 @@ def agreed_start(model: nn.Module, plan: Plan | str | os.PathLike, world_size: i
     except Exception as e:  # noqa: BLE001  (every rank must hear of it before anyone waits on a peer)
         error = e
     agree(doc, error)
-    return plan, named, infos, ties
+    return plan, named, infos, ties, hf_names

@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from autopar.errors import AutoparError
+from autopar.models.hf_units import additive_mask, visible_keys
 from autopar.plan.schema import Plan
 from autopar.units import AttentionCore
 
@@ -64,11 +65,9 @@ class CPGroup:
     def hf_positions_and_mask(self, x: torch.Tensor, window: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """For a Hugging Face block on this rank's tokens ``x [B, local, d]``: position ids ``[1, local]``
         and the additive ``[1, 1, local, S]`` causal mask of its queries against the whole sequence (with a
-        sliding ``window``: only the keys less than ``window`` positions back, as ``hf_units.causal_mask``)."""
+        sliding ``window``: only the keys less than ``window`` positions back, ``hf_units.visible_keys``)."""
         pos = self.positions(x.shape[1], x.device)
-        allowed = causal_mask_at(pos, x.shape[1] * self.cp, window)
-        mask = torch.zeros(allowed.shape, dtype=x.dtype, device=x.device).masked_fill(~allowed, torch.finfo(x.dtype).min)
-        return pos[None], mask[None, None]
+        return pos[None], additive_mask(visible_keys(pos, x.shape[1] * self.cp, window), x.dtype)
 
 
 def chunk_positions(seq_len: int, cp: int, index: int, device: torch.device | None = None) -> torch.Tensor:
@@ -122,14 +121,6 @@ def gather_sequence(x: torch.Tensor, cpg: CPGroup) -> torch.Tensor:
     return _GatherSequence.apply(x, cpg)
 
 
-def causal_mask_at(q_pos: torch.Tensor, seq_len: int, window: int | None = None) -> torch.Tensor:
-    """Boolean ``[len(q_pos), seq_len]`` mask: query at position p sees keys 0..p (p - window + 1..p with a
-    sliding ``window``)."""
-    keys = torch.arange(seq_len, device=q_pos.device)[None, :]
-    seen = keys <= q_pos[:, None]
-    return seen if window is None else seen & (keys > q_pos[:, None] - window)
-
-
 class CPAttentionCore(AttentionCore):
     """Causal attention of this rank's queries against the CP group's whole K and V (selective
     checkpointing still finds it: it is an ``AttentionCore``)."""
@@ -145,7 +136,7 @@ class CPAttentionCore(AttentionCore):
         k_all, v_all = gather_sequence(k, self.cpg), gather_sequence(v, self.cpg)
         if r > 1:
             k_all, v_all = k_all.repeat_interleave(r, dim=1), v_all.repeat_interleave(r, dim=1)
-        mask = causal_mask_at(self.cpg.positions(q.shape[-2], q.device), k_all.shape[-2])
+        mask = visible_keys(self.cpg.positions(q.shape[-2], q.device), k_all.shape[-2])
         return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)
 
 

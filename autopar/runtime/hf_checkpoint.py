@@ -29,7 +29,7 @@ from autopar.runtime.checkpoint_io import agree_missing, param_names, persistent
 from autopar.runtime.hf_experts import PACKED, expert_sources, load_packed_experts, spellings
 
 
-def _wanted(pm) -> list[tuple[str, str, torch.Tensor]]:
+def _wanted(pm) -> list[tuple[str, tuple[str, ...], torch.Tensor]]:
     """(this rank's name of the tensor, its candidate HF names, the tensor) for every tensor this rank holds."""
     out = []
     for st in pm._states:
@@ -46,7 +46,7 @@ def load_hf_checkpoint(pm, path: str | os.PathLike) -> None:
         raise AutoparError("load_hf", "the wrapped model is not a transformers model, so its tensors have no "
                            "Hugging Face names", "wrap the transformers model (or from_transformers(model)), or "
                            "use ParallelModel.load for an autopar checkpoint")
-    if pm.optimizer_steps or pm._accumulated:
+    if pm.optimizer_steps:  # (pending accumulated gradients: ParallelModel.load_hf refuses them first)
         raise AutoparError("load_hf", f"{pm.optimizer_steps} optimizer step(s) have run: the optimizer's state "
                            "belongs to the weights they trained", "load pretrained weights right after wrap")
     try:

@@ -11,6 +11,7 @@ packed tensors on the expert dimension) with ``safetensors``, in the parameter's
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 
@@ -64,17 +65,20 @@ def load_packed_experts(path: str, packed: list[tuple[str, torch.Tensor, list[li
     from safetensors import safe_open
 
     files = _files(path)
-    handles: dict[str, object] = {}
-    for _, t, sources in packed:
-        if isinstance(t, DTensor):
-            local = t.to_local()
-            _, offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
-            first = offset[0]
-        else:
-            local, first = t, 0
-        for row in range(local.shape[0]):
-            parts = []
-            for key in sources[first + row]:
-                f = handles.setdefault(files[key], safe_open(files[key], "pt"))
-                parts.append(f.get_tensor(key))
-            local[row].copy_(torch.cat(parts, dim=0).to(local.dtype))
+    with contextlib.ExitStack() as opened:
+        handles = {f: opened.enter_context(safe_open(f, "pt")) for f in {files[k] for _, _, s in packed
+                                                                          for per in s for k in per}}
+        for _, t, sources in packed:
+            _fill(t, sources, files, handles)
+
+
+def _fill(t: torch.Tensor, sources: list[list[str]], files: dict[str, str], handles: dict) -> None:
+    """This rank's rows (experts) of packed tensor ``t``, each the concatenation of its sources."""
+    if isinstance(t, DTensor):
+        local = t.to_local()
+        first = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)[1][0]
+    else:
+        local, first = t, 0
+    for row in range(local.shape[0]):
+        parts = [handles[files[key]].get_tensor(key) for key in sources[first + row]]
+        local[row].copy_(torch.cat(parts, dim=0).to(local.dtype))

@@ -252,6 +252,7 @@ class ParallelModel:
     def load_hf(self, path: str | os.PathLike) -> None:
         """Read a Hugging Face checkpoint folder (``save_pretrained``'s safetensors) into this wrapped transformers
         model before training, each rank reading only what it holds (collective; see hf_checkpoint)."""
+        self._no_pending_gradients("load_hf")
         load_hf_checkpoint(self, path)
 
     @staticmethod

@@ -13,7 +13,6 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.distributed.tensor import DTensor
 
 from autopar.errors import AutoparError
-from autopar.models.hf import from_transformers, is_transformers_model
 from autopar.plan.schema import Plan, StageLayer
 from autopar.runtime.agreement import agreed_start
 from autopar.runtime.async_tp import enable_symmetric_memory, prepare_async_tp
@@ -135,8 +134,7 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
     settings = {"seed": seed, "loss_parallel": loss_parallel, "on_nonfinite": on_nonfinite,
                 "max_grad_norm": max_grad_norm, "mixed_precision": repr(mixed_precision),
                 "compile": repr(compile_kwargs), "meta_device": any(t.is_meta for t in model.parameters())}
-    names_hf = _hf_names(model)  # before agreed_start unties shared tensors into copies
-    plan, named, infos, ties = agreed_start(model, plan, world, settings)
+    plan, named, infos, ties, hf_names = agreed_start(model, plan, world, settings)
     check_cp_settings(plan, isinstance(step_loss(loss_fn), TokenCrossEntropy), compile_kwargs is not None)
     check_policy(mixed_precision, model, plan.precision)
     if compile_kwargs is not None:
@@ -183,19 +181,8 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
     dist.barrier()
     pm = ParallelModel(plan, device, runner, states, opt, mailbox, shapes, places, on_nonfinite,
                        max_grad_norm=max_grad_norm, log_every=log_every, tied=TiedGrads(ties, places, rank, groups))
-    pm.hf_names = names_hf
+    pm.hf_names = hf_names
     return pm
-
-
-def _hf_names(model: nn.Module) -> dict[str, tuple[str, ...]] | None:
-    """A transformers model's (or its units view's) state-dict names per unit tensor, for ``load_hf``; None for
-    other models, or where the view is refused (agreed_start then says why on every rank)."""
-    if not is_transformers_model(model):
-        return getattr(model, "hf_names", None)
-    try:
-        return from_transformers(model).hf_names
-    except AutoparError:
-        return None
 
 
 def _compile_kwargs(compile: bool | dict) -> dict | None:  # noqa: A002
