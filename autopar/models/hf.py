@@ -12,6 +12,8 @@ installed; nothing here imports it.
   (embedding models) is refused.
 * Qwen3: its plan marks the per-head Q/K norms ``replicated_with_grad_allreduce``: each TP rank normalises its
   own heads with the whole weight, so its gradient is a part; autopar's ``tp_grad_sum`` sums it over TP.
+* OLMo 2 / 3 (Q/K norms over all heads) and Cohere's per-head Q/K norms: the norms' weights shard with the heads
+  (autopar's ``tp_norm``), so the projections are plain colwise / rowwise where HF's OLMo plan gathers them.
 * Phi-3: tp = 1 only (HF's colwise_gather_output / rowwise_split_input styles on its fused qkv_proj and
   gate_up_proj are not translated).
 * GPT-2: tp = 1 only (its fused ``c_attn`` cannot be split by heads with a plain column split).

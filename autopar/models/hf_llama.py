@@ -44,9 +44,16 @@ FORWARD_EXTRAS = {
     "starcoder2": {"embed_dropout": "embedding_dropout"},
 }
 
-# Parameters a family's HF TP plan leaves out although each TP rank sees only its shard of their input, so their
-# gradients are parts to sum (Apertus's learned xIELU activation between the column- and row-parallel MLP halves)
-TP_EXTRAS = {"apertus": {"layer.mlp.act_fn": "tp_grad_sum"}}
+# autopar's entries over a family's HF TP plan (same key: autopar's wins; a module the block lacks: dropped).
+# OLMo 2 / 3 normalise Q and K over all heads, so HF's plan gathers every projection's output and runs attention
+# whole on each rank; here the norms run on the heads' shards (tp_norm) and the projections stay colwise / rowwise.
+# Cohere's per-head Q/K norms (use_qk_norm) shard with their heads. Apertus's learned xIELU activation sits between
+# the column- and row-parallel MLP halves, which HF's plan leaves out: each rank sees its shard, so sum its gradient.
+_QK_NORMS = {"layer.self_attn.q_norm": "tp_norm", "layer.self_attn.k_norm": "tp_norm"}
+_QK_NORMED_ATTENTION = {**{f"layer.self_attn.{m}_proj": "colwise" for m in "qkv"},
+                        "layer.self_attn.o_proj": "rowwise", **_QK_NORMS}
+TP_EXTRAS = {"olmo2": _QK_NORMED_ATTENTION, "olmo3": _QK_NORMED_ATTENTION, "cohere": _QK_NORMS,
+             "apertus": {"layer.mlp.act_fn": "tp_grad_sum"}}
 # Config settings under which a family runs with tp = 1: OLMo's clip_qkv clamps the projections in place, which
 # the column-parallel outputs (views of DTensors) do not allow
 TP_OFF_WHEN = {"olmo": "clip_qkv"}
@@ -121,20 +128,18 @@ def block_plan(cfg, layers: list[nn.Module]) -> dict[str, str] | None:
 
     None (tp = 1 only): no plan, a style autopar does not translate, a ``TP_OFF_WHEN`` setting, or a block whose
     attention or MLP holds a parameter the plan neither shards nor sums (TP would train it on a part of its input
-    without syncing: Cohere's per-head Q/K norms with ``use_qk_norm``; the routed experts of an MoE model's later
+    without syncing: the routed experts of an MoE model's later
     blocks when its first ones are dense), or lacks a module the plan names."""
     kind = cfg.model_type
     raw = getattr(cfg, "base_model_tp_plan", None) or {}
     if not raw or getattr(cfg, TP_OFF_WHEN.get(kind, ""), None):
         return None
-    plan = {}
-    for key, style in raw.items():
-        if not key.startswith("layers.*."):
-            continue
-        if style not in _HF_STYLES:
-            return None  # a style autopar does not translate: run this architecture with tp = 1
-        plan["layer." + key[len("layers.*."):]] = _HF_STYLES[style]
-    plan.update(TP_EXTRAS.get(kind, {}))
+    present = dict(layers[0].named_modules(prefix="layer"))
+    plan = {**{"layer." + key[len("layers.*."):]: _HF_STYLES.get(style) for key, style in raw.items()
+               if key.startswith("layers.*.")},
+            **{fqn: style for fqn, style in TP_EXTRAS.get(kind, {}).items() if fqn in present}}
+    if None in plan.values():
+        return None  # a style autopar does not translate: run this architecture with tp = 1
     if not all(_covered(plan, layer) for layer in layers):
         return None
     norms = {f"layer.{name}": "sp_norm_local" for name, _ in layers[0].named_children() if "norm" in name}

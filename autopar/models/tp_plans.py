@@ -10,6 +10,9 @@ when the layer runs with sequence parallelism. Style names:
   vocab_embed   RowwiseParallel on an nn.Embedding: vocabulary-parallel embedding
   logits        ColwiseParallel on the LM head: vocabulary-sharded logits, gathered unless the loss
                 runs under loss_parallel
+  tp_norm       a norm over the features of a column-parallel output (OLMo 2's Q/K norms over all heads,
+                Cohere's per-head ones): weight sharded with the heads; where one normalised vector spans
+                ranks (a 1-D weight) its statistics are all-reduced, one TP collective per call
   tp_grad_sum   left whole on every rank, but it sees only the rank's heads (Qwen3's Q/K norms): its
                 gradient is summed over the TP group by the unit's gradient sync (HF's
                 replicated_with_grad_allreduce)
@@ -81,3 +84,10 @@ TP_PLANS: dict[str, dict[str, str]] = {
     **{f"gpt.{kind}": table for kind, table in GPT_TP_PLAN.items()},
     **{f"llama.{kind}": table for kind, table in LLAMA_TP_PLAN.items()},
 }
+
+
+def tp_norm_collectives(unit, table: dict[str, str]) -> int:
+    """TP collectives per forward (and as many in backward) that the ``tp_norm`` entries of ``table`` add in
+    ``unit``: one per norm with a 1-D weight, whose normalised vector spans every rank's heads (a norm with a
+    (heads, head_dim) weight normalises each head on its own rank)."""
+    return sum(1 for fqn, style in table.items() if style == "tp_norm" and unit.get_submodule(fqn).weight.ndim == 1)

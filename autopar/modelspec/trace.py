@@ -61,7 +61,7 @@ DTYPES = {2: torch.bfloat16, 4: torch.float32, 8: torch.float64}
 # The parameters a style shards (autopar/runtime/tensor_parallel.py): a column-parallel linear splits its
 # bias with its output columns, a row-parallel one keeps its bias whole (added after the all-reduce).
 SHARDED_BY_STYLE = {"colwise": ("weight", "bias"), "rowwise": ("weight",), "vocab_embed": ("weight",),
-                    "logits": ("weight", "bias")}
+                    "logits": ("weight", "bias"), "tp_norm": ("weight", "bias")}
 TP_KINDS = {
     "embed": {"kind": "embedding", "collectives": 1, "bytes_of": "output", "sharded": "vocab"},
     "block": {"kind": "block", "collectives": 2, "bytes_of": "output", "sharded": "matrices"},
@@ -287,19 +287,21 @@ def spec_from_module(module: nn.Module, example_input, name: str | None = None, 
 
 
 def _tp_facts(model: nn.Module, name: str, unit: nn.Module
-              ) -> tuple[str | None, str, tuple[int, ...], set[nn.Module], set[int]]:
-    """(plan name, unit kind, TP divisors, row-parallel modules, ids of the parameters the plan shards) from the
-    unit contract (autopar/units.py); (None, "", (), set(), set()) without a plan."""
+              ) -> tuple[str | None, str, tuple[int, ...], set[nn.Module], set[int], int]:
+    """(plan name, unit kind, TP divisors, row-parallel modules, ids of the parameters the plan shards, TP
+    collectives its plan adds to its kind's per forward) from the unit contract (autopar/units.py); (None, "", (),
+    set(), set(), 0) without a plan."""
+    from autopar.models.tp_plans import tp_norm_collectives
     from autopar.units import unit_kind, unit_tp_info
 
     info = unit_tp_info(model, name, unit)
     if info.plan is None or not info.divisors:
-        return None, "", (), set(), set()
+        return None, "", (), set(), set(), 0
     kind = unit_kind(name)
     rows = {unit.get_submodule(fqn) for fqn, style in info.plan.items() if style == "rowwise"}
     sharded = {id(p) for fqn, style in info.plan.items() for pname, p in
                unit.get_submodule(fqn).named_parameters(recurse=False) if pname in SHARDED_BY_STYLE.get(style, ())}
-    return f"{model.family}.{kind}", kind, tuple(info.divisors), rows, sharded
+    return f"{model.family}.{kind}", kind, tuple(info.divisors), rows, sharded, tp_norm_collectives(unit, info.plan)
 
 
 def _sharded(p: torch.Tensor, rule: str, divisors: tuple[int, ...], by_plan: set[int]) -> bool:
@@ -314,7 +316,7 @@ def _build(module, name, units, rec: _Recorder, ops: OpTrace, seq, batch, dbytes
     layers = []
     for i, n in enumerate(rec.order):
         st, mod = rec.stats[n], mods[n]
-        plan, tp_kind, divisors, rows, by_plan = _tp_facts(module, n, mod)
+        plan, tp_kind, divisors, rows, by_plan, norm_colls = _tp_facts(module, n, mod)
         is_last = i == len(rec.order) - 1
         boundary = (st["in"] if is_last else (st["out"] or 0)) / batch
         ps = per_unit[n]
@@ -326,6 +328,7 @@ def _build(module, name, units, rec: _Recorder, ops: OpTrace, seq, batch, dbytes
             coll, kind = row["collectives"], row["kind"]
             carried = (st["out"] or 0) if row["bytes_of"] == "output" else st["in"]
             comm = coll * carried / batch
+            coll += norm_colls  # statistics of a few floats a token: latency, no bandwidth
         moe = unit_moe(mod, seq, boundary, dbytes)
         flops = st["flops"] / batch
         if moe is not None:  # the experts' FLOPs as dropless top-k routing runs them (trace_moe)

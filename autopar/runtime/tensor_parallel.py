@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module, distribute_tensor
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
@@ -38,6 +38,8 @@ def _style(name: str, sp: bool, logits_sharded: bool) -> ParallelStyle | None:
         return RowwiseParallel(output_layouts=seq if sp else Replicate())
     if name == "vocab_embed":
         return RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+    if name == "tp_norm":
+        return _HeadShardedNorm()
     if name == TP_GRAD_SUM:
         return None  # the module runs as it is on this rank's heads; the gradient sync sums its gradient over TP
     if name == "logits":
@@ -61,7 +63,7 @@ def _style(name: str, sp: bool, logits_sharded: bool) -> ParallelStyle | None:
         return PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(seq,),
                                   use_local_output=True)
     raise AutoparError("tp plan", f"unknown style {name!r}",
-                       "use colwise, rowwise, vocab_embed, logits, tp_grad_sum, sp_norm, sp_norm_local, sp_region, "
+                       "use colwise, rowwise, vocab_embed, logits, tp_norm, tp_grad_sum, sp_norm, sp_norm_local, sp_region, "
                        "sp_region_hidden_states, sp_unit or sp_unit_in")
 
 
@@ -74,6 +76,26 @@ class _SplitGather(ParallelStyle):
         PrepareModuleOutput(output_layouts=(Shard(1),), desired_output_layouts=(Replicate(),),
                             use_local_output=True)._apply(module, device_mesh)
         return module
+
+
+class _HeadShardedNorm(ParallelStyle):
+    """A norm over features the column-parallel projection before it split by heads (OLMo 2's Q/K norms over all
+    heads, Cohere's per-head ones): its parameters are sharded on dim 0 with the heads, and it runs its own forward
+    on its input as a DTensor sharded on the first normalised dimension, so DTensor all-reduces the statistics where
+    the normalised features span ranks (a 1-D weight) and keeps them local where each head is normalised alone
+    (a weight of shape (heads, head_dim)). Its output is the local shard again."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        def shard_params(_name: str, mod: nn.Module, mesh: DeviceMesh) -> None:
+            for pname, p in list(mod.named_parameters(recurse=False)):
+                mod.register_parameter(pname, nn.Parameter(distribute_tensor(p, mesh, [Shard(0)]), p.requires_grad))
+
+        def as_dtensor(mod: nn.Module, inputs: tuple, mesh: DeviceMesh) -> tuple:
+            x = inputs[0]
+            return (DTensor.from_local(x, mesh, [Shard(x.ndim - mod.weight.ndim)], run_check=False), *inputs[1:])
+
+        return distribute_module(module, device_mesh, shard_params, as_dtensor,
+                                 lambda _mod, out, _mesh: out.to_local())
 
 
 def apply_tp(unit: nn.Module, table: dict[str, str], mesh: DeviceMesh, sp: bool,

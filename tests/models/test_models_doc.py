@@ -27,3 +27,12 @@ def test_the_models_page_lists_every_family_with_its_reader():
         assert (runs != "-") == (kind in LLAMA_LIKE or kind in ("gpt2", "bert", "t5")), kind
         assert (ep == "yes") == (kind in MOE), kind
         assert (cp == "yes") == (kind in LLAMA_LIKE and kind not in MOE), kind
+
+
+def test_the_tp_column_says_which_llama_like_families_run_tensor_parallel():
+    from autopar.models.hf_llama import DENSE
+    from tests.runtime.test_hf_families_train import FAMILIES, TP_FAMILIES
+
+    rows = _rows()
+    for kind in set(DENSE) & set(FAMILIES):
+        assert rows[kind][2].startswith("yes") == (kind in TP_FAMILIES or kind == "olmo"), kind  # olmo: clip_qkv

@@ -60,6 +60,16 @@ def test_an_olmo2_config_is_traced_to_its_models_parameters(tmp_path):
     assert [(a.params, a.flops) for a in again.layers] == [(b.params, b.flops) for b in spec.layers]
 
 
+def test_olmo2_blocks_are_priced_with_the_tensor_parallel_wrap_runs(tmp_path):
+    """Q/K norms on head shards (autopar.models.hf_llama): every block parameter but its two sublayer norms is
+    sharded, and each forward pays the two Megatron all-reduces plus one statistics all-reduce per Q/K norm."""
+    from autopar.modelspec.load import load_model
+
+    block = load_model(_write(tmp_path, OLMO2_7B)).layers[1]
+    assert block.tp_plan == "hf-olmo2.block" and block.tp_divisors == (32, 32, 11008)
+    assert block.params - block.tp_params == 2 * 4096 and block.tp_collectives == 4
+
+
 def test_a_gpt_oss_config_is_traced_with_its_routed_experts(tmp_path):
     from autopar.modelspec.load import load_model
 
