@@ -117,7 +117,30 @@ def from_transformers(hf_model: nn.Module) -> HFCausalLM:
     view = _view(hf_model)
     view.init_module = getattr(hf_model, "_init_weights", None)
     view.hf_names = hf_names(view, hf_model)
+    view.hf_source = HFSource(view.hf_names, hf_model)
     return view
+
+
+class HFSource:
+    """What ``ParallelModel.load_hf`` / ``save_hf`` need of the transformers model a view was made from: each view
+    tensor's names in its state dict, its config (and generation config), each state-dict tensor's shape and
+    dtype, and transformers' own inverse of its load-time conversions (``revert(state_dict)``: packed MoE experts
+    back to the one-tensor-per-expert names ``save_pretrained`` writes), applied to shape-only stand-ins."""
+
+    def __init__(self, names: dict[str, tuple[str, ...]], hf_model: nn.Module) -> None:
+        self.names, self.config = names, hf_model.config
+        self.generation_config = getattr(hf_model, "generation_config", None)
+        self.shapes = {k: (tuple(t.shape), t.dtype) for k, t in hf_model.state_dict().items()}
+        try:
+            from transformers.core_model_loading import revert_weight_conversion
+        except ImportError:  # transformers 4: checkpoints are saved as the modules name them
+            self._revert = None
+        else:
+            self._revert = lambda sd: revert_weight_conversion(hf_model, sd)
+
+    def revert(self, state_dict: dict) -> dict:
+        """``state_dict`` under the names (and splits) ``save_pretrained`` writes."""
+        return state_dict if self._revert is None else self._revert(state_dict)
 
 
 def hf_names(view: nn.Module, hf_model: nn.Module) -> dict[str, tuple[str, ...]]:

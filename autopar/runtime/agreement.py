@@ -139,14 +139,15 @@ def agree(doc: dict | None, error: BaseException | None) -> None:
 
 
 def agreed_start(model: nn.Module, plan: Plan | str | os.PathLike, world_size: int, settings: dict,
-                 ) -> tuple[Plan, list[tuple[str, nn.Module]], dict[str, UnitTPInfo], list[Tie], dict | None]:
+                 ) -> tuple[Plan, list[tuple[str, nn.Module]], dict[str, UnitTPInfo], list[Tie], object | None]:
     """Load the plan, read the model's units and check them on this rank, then ``agree`` (a collective).
 
-    Returns (plan, named units, their TP facts, the ties between units, a transformers model's state-dict
-    names per unit tensor or None: ``ParallelModel.load_hf``) once every rank holds the same and all passed.
+    Returns (plan, named units, their TP facts, the ties between units, a transformers model's
+    ``autopar.models.hf.HFSource`` or None: ``ParallelModel.load_hf`` / ``save_hf``) once every rank holds the same
+    and all passed.
     Units sharing a tensor or module get their own copies (``ties.untie``).
     """
-    doc = error = hf_names = None
+    doc = error = hf_source = None
     ties: list[Tie] = []
     try:
         if isinstance(plan, (str, os.PathLike)):
@@ -154,7 +155,7 @@ def agreed_start(model: nn.Module, plan: Plan | str | os.PathLike, world_size: i
 
             plan = load_plan(plan)
         model = units_view(model)  # a transformers model: its embed / layers / head view (same weights)
-        hf_names = getattr(model, "hf_names", None)
+        hf_source = getattr(model, "hf_source", None)
         named = units(model)
         infos = {n: unit_tp_info(model, n, m) for n, m in named}
         doc = {"plan": plan_doc(plan), "model": model_doc(named), "wrap": settings}
@@ -168,4 +169,4 @@ def agreed_start(model: nn.Module, plan: Plan | str | os.PathLike, world_size: i
     except Exception as e:  # noqa: BLE001  (every rank must hear of it before anyone waits on a peer)
         error = e
     agree(doc, error)
-    return plan, named, infos, ties, hf_names
+    return plan, named, infos, ties, hf_source

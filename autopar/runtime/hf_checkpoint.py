@@ -2,7 +2,7 @@
 into a wrapped transformers model, each rank reading only the pieces it holds.
 
 The model must come from a transformers model (raw, or ``autopar.models.from_transformers``): its units view
-records each tensor's name in the HF state dict (``hf_names``), and ``wrap`` keeps that map. Each rank offers its
+records each tensor's name in the HF state dict (``hf_source.names``), and ``wrap`` keeps it (``pm.hf``). Each rank offers its
 own parameters and persistent buffers (TP and FSDP shards as their DTensors, expert-parallel shards, whole tensors)
 under those names, and ``torch.distributed.checkpoint`` with its ``HuggingFaceStorageReader`` reads exactly those
 regions from the files, converting dtypes. Packed MoE experts, which transformers saves one tensor per expert
@@ -29,20 +29,21 @@ from autopar.runtime.checkpoint_io import agree_missing, param_names, persistent
 from autopar.runtime.hf_experts import PACKED, expert_sources, load_packed_experts, spellings
 
 
-def _wanted(pm) -> list[tuple[str, tuple[str, ...], torch.Tensor]]:
-    """(this rank's name of the tensor, its candidate HF names, the tensor) for every tensor this rank holds."""
+def hf_tensors(pm) -> list[tuple[str, str, tuple[str, ...], torch.Tensor]]:
+    """(unit, this rank's name of the tensor, its names in the HF state dict, the tensor) for every parameter and
+    persistent buffer this rank holds (TP / FSDP shards as their DTensors)."""
     out = []
     for st in pm._states:
         name = st.unit.name
-        out += [(f"{name}.{fqn}", p.detach()) for fqn, p in zip(param_names(st), st.sync.params)]
-        out += [(f"{name}.{fqn}", b) for fqn, b in persistent_buffers(st.unit.module)]
-    return [(n, pm.hf_names.get(n, ()), t) for n, t in out]
+        out += [(name, f"{name}.{fqn}", p.detach()) for fqn, p in zip(param_names(st), st.sync.params)]
+        out += [(name, f"{name}.{fqn}", b) for fqn, b in persistent_buffers(st.unit.module)]
+    return [(u, n, pm.hf.names.get(n, ()), t) for u, n, t in out]
 
 
 def load_hf_checkpoint(pm, path: str | os.PathLike) -> None:
     """Collective: read the HF safetensors checkpoint in folder ``path`` into ``pm`` (module docstring)."""
     path = os.fspath(path)
-    if pm.hf_names is None:
+    if pm.hf is None:
         raise AutoparError("load_hf", "the wrapped model is not a transformers model, so its tensors have no "
                            "Hugging Face names", "wrap the transformers model (or from_transformers(model)), or "
                            "use ParallelModel.load for an autopar checkpoint")
@@ -58,7 +59,7 @@ def load_hf_checkpoint(pm, path: str | os.PathLike) -> None:
     rounds: list[dict[str, torch.Tensor]] = [{}]
     packed: list[tuple[str, torch.Tensor, list[list[str]]]] = []  # (HF name, tensor, per-expert sources)
     problem = ""
-    for mine, names, t in _wanted(pm):
+    for _, mine, names, t in hf_tensors(pm):
         key = next((n for name in names for n in spellings(name) if n in have), None)
         if key is None and names and names[0].rsplit(".", 1)[-1] in PACKED:
             sources = expert_sources(names[0], t.shape[0], have)  # transformers saves experts one by one

@@ -19,6 +19,7 @@ from autopar.runtime.context_parallel import plan_cp
 from autopar.runtime.grad_sync import UnitGradSync
 from autopar.runtime.guards import check_same_batch, finite_step
 from autopar.runtime.hf_checkpoint import load_hf_checkpoint
+from autopar.runtime.hf_save import MAX_FILE_BYTES, save_hf_checkpoint
 from autopar.runtime.layout import Placement
 from autopar.runtime.outputs import gather_outputs, global_loss
 from autopar.runtime.p2p import Mailbox
@@ -68,7 +69,7 @@ class ParallelModel:
                  tied: TiedGrads | None = None) -> None:
         self.plan, self.device, self.runner, self.optimizer = plan, device, runner, optimizer
         self._tied = tied  # gradients of tensors two units share (autopar.runtime.ties)
-        self.hf_names: dict[str, tuple[str, ...]] | None = None  # a transformers model's state-dict names (load_hf)
+        self.hf = None  # the transformers model's names, config and conversions (autopar.models.hf.HFSource)
         self._states, self._mailbox, self._shapes, self._places = states, mailbox, shapes, places
         self.rank = dist.get_rank()
         self.pipeline, self.stage = runner.spec.pipeline, runner.spec.stage
@@ -254,6 +255,12 @@ class ParallelModel:
         model before training, each rank reading only what it holds (collective; see hf_checkpoint)."""
         self._no_pending_gradients("load_hf")
         load_hf_checkpoint(self, path)
+
+    def save_hf(self, path: str | os.PathLike, max_file_bytes: int = MAX_FILE_BYTES) -> None:
+        """Write this wrapped transformers model to the new folder ``path`` as its ``save_pretrained`` would (config
+        and safetensors files of at most ``max_file_bytes``, which ``from_pretrained`` loads), each rank writing
+        only what it holds (collective; see hf_save)."""
+        save_hf_checkpoint(self, path, max_file_bytes)
 
     @staticmethod
     def _free_accumulated_grads(st: _UnitState) -> None:

@@ -134,7 +134,7 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
     settings = {"seed": seed, "loss_parallel": loss_parallel, "on_nonfinite": on_nonfinite,
                 "max_grad_norm": max_grad_norm, "mixed_precision": repr(mixed_precision),
                 "compile": repr(compile_kwargs), "meta_device": any(t.is_meta for t in model.parameters())}
-    plan, named, infos, ties, hf_names = agreed_start(model, plan, world, settings)
+    plan, named, infos, ties, hf_source = agreed_start(model, plan, world, settings)
     check_cp_settings(plan, isinstance(step_loss(loss_fn), TokenCrossEntropy), compile_kwargs is not None)
     check_policy(mixed_precision, model, plan.precision)
     if compile_kwargs is not None:
@@ -181,7 +181,7 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
     dist.barrier()
     pm = ParallelModel(plan, device, runner, states, opt, mailbox, shapes, places, on_nonfinite,
                        max_grad_norm=max_grad_norm, log_every=log_every, tied=TiedGrads(ties, places, rank, groups))
-    pm.hf_names = hf_names
+    pm.hf = hf_source
     return pm
 
 

@@ -1,0 +1,183 @@
+"""``ParallelModel.save_hf``: the wrapped transformers model written as a ``save_pretrained`` folder (``config.json``,
+safetensors files and their ``model.safetensors.index.json``) that ``from_pretrained`` loads, each rank writing only
+the pieces it holds, so no rank ever holds the whole model.
+
+What is written is what ``save_pretrained`` of the unwrapped model writes: the names and tensors of its state dict
+after transformers' own inverse of its load-time conversions (``HFSource.revert``: transformers 5 keeps MoE experts
+packed but saves them one tensor per expert, Mixtral's under ``block_sparse_moe``), a tied tensor once under its
+first name. That inverse is run on shape-only stand-ins whose values number their elements, so each saved tensor
+is known as a block of one model tensor (``SavedPiece``: the whole, rows of it, or rows of one expert), then each
+rank offers its blocks of the tensors it holds. A tensor is offered by the first unit holding it (a tied copy is
+not offered twice) and only by the ranks of its first placement's pipeline, as ``full_state_dict`` takes it, so
+every saved tensor is written in one layout. ``torch.distributed.checkpoint``'s ``HuggingFaceStorageWriter``
+writes each rank's pieces and consolidates them into files of at most ``MAX_FILE_BYTES`` (transformers' default).
+
+The folder appears whole or not at all: everything is written to ``<path>.autopar-partial`` and renamed at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+from autopar.errors import AutoparError
+from autopar.runtime.checkpoint_io import agree_missing
+from autopar.runtime.hf_checkpoint import hf_tensors
+
+MAX_FILE_BYTES = 5 * 10**9  # transformers' save_pretrained max_shard_size="5GB"
+_FIX = "write the full state dict on one rank (ParallelModel.full_state_dict) and call save_pretrained"
+
+
+@dataclass(frozen=True)
+class SavedPiece:
+    """A saved tensor: rows ``rows`` of the model's state-dict tensor ``source`` (of its expert ``expert``, the
+    index along dim 0 of a packed experts tensor, when not None); ``shape`` and ``dtype`` as saved."""
+
+    source: str
+    expert: int | None
+    rows: tuple[int, int]
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+def _stand_in(shape: tuple[int, ...]) -> torch.Tensor:
+    """The tensor's first dimension (and the second, for a packed experts tensor), numbered element by element."""
+    kept = shape[:2] if len(shape) >= 3 else shape[:1]
+    dims = kept + (1,) * (len(shape) - len(kept))
+    return torch.arange(int(torch.Size(dims).numel()), dtype=torch.int64).reshape(dims)
+
+
+def _decode(name: str, source: str, shape: tuple[int, ...], dtype: torch.dtype, stand: torch.Tensor,
+            saved: torch.Tensor) -> SavedPiece:
+    """Which block of ``source`` the saved tensor ``name`` is, from the numbers its stand-in carries."""
+    if saved.shape == stand.shape and torch.equal(saved, stand):
+        return SavedPiece(source, None, (0, shape[0] if shape else 1), shape, dtype)
+    flat, n = saved.reshape(-1), saved.numel()
+    first = int(flat[0]) if n else 0
+    contiguous = n > 0 and saved.dim() >= 1 and saved.shape[0] == n and torch.equal(
+        flat, torch.arange(first, first + n, dtype=flat.dtype))
+    if contiguous and stand.dim() >= 3 and first % shape[1] + n <= shape[1]:
+        r0 = first % shape[1]
+        return SavedPiece(source, first // shape[1], (r0, r0 + n), (n, *shape[2:]), dtype)
+    if contiguous and stand.dim() in (1, 2):
+        return SavedPiece(source, None, (first, first + n), (n, *shape[1:]), dtype)
+    raise AutoparError("save_hf", f"transformers saves {source} {tuple(shape)} as {name} in a layout autopar does "
+                       "not write (not a block of rows)", _FIX)
+
+
+def saved_pieces(hf) -> dict[str, SavedPiece]:
+    """Every tensor ``save_pretrained`` writes for the model of ``hf`` (an ``HFSource``), by its saved name."""
+    tied_copies = {n for names in hf.names.values() for n in names[1:]}
+    held = {names[0] for names in hf.names.values() if names}
+    out: dict[str, SavedPiece] = {}
+    for key, (shape, dtype) in hf.shapes.items():
+        if key in tied_copies:
+            continue
+        if key not in held:
+            raise AutoparError("save_hf", f"the model's tensor {key} is not held by any unit wrap runs", _FIX)
+        stand = _stand_in(shape)
+        for name, saved in hf.revert({key: stand}).items():
+            out[name] = _decode(name, key, shape, dtype, stand, saved)
+    return out
+
+
+def _rows_here(t: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """(this rank's rows of ``t``, the index of the first): ``t`` whole, or a DTensor split on dim 0 only."""
+    if not isinstance(t, DTensor):
+        return t, 0
+    local = t.to_local()
+    if tuple(local.shape[1:]) != tuple(t.shape[1:]):
+        raise AutoparError("save_hf", f"a tensor of shape {tuple(t.shape)} is split on a dimension other than its "
+                           "first here, which save_pretrained writes in blocks of rows", _FIX)
+    return local, compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)[1][0]
+
+
+def _offered(pm, pieces: dict[str, SavedPiece]) -> dict[str, torch.Tensor]:
+    """The saved tensors (or DTensor shards of them) this rank writes."""
+    offering = {}  # model tensor -> the first unit tensor holding it
+    for view_name, names in pm.hf.names.items():
+        if names:
+            offering.setdefault(names[0], view_name)
+    by_source: dict[str, list[tuple[str, SavedPiece]]] = {}
+    for name, piece in pieces.items():
+        by_source.setdefault(piece.source, []).append((name, piece))
+    out: dict[str, torch.Tensor] = {}
+    for unit, mine, names, t in hf_tensors(pm):
+        if not names or offering.get(names[0]) != mine or pm._places[unit][0].pipeline != pm.pipeline:
+            continue
+        for name, piece in by_source.get(names[0], []):
+            whole = piece.expert is None and piece.rows == (0, t.shape[0] if t.dim() else 1)
+            if whole:
+                out[name] = t
+                continue
+            local, first = _rows_here(t)
+            if piece.expert is None:
+                if first != 0 or local.shape[0] != t.shape[0]:
+                    raise AutoparError("save_hf", f"{names[0]} is split here, and saved in blocks of rows", _FIX)
+                out[name] = local[piece.rows[0]:piece.rows[1]]
+            elif first <= piece.expert < first + local.shape[0]:
+                out[name] = local[piece.expert - first, piece.rows[0]:piece.rows[1]]
+    return out
+
+
+def _file_indices(pieces: dict[str, SavedPiece], limit: int) -> dict[str, int]:
+    """Saved name -> file number (from 1), in order, a new file whenever the next tensor would pass ``limit``."""
+    out, index, size = {}, 1, 0
+    for name, piece in pieces.items():
+        nbytes = torch.Size(piece.shape).numel() * piece.dtype.itemsize
+        if size and size + nbytes > limit:
+            index, size = index + 1, 0
+        out[name], size = index, size + nbytes
+    return out
+
+
+def save_hf_checkpoint(pm, path: str | os.PathLike, max_file_bytes: int = MAX_FILE_BYTES) -> None:
+    """Collective: write ``pm``'s model to folder ``path`` as ``save_pretrained`` would (module docstring)."""
+    path = os.fspath(path)
+    if pm.hf is None:
+        raise AutoparError("save_hf", "the wrapped model is not a transformers model, so its tensors have no "
+                           "Hugging Face names", "wrap the transformers model (or from_transformers(model)), or "
+                           "use ParallelModel.save for an autopar checkpoint")
+    problem = ""
+    if os.path.isfile(path) or (os.path.isdir(path) and os.listdir(path)):
+        problem = f"{path} exists and is not an empty folder"
+    agree_missing(problem, "save_hf", "pass a new folder (save_hf writes a whole save_pretrained folder)")
+    pieces = saved_pieces(pm.hf)
+    partial = f"{path.rstrip(os.sep)}.autopar-partial"
+    if pm.rank == 0 and os.path.exists(partial):
+        shutil.rmtree(partial)  # what an interrupted save left
+    dist.barrier()
+    writer = dcp.HuggingFaceStorageWriter(partial, fqn_to_index_mapping=_file_indices(pieces, max_file_bytes),
+                                          save_distributed=True, enable_consolidation=True)
+    dcp.save(_offered(pm, pieces), storage_writer=writer)
+    problem = ""
+    if pm.rank == 0:
+        problem = _finish(pm, pieces, partial, path)
+    agree_missing(problem, "save_hf", _FIX)
+
+
+def _finish(pm, pieces: dict[str, SavedPiece], partial: str, path: str) -> str:
+    """Rank 0: drop the per-rank files, add the configs, check the index names every tensor, move into place."""
+    try:
+        shutil.rmtree(os.path.join(partial, "sharded"), ignore_errors=True)
+        with open(os.path.join(partial, "model.safetensors.index.json")) as f:
+            written = set(json.load(f)["weight_map"])
+        if written != set(pieces):
+            return f"the files hold {len(written)} tensors, save_pretrained writes {len(pieces)}"
+        pm.hf.config.save_pretrained(partial)
+        if pm.hf.generation_config is not None:
+            pm.hf.generation_config.save_pretrained(partial)
+        if os.path.isdir(path):
+            os.rmdir(path)  # checked empty before writing
+        os.replace(partial, path)
+    except OSError as e:
+        return f"cannot write {path}: {e}"
+    return ""
