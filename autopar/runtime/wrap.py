@@ -43,6 +43,7 @@ from autopar.runtime.stage import LocalUnit, cross_entropy
 from autopar.runtime.sync_batchnorm import apply_sync_batchnorm, has_batchnorm
 from autopar.runtime.tensor_parallel import apply_tp, tp_partial_params
 from autopar.runtime.ties import TiedGrads, tie_rank_sets
+from autopar.runtime.unit_rng import UnitRNG
 from autopar.units import UnitTPInfo
 
 OptimizerFactory = Callable[[Iterable[torch.Tensor]], torch.optim.Optimizer]
@@ -72,7 +73,8 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
                 used as given; a model on the meta device is materialised per unit from ``seed``, one
                 unit at a time, only the units this rank holds (autopar.runtime.materialize:
                 ``init_weights(model, seed)`` is the single-device equivalent). ``wrap`` takes the
-                model over: units this rank does not hold are moved to the meta device.
+                model over: units this rank does not hold are moved to the meta device. ``seed`` also
+                seeds the streams units draw dropout masks from (autopar.runtime.unit_rng).
     plan:       a Plan, or a path to a plan YAML file.
     optimizer:  a factory ``params -> torch.optim.Optimizer``, e.g.
                 ``lambda params: torch.optim.AdamW(params, lr=3e-4)``; each rank calls it once over
@@ -157,7 +159,7 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
                       and last.strategy.tp > 1 and "logits" in infos[last.name].plan.values())
     boundary_check = BoundaryCheck(named, plan)  # meta copies of the units, taken before they are sharded
     options = _UnitOptions(mixed_precision, names[-1], compile_kwargs, pipe.num_microbatches,
-                           init_fn or model_init_fn(model), micro_tp)
+                           init_fn or model_init_fn(model), micro_tp, seed)
     meta = settings["meta_device"]
     built = materialized([(ly.name, modules[ly.name]) for ly in mine], plan, world, meta, seed, device,
                          options.init_fn, tie_sources(ties, named) if meta else None)  # autopar.runtime.meta_build
@@ -217,6 +219,7 @@ class _UnitOptions:
     microbatches: int = 1  # this rank's pipeline's micro-batches: backward passes per step call
     init_fn: InitFn | None = None  # meta-device materialisation (runtime.materialize)
     async_tp: bool = False  # micro-pipeline async-TP units (CUDA, NCCL, inductor: autopar.runtime.async_tp)
+    seed: int = 0  # wrap's seed: meta-device materialisation and the units' random streams (runtime.unit_rng)
 
 
 def _cp_group(lay: Layout, rank: int, groups: Groups) -> CPGroup:
@@ -277,4 +280,6 @@ def _build_unit(ly: StageLayer, module: nn.Module, info: UnitTPInfo, places: lis
         direct = sync.mode == "aligned" and lay.tp == 1 and set(sync.rep_ranks) == set(lay.dp_group(rank))
         zero2 = backward_reducer(shard, params, mine.zero, strat.zero_overlap, direct, options.microbatches)
         proxies = [shard.master]
+    window = info.plan if lay.tp > 1 and options.compile_kwargs is None else None
+    UnitRNG(ly.name, options.seed, lay.tp_group(rank), rank, strat.sp, device).install(module, window)
     return _UnitState(LocalUnit(ly.name, module, lay, strat), mine, sync, proxies, shard, zero2)
