@@ -27,6 +27,7 @@ from autopar.runtime.sharding import AsyncReducer, FlatShard, Zero2Reducer, resh
 from autopar.runtime.stage import LocalUnit, StageRunner
 from autopar.runtime.step_log import StepLogger
 from autopar.runtime.ties import TiedGrads
+from autopar.runtime.unit_rng import RNGClock
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +67,10 @@ class ParallelModel:
     def __init__(self, plan: Plan, device: torch.device, runner: StageRunner, states: list[_UnitState],
                  optimizer: torch.optim.Optimizer, mailbox: Mailbox, shapes: dict, places: dict,
                  on_nonfinite: str, max_grad_norm: float | None = None, log_every: int = 0,
-                 tied: TiedGrads | None = None) -> None:
+                 tied: TiedGrads | None = None, rng_clock: RNGClock | None = None) -> None:
         self.plan, self.device, self.runner, self.optimizer = plan, device, runner, optimizer
         self._tied = tied  # gradients of tensors two units share (autopar.runtime.ties)
+        self._rng_clock = rng_clock or RNGClock()  # the call the units' random streams are at (runtime.unit_rng)
         self.hf = None  # the transformers model's names, config and conversions (autopar.models.hf.HFSource)
         self._states, self._mailbox, self._shapes, self._places = states, mailbox, shapes, places
         self.rank = dist.get_rank()
@@ -103,6 +105,7 @@ class ParallelModel:
         inputs = inputs.to(self.device)
         targets = targets.to(self.device) if targets is not None else None
         check_same_batch(inputs, targets if targets is not None else inputs[:0], self._calls)
+        self._rng_clock.tick = (self._calls, what)
         gbs = self.plan.global_batch_size
         if inputs.shape[0] != gbs or (targets is not None and targets.shape[0] != gbs):
             got = inputs.shape[0] if targets is None else f"{inputs.shape[0]} / {targets.shape[0]}"

@@ -1,7 +1,7 @@
 """The random numbers a unit draws while it runs (dropout masks), as Megatron's RNG tracker arranges them.
 
-What a rank draws inside a unit is a function of ``wrap``'s seed, the unit, the rank's replica and how many times
-the unit has run on it, never of the process's own RNG state (which every unit call puts back as it found it):
+What a rank draws inside a unit is a function of ``wrap``'s seed, the unit, the rank's replica and the model call and
+the unit's call within it, never of the process's own RNG state (which every unit call puts back as it found it):
 
 * A unit's stream is shared by its TP group. Without sequence parallelism the residual stream is replicated over
   TP, and a dropout mask drawn apart on each TP rank would make the replicas disagree, silently (the next
@@ -11,6 +11,8 @@ the unit has run on it, never of the process's own RNG state (which every unit c
   features: draws there (attention-probability dropout) come from a stream of the TP rank's own, seeded by one
   draw of the unit's stream (Megatron's model-parallel RNG), so the heads of different ranks get their own masks.
 * Replicas (DP ranks, pipelines, CP ranks) draw apart: the seed takes the smallest rank of the TP group.
+* The count is the model's call (``RNGClock``: which ``step`` call, and whether a step or a forward-only call) and
+  the unit's calls within it, so training resumed from ``ParallelModel.load`` draws what it would have drawn.
 
 Recomputation redraws the same masks: the hooks sit on ``__call__``, outside the checkpoint that wraps
 ``forward`` (autopar.runtime.checkpointing), so torch's checkpoint saves the unit's stream at its entry and
@@ -55,16 +57,22 @@ class _Streams:
             self.accel.manual_seed(seed)
 
 
+class RNGClock:
+    """The model call units are in: ``ParallelModel`` sets ``tick`` to (its step count, the call's kind)."""
+
+    tick: tuple = (0, "")
+
+
 class UnitRNG:
     """The hooks of one unit on one rank (module docstring): ``install`` puts them on the unit and its TP plan's
     column- and row-parallel modules."""
 
     def __init__(self, name: str, seed: int, tp_group: tuple[int, ...], rank: int, sp: bool,
-                 device: torch.device) -> None:
-        self.name, self.seed, self.first = name, seed, min(tp_group)
+                 device: torch.device, clock: RNGClock) -> None:
+        self.name, self.seed, self.first, self.clock = name, seed, min(tp_group), clock
         self.tp_rank = tp_group.index(rank)
         self.own_tokens = sp and len(tp_group) > 1
-        self.streams, self.calls = _Streams(device), 0
+        self.streams, self.tick, self.calls = _Streams(device), None, 0
         self.outer = self.shared = None  # the process's state during a call; the unit stream's, in a TP window
 
     def install(self, unit: nn.Module, tp_table: dict[str, str] | None) -> None:
@@ -80,8 +88,10 @@ class UnitRNG:
 
     def _enter(self, _module, _args) -> None:
         self.outer, self.shared = self.streams.get(), None
+        if self.tick != self.clock.tick:
+            self.tick, self.calls = self.clock.tick, 0
         tp_part = self.tp_rank if self.own_tokens else "shared"
-        self.streams.seed(_seed(self.seed, self.name, self.first, tp_part, self.calls))
+        self.streams.seed(_seed(self.seed, self.name, self.first, tp_part, *self.tick, self.calls))
         self.calls += 1
 
     def _leave(self, _module, _args, _output) -> None:

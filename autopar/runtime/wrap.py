@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -43,7 +43,7 @@ from autopar.runtime.stage import LocalUnit, cross_entropy
 from autopar.runtime.sync_batchnorm import apply_sync_batchnorm, has_batchnorm
 from autopar.runtime.tensor_parallel import apply_tp, tp_partial_params
 from autopar.runtime.ties import TiedGrads, tie_rank_sets
-from autopar.runtime.unit_rng import UnitRNG
+from autopar.runtime.unit_rng import RNGClock, UnitRNG
 from autopar.units import UnitTPInfo
 
 OptimizerFactory = Callable[[Iterable[torch.Tensor]], torch.optim.Optimizer]
@@ -182,7 +182,8 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
     # batched point-to-point (NCCL requires it; it also means every rank finished wrap()).
     dist.barrier()
     pm = ParallelModel(plan, device, runner, states, opt, mailbox, shapes, places, on_nonfinite,
-                       max_grad_norm=max_grad_norm, log_every=log_every, tied=TiedGrads(ties, places, rank, groups))
+                       max_grad_norm=max_grad_norm, log_every=log_every, tied=TiedGrads(ties, places, rank, groups),
+                       rng_clock=options.clock)
     pm.hf = hf_source
     return pm
 
@@ -220,6 +221,7 @@ class _UnitOptions:
     init_fn: InitFn | None = None  # meta-device materialisation (runtime.materialize)
     async_tp: bool = False  # micro-pipeline async-TP units (CUDA, NCCL, inductor: autopar.runtime.async_tp)
     seed: int = 0  # wrap's seed: meta-device materialisation and the units' random streams (runtime.unit_rng)
+    clock: RNGClock = field(default_factory=RNGClock)  # the model call those streams are at (ParallelModel sets it)
 
 
 def _cp_group(lay: Layout, rank: int, groups: Groups) -> CPGroup:
@@ -281,5 +283,5 @@ def _build_unit(ly: StageLayer, module: nn.Module, info: UnitTPInfo, places: lis
         zero2 = backward_reducer(shard, params, mine.zero, strat.zero_overlap, direct, options.microbatches)
         proxies = [shard.master]
     window = info.plan if lay.tp > 1 and options.compile_kwargs is None else None
-    UnitRNG(ly.name, options.seed, lay.tp_group(rank), rank, strat.sp, device).install(module, window)
+    UnitRNG(ly.name, options.seed, lay.tp_group(rank), rank, strat.sp, device, options.clock).install(module, window)
     return _UnitState(LocalUnit(ly.name, module, lay, strat), mine, sync, proxies, shard, zero2)

@@ -85,3 +85,22 @@ def test_recomputation_redraws_the_masks_it_dropped_with(ckpt):
     assert plain[0] == again[0]
     for k, v in plain[1].items():
         torch.testing.assert_close(again[1][k], v, atol=0, rtol=0, msg=k)
+
+
+def _resumed(rank, world, plan, path, resume):
+    pm = _wrapped("starcoder2", plan, residual_dropout=0.3, attention_dropout=0.3, embedding_dropout=0.3)
+    x, y = token_data()
+    if resume:
+        pm.load(path)
+    else:
+        for _ in range(2):
+            pm.step(x, y)
+        pm.save(path)
+    return [pm.step(x, y) for _ in range(2)]
+
+
+def test_training_resumed_from_a_checkpoint_draws_what_it_would_have_drawn(tmp_path):
+    plan = make_plan(TP2_DP2)
+    straight = run_distributed(_resumed, 4, plan, str(tmp_path / "ckpt"), False)
+    resumed = run_distributed(_resumed, 4, plan, str(tmp_path / "ckpt"), True)
+    assert straight == resumed
