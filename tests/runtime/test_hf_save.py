@@ -140,3 +140,33 @@ def test_load_hf_then_save_hf_from_the_meta_device_gives_back_the_checkpoint(nam
     assert source.keys() == again.keys()
     for k in source:
         torch.testing.assert_close(again[k], source[k], atol=0, rtol=0, msg=k)
+
+
+def _other(kind: str):
+    from tests.models.test_hf_seq2seq import t5
+    from tests.runtime.test_hf import bert_model, gpt2_model
+
+    torch.manual_seed(5)
+    return {"gpt2": gpt2_model, "bert": bert_model, "t5": t5}[kind]()
+
+
+def _save_as_wrapped(rank, world, kind, path):
+    from autopar.models.hf import from_transformers
+    from autopar.runtime import wrap
+    from autopar.units import units as unit_names
+
+    model = from_transformers(_other(kind))
+    units = [n for n, _ in unit_names(model)]
+    stages = [([0], [(u, {}) for u in units[:2]]), ([1], [(u, {"zero": 1}) for u in units[2:]])]
+    wrap(model, make_plan([(2, 1, stages)]), optimizer=torch.optim.SGD).save_hf(path)
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "bert", "t5"])
+def test_the_other_families_are_saved_as_save_pretrained_saves_them(kind, tmp_path):
+    """GPT-2's and BERT's tied embeddings, T5's shared one: each written once, under save_pretrained's name."""
+    run_distributed(_save_as_wrapped, 2, kind, str(tmp_path / "ours"))
+    _other(kind).save_pretrained(tmp_path / "reference")
+    ours, reference = _tensors(str(tmp_path / "ours")), _tensors(str(tmp_path / "reference"))
+    assert ours.keys() == reference.keys()
+    for k in reference:
+        torch.testing.assert_close(ours[k], reference[k], atol=0, rtol=0, msg=k)
