@@ -32,6 +32,9 @@ def add_parser(sub) -> None:
     s.add_argument("--time-budget", type=positive_float("--time-budget"),
                    help="stop after this many seconds with the best plan so far (default: search to the end)")
     s.add_argument("--schedule", choices=["1f1b", "gpipe"], default="1f1b", help="pipeline schedule")
+    s.add_argument("--max-tp", type=int_at_least("--max-tp"), metavar="N",
+                   help="largest TP degree to try (default: as the nodes allow; 1: no tensor parallelism, e.g. for a "
+                   "family wrap runs with tp 1, docs/models.md)")
     s.add_argument("-o", "--output", metavar="PLAN", help=f"write the plan here, replacing an existing file "
                    f"(default: {DEFAULT_PLAN}, which must not exist yet)")
     s.add_argument("--json", action="store_true", help="one JSON object on stdout")
@@ -64,7 +67,7 @@ def cmd_search(args) -> int:
     model = load_model(args.model, args.seq_len,
                        dtype_bytes=profile.dtype_bytes if measured else activation_bytes(args.precision))
     opts = SearchOptions(memory_budget_gib=args.memory_budget, time_budget_s=args.time_budget,
-                         schedule=args.schedule, progress=not args.json and sys.stderr.isatty())
+                         schedule=args.schedule, progress=not args.json and sys.stderr.isatty(), max_tp=args.max_tp)
     cluster, opts.params = at_precision(load_cluster(args.cluster), opts.params, args.precision, profiled=measured)
     cluster = cluster.with_memory_margin(args.memory_margin)
     if profile is not None:  # measured numbers in place of catalogue figures (autopar/profile/apply.py)

@@ -71,8 +71,9 @@ def _ckpt_for(ly, ckpt: str) -> str:
     return "none" if ckpt == "op" and ly.op is None else ckpt
 
 
-def _families(model: ModelSpec, cluster: Cluster) -> Iterator[tuple[str, int, object]]:
+def _families(model: ModelSpec, cluster: Cluster, max_tp: int | None = None) -> Iterator[tuple[str, int, object]]:
     N, G = cluster.num_devices, cluster.gpus_per_node
+    G = G if max_tp is None else min(G, max_tp)
     for ckpt in CKPT_MODES:
         yield "ddp", 1, (lambda ly, n, c=ckpt: Strategy(1, 0, _ckpt_for(ly, c)))
         yield "zero3", 1, (lambda ly, n, c=ckpt: Strategy(1, 3 if n > 1 else 0, _ckpt_for(ly, c)))
@@ -103,7 +104,7 @@ def baselines(model: ModelSpec, cluster: Cluster, B: int, opts: SearchOptions, c
     cache = cache if cache is not None else CostCache()
     best: dict[str, tuple[Plan, PlanEstimate] | None] = {"ddp": None, "zero3": None, "megatron": None}
     ms = divisors(B)
-    families = list(_families(model, cluster))
+    families = list(_families(model, cluster, opts.max_tp))
     bar = progress_bar(len(families), opts.progress, "baselines", "family")
     for name, p, strat in families:
         bar.update(1)

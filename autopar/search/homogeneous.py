@@ -113,7 +113,7 @@ class HomogeneousSearch:
     # -- one configuration --------------------------------------------------------------------
     def candidates_for(self, p: int, m: int):
         ctx = self.context(p, m)
-        tps = tp_degrees(ctx, self.pruned)
+        tps = tp_degrees(ctx, self.pruned, self.opts.max_tp)
         layouts: dict = {}
         cands = {s: layer_candidates(ly, ctx, tps, layouts, self.pruned, prune=self.opts.prune_dominated)
                  for s, ly in self.sig_layer.items()}
@@ -359,6 +359,7 @@ def search_homogeneous(model: ModelSpec, cluster: Cluster, global_batch_size: in
         "autopar_version": __version__,
         "planner": HOMOGENEOUS,
         "seconds": round(seconds, 4),
+        **({"max_tp": opts.max_tp} if opts.max_tp is not None else {}),
         "candidates": int(hs.candidates),
         "configs": len(results),
         "pruned": pruned,

@@ -29,6 +29,9 @@ class SearchOptions:
     # the sequence length (1 below 16384 tokens). ``cp``: the one degree a single planner run uses.
     cp_degrees: tuple[int, ...] | None = None
     cp: int = 1
+    # The largest TP degree tried, by the planners and the Megatron baseline (None: as the nodes allow); 1 keeps a
+    # model wrap runs without TP (docs/models.md) from getting a plan with TP
+    max_tp: int | None = None
 
     def __post_init__(self) -> None:
         if self.memory_budget_gib is not None and self.memory_budget_gib <= 0:
@@ -37,6 +40,9 @@ class SearchOptions:
         if self.time_budget_s is not None and self.time_budget_s <= 0:
             raise AutoparError("time_budget", f"must be positive, got {self.time_budget_s}",
                                "pass --time-budget seconds with a value > 0")
+        if self.max_tp is not None and (not isinstance(self.max_tp, int) or self.max_tp < 1):
+            raise AutoparError("max_tp", f"must be a whole number >= 1, got {self.max_tp!r}",
+                               "pass --max-tp N with N >= 1 (1: no tensor parallelism)")
         if any(not isinstance(v, int) or v < 2 for v in self.virtual_stages):
             raise AutoparError("virtual_stages", f"must be counts >= 2, got {self.virtual_stages!r}",
                                "give e.g. (2, 4), or () to try no interleaved schedule")
@@ -50,4 +56,5 @@ def nothing_fits_fix(opts: SearchOptions, memory_margin: float) -> str:
     knobs = ["add devices", "raise --memory-budget"]
     knobs += ["lower --memory-margin"] if memory_margin else []
     knobs += ["use --schedule 1f1b (fewer micro-batches' activations held)"] if opts.schedule == "gpipe" else []
+    knobs += ["raise --max-tp"] if opts.max_tp is not None else []
     return ", ".join(knobs) + ", or lower --global-batch-size / --seq-len"

@@ -39,6 +39,7 @@ class Rule(str, Enum):
     # -- per-layer strategies (both planners) ------------------------------------------------
     TP_NOT_DIVIDING_STAGE = ("tp-not-dividing-stage", "TP degree must divide the stage's device count")
     TP_CROSSES_NODE = ("tp-crosses-node", "TP groups stay inside one node (TP traffic needs the node fabric)")
+    TP_ABOVE_MAX = ("tp-above-max", "TP degree above the search's --max-tp")
     TP_NOT_DIVIDING_UNIT = ("tp-not-dividing-unit",
                             "TP degree must divide the unit's heads, KV heads, FFN width and vocab")
     TP_UNSUPPORTED = ("tp-unsupported", "the unit has no TP plan, so it runs with tp = 1")

@@ -45,13 +45,16 @@ class LayerCandidates:
     transient: float  # transient_bound over every legal strategy (before pruning): what the search reserves
 
 
-def tp_degrees(ctx: StageContext, pruned: Counter) -> list[int]:
-    """TP degrees whose groups divide the stage and stay inside nodes."""
+def tp_degrees(ctx: StageContext, pruned: Counter, max_tp: int | None = None) -> list[int]:
+    """TP degrees whose groups divide the stage and stay inside nodes, up to ``max_tp`` (SearchOptions.max_tp)."""
     out = []
     degrees = divisors(ctx.n)
     if ctx.n > len(degrees):
         pruned[Rule.TP_NOT_DIVIDING_STAGE] += ctx.n - len(degrees)
     for tp in degrees:
+        if max_tp is not None and tp > max_tp:
+            pruned[Rule.TP_ABOVE_MAX] += 1
+            continue
         if ctx.cluster.memoised(("tp_crosses_node", tp, ctx.group), lambda tp=tp: _crosses_node(ctx, tp)):
             pruned[Rule.TP_CROSSES_NODE] += 1
             continue

@@ -57,6 +57,8 @@ FLAGS = {
     "estimate-memory-margin-one": ["estimate", "a.yaml", "--memory-margin", "1"],
     "time-budget-negative": SEARCH + ["--time-budget", "-1", "-o", "OUT"],
     "time-budget-inf": SEARCH + ["--time-budget", "inf", "-o", "OUT"],
+    "max-tp-zero": SEARCH + ["--max-tp", "0", "-o", "OUT"],
+    "max-tp-word": SEARCH + ["--max-tp", "all", "-o", "OUT"],
     "search-missing-cluster": ["search", "--model", "gpt3-1.3b", "--global-batch-size", "8"],
     "search-missing-batch": ["search", "--model", "gpt3-1.3b", "--cluster", "8xA100"],
     "estimate-no-plan": ["estimate"],

@@ -53,7 +53,8 @@ def counted() -> dict[str, Counter]:
              (small_cluster(2, 2), 8, opts(pp_degrees=[1, 2, 3])),  # 3 does not divide 4 devices
              (small_cluster(2, 2), 8, opts(memory_budget_gib=0.1)),  # tight: long layer ranges cannot fit
              (small_cluster(2, 2), 8, opts(cp_degrees=(2,))),  # cp 2: tp 4 x cp 2 exceeds 4 devices; no sp with cp
-             (pcie_cluster(), 8, opts())]  # no NVLink: no async TP
+             (pcie_cluster(), 8, opts()),  # no NVLink: no async TP
+             (small_cluster(2, 2), 8, opts(max_tp=1))]  # tp 2 and 4 above --max-tp
     for cluster, B, o in cases:
         res = search(mdl, cluster, B, o, with_baselines=False)
         assert res.plan.search["pruned"] == res.pruned  # the plan file holds the same counts

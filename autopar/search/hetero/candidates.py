@@ -40,9 +40,10 @@ class KindBatch:
     switch: dict[int, np.ndarray]
 
 
-def score_kind(sig_layer: dict[int, LayerSpec], ctx: StageContext, pruned: Counter) -> KindBatch:
-    """Every structurally legal strategy of every layer signature, scored in ``ctx``."""
-    tps = tp_degrees(ctx, pruned)
+def score_kind(sig_layer: dict[int, LayerSpec], ctx: StageContext, pruned: Counter,
+               max_tp: int | None = None) -> KindBatch:
+    """Every structurally legal strategy of every layer signature, scored in ``ctx``, TP up to ``max_tp``."""
+    tps = tp_degrees(ctx, pruned, max_tp)
     layouts: dict[tuple[int, bool], int] = {}
     layers = {}
     for s, ly in sig_layer.items():

@@ -182,6 +182,7 @@ def _search_block(opts: SearchOptions, info: dict, seconds: float) -> dict:
         "planner": HETEROGENEOUS,
         "partitioner": info["partitioner"],  # METIS, or the greedy cut and why (pymetis is optional)
         "seconds": round(seconds, 4),
+        **({"max_tp": opts.max_tp} if opts.max_tp is not None else {}),
         "candidates": int(info["candidates"]),
         "shapes": int(info["shapes"]),
         "stage_tables": int(info["tables"]),

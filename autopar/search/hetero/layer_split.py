@@ -161,7 +161,7 @@ class LayerSplitter:
             kb = self._kind_batches.get(kb_key)
             if kb is None:
                 ctx = StageContext(self.cluster, tuple(devices), mbs, 1, self.opts.params)
-                kb = score_kind(self.sig_layer, ctx, self.pruned)
+                kb = score_kind(self.sig_layer, ctx, self.pruned, self.opts.max_tp)
                 self._kind_batches[kb_key] = kb
             cands = candidates_at(kb, m, self.opts.prune_dominated, self.pruned)
             hit = (kb.ctx, cands, kb.switch)
