@@ -1,7 +1,7 @@
 """Context parallel on the dense Hugging Face Llama-like families beyond Llama: each trains under CP as one
 process does. What each adds over Llama: Qwen3's per-head Q/K norms; Mistral's sliding window on every layer;
 Gemma 2's eager attention with soft-capped scores and alternating windows; Gemma 3's local rotary table on its
-sliding layers; Phi-3's fused projections. The windows are shorter than the sequence, so a CP mask without them
+sliding layers; Phi-3's fused projections; OLMo 2's and Cohere's Q/K norms on TP head shards. The windows are shorter than the sequence, so a CP mask without them
 would differ."""
 
 from __future__ import annotations
@@ -25,6 +25,9 @@ CONFIGS = {  # name -> (config class, model class, config fields)
                                                         attn_logit_softcapping=2.0, final_logit_softcapping=1.5)),
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(**_WINDOWED, query_pre_attn_scalar=8)),
     "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(sliding_window=4, pad_token_id=0)),
+    # Q/K norms on head shards under TP (tp_norm): OLMo 2's over all heads, Cohere's per head
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(pad_token_id=0)),
+    "cohere": ("CohereConfig", "CohereForCausalLM", dict(use_qk_norm=True, logit_scale=0.3, pad_token_id=0)),
 }
 
 
