@@ -27,9 +27,16 @@ from autopar.models.hf_units import HFCausalLM, block_mask, sliding_window
 
 DENSE = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "olmo", "olmo2", "olmo3",
          "granite", "cohere", "cohere2", "starcoder2", "glm", "glm4", "smollm3", "seed_oss", "exaone4", "apertus",
-         "arcee", "ernie4_5")
+         "arcee", "ernie4_5", "gpt_neox")
 MOE = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe", "glm4_moe", "ernie4_5_moe", "gpt_oss")
 LLAMA_LIKE = DENSE + MOE
+
+# Where a family keeps the modules Llama names model / embed_tokens / norm / lm_head and each layer's self_attn, and
+# the style that gathers the attention's sequence-parallel input (GPT-NeoX's layer passes it positionally)
+_LLAMA_NAMES = {"base": "model", "embed": "embed_tokens", "norm": "norm", "head": "lm_head", "attn": "self_attn",
+                "attn_input": "sp_region_hidden_states"}
+NAMES = {"gpt_neox": {"base": "gpt_neox", "embed": "embed_in", "norm": "final_layer_norm", "head": "lm_head",
+                      "attn": "attention", "attn_input": "sp_region"}}
 
 # What a family's Model / ForCausalLM forward does beyond Llama's, by config field: the embeddings are multiplied
 # by ``embed_multiplier`` and dropped out with ``embed_dropout``; the logits multiplied by ``logit_scale``, divided
@@ -42,6 +49,7 @@ FORWARD_EXTRAS = {
     "cohere": {"logit_scale": "logit_scale"},
     "cohere2": {"logit_scale": "logit_scale"},
     "starcoder2": {"embed_dropout": "embedding_dropout"},
+    "gpt_neox": {"embed_dropout": "hidden_dropout"},
 }
 
 # autopar's entries over a family's HF TP plan (same key: autopar's wins; a module the block lacks: dropped).
@@ -60,7 +68,6 @@ TP_OFF_WHEN = {"olmo": "clip_qkv"}
 
 # HF style name -> autopar style name (autopar/models/tp_plans.py)
 _HF_STYLES = {"colwise": "colwise", "rowwise": "rowwise", "replicated_with_grad_allreduce": "tp_grad_sum"}
-_SP = {"layer": "sp_unit", "layer.self_attn": "sp_region_hidden_states", "layer.mlp": "sp_region"}
 
 
 class HFTokenEmbed(nn.Module):
@@ -85,19 +92,25 @@ class HFRotaryBlock(nn.Module):
     the block then holds this rank's tokens, takes their true positions and mask, and its attention runs
     through the ``autopar_cp`` attention function (K and V gathered over the CP group)."""
 
-    def __init__(self, layer: nn.Module, rotary: nn.Module, layer_type: str | None = None) -> None:
+    def __init__(self, layer: nn.Module, rotary: nn.Module, layer_type: str | None = None,
+                 attn: str = "self_attn") -> None:
         super().__init__()
         self.layer, self.rotary = layer, rotary
         self.layer_type = layer_type  # Gemma 3: the rotary table differs between sliding and full layers
+        self.attn_name = attn  # the layer's attention module (``self_attn``; GPT-NeoX: ``attention``)
         self.cp_attention = None
+
+    @property
+    def attention(self) -> nn.Module:
+        return getattr(self.layer, self.attn_name)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         cpg = self.cp_attention
         if cpg is None:
-            pos, mask = torch.arange(x.shape[1], device=x.device)[None], block_mask(self.layer.self_attn, x)
+            pos, mask = torch.arange(x.shape[1], device=x.device)[None], block_mask(self.attention, x)
         else:
-            pos, mask = cpg.hf_positions_and_mask(x, sliding_window(self.layer.self_attn))
-            self.layer.self_attn.autopar_cp = cpg  # read by the autopar_cp attention function
+            pos, mask = cpg.hf_positions_and_mask(x, sliding_window(self.attention))
+            self.attention.autopar_cp = cpg  # read by the autopar_cp attention function
         cos, sin = self.rotary(x, pos) if self.layer_type is None else self.rotary(x, pos, self.layer_type)
         out = self.layer(x, attention_mask=mask, position_ids=pos, position_embeddings=(cos, sin))
         return out[0] if isinstance(out, tuple) else out
@@ -123,7 +136,7 @@ class HFHead(nn.Module):
         return logits
 
 
-def block_plan(cfg, layers: list[nn.Module]) -> dict[str, str] | None:
+def block_plan(cfg, layers: list[nn.Module], names: dict[str, str] = _LLAMA_NAMES) -> dict[str, str] | None:
     """The blocks' TP plan: HF's entries translated (plus ``TP_EXTRAS``), sequence parallelism around them.
 
     None (tp = 1 only): no plan, a style autopar does not translate, a ``TP_OFF_WHEN`` setting, or a block whose
@@ -140,19 +153,21 @@ def block_plan(cfg, layers: list[nn.Module]) -> dict[str, str] | None:
             **{fqn: style for fqn, style in TP_EXTRAS.get(kind, {}).items() if fqn in present}}
     if None in plan.values():
         return None  # a style autopar does not translate: run this architecture with tp = 1
-    if not all(_covered(plan, layer) for layer in layers):
+    attn = f"layer.{names['attn']}"
+    if not all(_covered(plan, layer, attn) for layer in layers):
         return None
     norms = {f"layer.{name}": "sp_norm_local" for name, _ in layers[0].named_children() if "norm" in name}
-    return {**_SP, **norms, **plan}
+    return {"layer": "sp_unit", attn: names["attn_input"], "layer.mlp": "sp_region", **norms, **plan}
 
 
-def _covered(plan: dict[str, str], layer: nn.Module) -> bool:
-    """Whether ``plan`` names only modules ``layer`` has and shards or sums every parameter of its attention / MLP."""
+def _covered(plan: dict[str, str], layer: nn.Module, attn: str) -> bool:
+    """Whether ``plan`` names only modules ``layer`` has and shards or sums every parameter of its attention
+    (``attn``) and MLP."""
     modules = dict(layer.named_modules(prefix="layer"))
     if any(fqn not in modules for fqn in plan):
         return False
     return all(plan.get(fqn) is not None or not any(True for _ in m.parameters(recurse=False))
-               for fqn, m in modules.items() if fqn.startswith(("layer.self_attn", "layer.mlp")))
+               for fqn, m in modules.items() if fqn.startswith((attn, "layer.mlp")))
 
 
 def _extra(cfg, kind: str, what: str):
@@ -167,20 +182,22 @@ def llama_like_view(hf_model: nn.Module) -> HFCausalLM:
         raise AutoparError("model.config.use_bidirectional_attention", f"is true: this {kind} attends to both "
                            "sides (an embedding model), which autopar's causal units view would not reproduce",
                            "set it to false for a causal LM")
-    base = hf_model.model
-    embed = HFTokenEmbed(base.embed_tokens, _extra(cfg, kind, "embed_multiplier"),
+    names = NAMES.get(kind, _LLAMA_NAMES)
+    base = getattr(hf_model, names["base"])
+    embed = HFTokenEmbed(getattr(base, names["embed"]), _extra(cfg, kind, "embed_multiplier"),
                          _extra(cfg, kind, "embed_dropout") or 0.0)
     per_type = "layer_type" in inspect.signature(base.rotary_emb.forward).parameters
     types = cfg.layer_types if per_type else None
-    layers = [HFRotaryBlock(layer, copy.deepcopy(base.rotary_emb), types[i] if types else None)
+    layers = [HFRotaryBlock(layer, copy.deepcopy(base.rotary_emb), types[i] if types else None, names["attn"])
               for i, layer in enumerate(base.layers)]
-    head = HFHead(base.norm, hf_model.lm_head, _extra(cfg, kind, "softcap"), _extra(cfg, kind, "logit_scale"),
-                  _extra(cfg, kind, "logit_divisor"))
-    block = block_plan(cfg, list(base.layers))
+    head = HFHead(getattr(base, names["norm"]), getattr(hf_model, names["head"]), _extra(cfg, kind, "softcap"),
+                  _extra(cfg, kind, "logit_scale"), _extra(cfg, kind, "logit_divisor"))
+    block = block_plan(cfg, list(base.layers), names)
     plans = {"embed": {"tok": "vocab_embed"} if block else None, "block": block,
              "head": {"": "sp_unit_in", "norm": "sp_norm", "proj": "logits"} if block else None}
     divisors = {"embed": (cfg.vocab_size,), "head": (cfg.vocab_size,),
-                "block": (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size)}
-    view = HFCausalLM(embed, layers, head, f"hf-{kind}", plans, divisors, {"block": ("layer.self_attn",)})
+                "block": (cfg.num_attention_heads, getattr(cfg, "num_key_value_heads", cfg.num_attention_heads),
+                          cfg.intermediate_size)}
+    view = HFCausalLM(embed, layers, head, f"hf-{kind}", plans, divisors, {"block": (f"layer.{names['attn']}",)})
     view.context_parallel = kind not in MOE  # the MoE blocks' expert parallel is not combined with CP
     return view

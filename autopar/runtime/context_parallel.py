@@ -207,7 +207,7 @@ def _use_hf_cp_attention(block: nn.Module) -> None:
     from transformers import AttentionInterface
 
     AttentionInterface.register("autopar_cp", hf_cp_attention)
-    cfg = block.layer.self_attn.config
+    cfg = block.attention.config
     if cfg._attn_implementation != "autopar_cp":
         cfg.autopar_cp_base = cfg._attn_implementation
     cfg._attn_implementation = "autopar_cp"

@@ -5,8 +5,10 @@ The model must come from a transformers model (raw, or ``autopar.models.from_tra
 records each tensor's name in the HF state dict (``hf_source.names``), and ``wrap`` keeps it (``pm.hf``). Each rank offers its
 own parameters and persistent buffers (TP and FSDP shards as their DTensors, expert-parallel shards, whole tensors)
 under those names, and ``torch.distributed.checkpoint`` with its ``HuggingFaceStorageReader`` reads exactly those
-regions from the files, converting dtypes. Packed MoE experts, which transformers saves one tensor per expert
-(``hf_experts``), are assembled from exactly the experts this rank holds. A tied tensor the checkpoint holds once (``lm_head.weight`` under
+regions from the files, converting dtypes. A tensor the checkpoint names as ``save_pretrained`` writes it rather
+than as the module does (GPT-NeoX's ``embed_out``, Mixtral's ``block_sparse_moe``: autopar.models.hf_saved) is read
+under that name; packed MoE experts, which transformers saves one tensor per expert, are assembled from exactly
+the experts this rank holds (``hf_experts``). A tied tensor the checkpoint holds once (``lm_head.weight`` under
 ``tie_word_embeddings``) is read into every unit that keeps a copy of it. ZeRO-1/2's master shards are then
 refreshed from the loaded parameters. This is how a model built on the meta device starts from pretrained
 weights without any rank holding the whole model.
@@ -25,8 +27,9 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from autopar.errors import AutoparError
+from autopar.models.hf_saved import SavedPiece, saved_pieces
 from autopar.runtime.checkpoint_io import agree_missing, param_names, persistent_buffers, refresh_master
-from autopar.runtime.hf_experts import PACKED, expert_sources, load_packed_experts, spellings
+from autopar.runtime.hf_experts import expert_sources, load_packed_experts
 
 
 def hf_tensors(pm) -> list[tuple[str, str, tuple[str, ...], torch.Tensor]]:
@@ -56,16 +59,20 @@ def load_hf_checkpoint(pm, path: str | os.PathLike) -> None:
     except (FileNotFoundError, OSError, ValueError) as e:
         raise AutoparError("load_hf", f"cannot read a Hugging Face checkpoint in {path}: {e}",
                            "pass the folder save_pretrained wrote (its *.safetensors files)") from None
+    saved: dict[str, list[tuple[str, SavedPiece]]] = {}  # model tensor -> what save_pretrained writes of it
+    for name, piece in saved_pieces(pm.hf).items():
+        saved.setdefault(piece.source, []).append((name, piece))
     rounds: list[dict[str, torch.Tensor]] = [{}]
     packed: list[tuple[str, torch.Tensor, list[list[str]]]] = []  # (HF name, tensor, per-expert sources)
     problem = ""
     for _, mine, names, t in hf_tensors(pm):
-        key = next((n for name in names for n in spellings(name) if n in have), None)
-        if key is None and names and names[0].rsplit(".", 1)[-1] in PACKED:
-            sources = expert_sources(names[0], t.shape[0], have)  # transformers saves experts one by one
-            if sources is not None:
-                packed.append((names[0], t, sources))
-                continue
+        pieces = saved.get(names[0], []) if names else []
+        whole = [n for n, p in pieces if p.expert is None and tuple(p.shape) == tuple(t.shape)]
+        key = next((n for n in (*names, *whole) if n in have), None)  # as the module or save_pretrained names it
+        sources = expert_sources(pieces, t.shape[0], have) if key is None else None
+        if sources is not None:  # a packed experts tensor the checkpoint holds one piece per expert
+            packed.append((names[0], t, sources))
+            continue
         md = have.get(key)
         if not isinstance(md, TensorStorageMetadata) or tuple(md.size) != tuple(t.shape):
             found = f" (it has {tuple(md.size)})" if isinstance(md, TensorStorageMetadata) else ""

@@ -1,12 +1,12 @@
 """Packed MoE experts from a Hugging Face checkpoint that stores them one tensor per expert.
 
 transformers 5 keeps a MoE layer's experts packed (``experts.gate_up_proj [E, 2F, H]``, ``experts.down_proj
-[E, H, F]``) but ``save_pretrained`` writes them as the released checkpoints do, one module per expert, and packs
-them on load (``transformers/conversion_mapping.py``: ``MergeModulelist(dim=0)`` then ``Concatenate(dim=1)``):
-``gate_up_proj[e] = cat(gate_e, up_e)``, ``down_proj[e] = down_e``. ``EXPERT_SOURCES`` lists those per-expert names
-as data (Qwen-MoE's ``gate_proj`` / ``up_proj`` / ``down_proj``, Mixtral's ``w1`` / ``w3`` / ``w2`` under
-``block_sparse_moe``); each rank reads only the experts of its own shard (expert parallel and ZeRO-3 split the
-packed tensors on the expert dimension) with ``safetensors``, in the parameter's dtype.
+[E, H, F]``) but ``save_pretrained`` writes them as the released checkpoints do, one module per expert (Qwen-MoE's
+``gate_proj`` / ``up_proj`` / ``down_proj``, Mixtral's ``w1`` / ``w3`` / ``w2`` under ``block_sparse_moe``), and
+packs them on load: ``gate_up_proj[e] = cat(gate_e, up_e)``, ``down_proj[e] = down_e``. Which saved tensor is
+which block of which expert is transformers' own knowledge, read by autopar.models.hf_saved; here each rank reads
+only the experts of its own shard (expert parallel and ZeRO-3 split the packed tensors on the expert dimension)
+with ``safetensors``, in the parameter's dtype.
 """
 
 from __future__ import annotations
@@ -19,29 +19,18 @@ import torch
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-# packed parameter -> the ways a checkpoint may name its per-expert parts, concatenated in this order
-EXPERT_SOURCES = {"gate_up_proj": (("gate_proj", "up_proj"), ("w1", "w3")), "down_proj": (("down_proj",), ("w2",))}
-PACKED = tuple(EXPERT_SOURCES)
-# module-path renames transformers applies on load (conversion_mapping.py's WeightRenaming): Mixtral's MoE block
-# is ``block_sparse_moe`` on disk, ``mlp`` in the module
-RENAMES = ((".mlp.", ".block_sparse_moe."),)
 
-
-def spellings(name: str) -> list[str]:
-    """``name`` as the module has it, then as a checkpoint may spell it (``RENAMES``)."""
-    return [name] + [name.replace(a, b) for a, b in RENAMES if a in name]
-
-
-def expert_sources(name: str, experts: int, have) -> list[list[str]] | None:
-    """For packed parameter ``name`` (``...experts.gate_up_proj``) of ``experts`` experts: per expert, the
-    checkpoint names whose concatenation it is, as the checkpoint ``have`` spells them; None if it has none."""
-    prefix, packed = name.rsplit(".", 1)
-    for base in spellings(prefix):
-        for parts in EXPERT_SOURCES[packed]:
-            names = [[f"{base}.{e}.{part}.weight" for part in parts] for e in range(experts)]
-            if all(n in have for per in names for n in per):
-                return names
-    return None
+def expert_sources(pieces: list, experts: int, have) -> list[list[str]] | None:
+    """Per expert of a packed tensor of ``experts`` experts, the checkpoint names whose concatenation (along the
+    expert's first dimension) it is, from ``pieces``: (saved name, ``SavedPiece``) pairs of what save_pretrained
+    writes of it (autopar.models.hf_saved); None unless every one is in the checkpoint ``have``."""
+    per: list[list[tuple[int, str]]] = [[] for _ in range(experts)]
+    for name, piece in pieces:
+        if piece.expert is None or not 0 <= piece.expert < experts:
+            return None
+        per[piece.expert].append((piece.rows[0], name))
+    names = [[n for _, n in sorted(parts)] for parts in per]
+    return names if all(names) and all(n in have for parts in names for n in parts) else None
 
 
 def _files(path: str) -> dict[str, str]:

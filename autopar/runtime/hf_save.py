@@ -2,15 +2,13 @@
 safetensors files and their ``model.safetensors.index.json``) that ``from_pretrained`` loads, each rank writing only
 the pieces it holds, so no rank ever holds the whole model.
 
-What is written is what ``save_pretrained`` of the unwrapped model writes: the names and tensors of its state dict
-after transformers' own inverse of its load-time conversions (``HFSource.revert``: transformers 5 keeps MoE experts
-packed but saves them one tensor per expert, Mixtral's under ``block_sparse_moe``), a tied tensor once under its
-first name. That inverse is run on shape-only stand-ins whose values number their elements, so each saved tensor
-is known as a block of one model tensor (``SavedPiece``: the whole, rows of it, or rows of one expert), then each
-rank offers its blocks of the tensors it holds. A tensor is offered by the first unit holding it (a tied copy is
-not offered twice) and only by the ranks of its first placement's pipeline, as ``full_state_dict`` takes it, so
-every saved tensor is written in one layout. ``torch.distributed.checkpoint``'s ``HuggingFaceStorageWriter``
-writes each rank's pieces and consolidates them into files of at most ``MAX_FILE_BYTES`` (transformers' default).
+What is written is what ``save_pretrained`` of the unwrapped model writes (autopar.models.hf_saved: the names and
+splits of transformers' own inverse of its load-time conversions, each saved tensor a block of one model tensor:
+the whole, rows of it, or rows of one packed expert), a tied tensor once under its first name. Each rank offers its
+blocks of the tensors it holds. A tensor is offered by the first unit holding it (a tied copy is not offered
+twice) and only by the ranks of its first placement's pipeline, as ``full_state_dict`` takes it, so every saved
+tensor is written in one layout. ``torch.distributed.checkpoint``'s ``HuggingFaceStorageWriter`` writes each
+rank's pieces and consolidates them into files of at most ``MAX_FILE_BYTES`` (transformers' default).
 
 The folder appears whole or not at all: everything is written to ``<path>.autopar-partial`` and renamed at the end.
 """
@@ -20,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -29,64 +26,12 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from autopar.errors import AutoparError
+from autopar.models.hf_saved import SavedPiece, saved_pieces
 from autopar.runtime.checkpoint_io import agree_missing
 from autopar.runtime.hf_checkpoint import hf_tensors
 
 MAX_FILE_BYTES = 5 * 10**9  # transformers' save_pretrained max_shard_size="5GB"
 _FIX = "write the full state dict on one rank (ParallelModel.full_state_dict) and call save_pretrained"
-
-
-@dataclass(frozen=True)
-class SavedPiece:
-    """A saved tensor: rows ``rows`` of the model's state-dict tensor ``source`` (of its expert ``expert``, the
-    index along dim 0 of a packed experts tensor, when not None); ``shape`` and ``dtype`` as saved."""
-
-    source: str
-    expert: int | None
-    rows: tuple[int, int]
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-
-
-def _stand_in(shape: tuple[int, ...]) -> torch.Tensor:
-    """The tensor's first dimension (and the second, for a packed experts tensor), numbered element by element."""
-    kept = shape[:2] if len(shape) >= 3 else shape[:1]
-    dims = kept + (1,) * (len(shape) - len(kept))
-    return torch.arange(int(torch.Size(dims).numel()), dtype=torch.int64).reshape(dims)
-
-
-def _decode(name: str, source: str, shape: tuple[int, ...], dtype: torch.dtype, stand: torch.Tensor,
-            saved: torch.Tensor) -> SavedPiece:
-    """Which block of ``source`` the saved tensor ``name`` is, from the numbers its stand-in carries."""
-    if saved.shape == stand.shape and torch.equal(saved, stand):
-        return SavedPiece(source, None, (0, shape[0] if shape else 1), shape, dtype)
-    flat, n = saved.reshape(-1), saved.numel()
-    first = int(flat[0]) if n else 0
-    contiguous = n > 0 and saved.dim() >= 1 and saved.shape[0] == n and torch.equal(
-        flat, torch.arange(first, first + n, dtype=flat.dtype))
-    if contiguous and stand.dim() >= 3 and first % shape[1] + n <= shape[1]:
-        r0 = first % shape[1]
-        return SavedPiece(source, first // shape[1], (r0, r0 + n), (n, *shape[2:]), dtype)
-    if contiguous and stand.dim() in (1, 2):
-        return SavedPiece(source, None, (first, first + n), (n, *shape[1:]), dtype)
-    raise AutoparError("save_hf", f"transformers saves {source} {tuple(shape)} as {name} in a layout autopar does "
-                       "not write (not a block of rows)", _FIX)
-
-
-def saved_pieces(hf) -> dict[str, SavedPiece]:
-    """Every tensor ``save_pretrained`` writes for the model of ``hf`` (an ``HFSource``), by its saved name."""
-    tied_copies = {n for names in hf.names.values() for n in names[1:]}
-    held = {names[0] for names in hf.names.values() if names}
-    out: dict[str, SavedPiece] = {}
-    for key, (shape, dtype) in hf.shapes.items():
-        if key in tied_copies:
-            continue
-        if key not in held:
-            raise AutoparError("save_hf", f"the model's tensor {key} is not held by any unit wrap runs", _FIX)
-        stand = _stand_in(shape)
-        for name, saved in hf.revert({key: stand}).items():
-            out[name] = _decode(name, key, shape, dtype, stand, saved)
-    return out
 
 
 def _rows_here(t: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -151,6 +96,10 @@ def save_hf_checkpoint(pm, path: str | os.PathLike, max_file_bytes: int = MAX_FI
         problem = f"{path} exists and is not an empty folder"
     agree_missing(problem, "save_hf", "pass a new folder (save_hf writes a whole save_pretrained folder)")
     pieces = saved_pieces(pm.hf)
+    held = {names[0] for names in pm.hf.names.values() if names}
+    missing = next((p.source for p in pieces.values() if p.source not in held), None)
+    if missing is not None:
+        raise AutoparError("save_hf", f"the model's tensor {missing} is not held by any unit wrap runs", _FIX)
     partial = f"{path.rstrip(os.sep)}.autopar-partial"
     if pm.rank == 0 and os.path.exists(partial):
         shutil.rmtree(partial)  # what an interrupted save left

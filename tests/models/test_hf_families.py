@@ -37,6 +37,8 @@ FAMILIES = {
     "apertus": {},
     "arcee": {},
     "ernie4_5": dict(use_bias=True),
+    # Pythia: fused per-head QKV, parallel residual, a quarter of each head rotated, biases, embedding dropout
+    "gpt_neox": dict(use_parallel_residual=True, rotary_pct=0.25, partial_rotary_factor=0.25),
 }
 
 # The mixture-of-experts families beyond Mixtral and the Qwen MoE models (tests/runtime/test_expert_parallel.py):
@@ -78,6 +80,15 @@ def test_the_units_view_gives_the_hf_logits(kind):
 
     torch.manual_seed(0)
     hf = build(kind).eval()
+    x = token_data()[0]
+    torch.testing.assert_close(from_transformers(hf)(x), hf(x).logits)
+
+
+def test_gpt_neox_with_a_sequential_residual_gives_the_hf_logits():
+    from autopar.models.hf import from_transformers
+
+    torch.manual_seed(0)
+    hf = build("gpt_neox", use_parallel_residual=False).eval()
     x = token_data()[0]
     torch.testing.assert_close(from_transformers(hf)(x), hf(x).logits)
 

@@ -32,6 +32,8 @@ CASES = {
     "llama-tp2-sp-zero3": ("llama", False, [(4, 2, [([0, 1, 2, 3], same(GPT_UNITS, tp=2, sp=True, zero=3))])]),
     "gemma2-tied-pp2-tp2": ("gemma2", True, [(2, 4, [([0, 1], same([E, L0], tp=2)), ([2, 3], same([L1, H], tp=2))])]),
     "olmo2-dp2-zero1-pp2": ("olmo2", False, [(4, 2, [([0, 1], same([E, L0], zero=1)), ([2, 3], same([L1, H], zero=1))])]),
+    # GPT-NeoX: lm_head in the module, embed_out in the files
+    "gpt_neox-tp2-sp-zero3": ("gpt_neox", False, [(4, 2, [([0, 1, 2, 3], same(GPT_UNITS, tp=2, sp=True, zero=3))])]),
     # two replicas laid out differently: each tensor is written from the first one only
     "qwen3-two-pipelines": ("qwen3", False, [(2, 2, [([0, 1], same(GPT_UNITS, tp=2, sp=True))]),
                                              (2, 2, [([2, 3], same(GPT_UNITS, zero=3))])]),
