@@ -27,7 +27,7 @@ from autopar.models.hf_units import HFCausalLM, block_mask, sliding_window
 
 DENSE = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "olmo", "olmo2", "olmo3",
          "granite", "cohere", "cohere2", "starcoder2", "glm", "glm4", "smollm3", "seed_oss", "exaone4", "apertus",
-         "arcee", "ernie4_5", "gpt_neox")
+         "arcee", "ernie4_5", "gpt_neox", "stablelm", "nemotron", "helium", "vaultgemma", "phi", "persimmon")
 MOE = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe", "glm4_moe", "ernie4_5_moe", "gpt_oss")
 LLAMA_LIKE = DENSE + MOE
 
@@ -36,7 +36,9 @@ LLAMA_LIKE = DENSE + MOE
 _LLAMA_NAMES = {"base": "model", "embed": "embed_tokens", "norm": "norm", "head": "lm_head", "attn": "self_attn",
                 "attn_input": "sp_region_hidden_states"}
 NAMES = {"gpt_neox": {"base": "gpt_neox", "embed": "embed_in", "norm": "final_layer_norm", "head": "lm_head",
-                      "attn": "attention", "attn_input": "sp_region"}}
+                      "attn": "attention", "attn_input": "sp_region"},
+         "phi": {**_LLAMA_NAMES, "norm": "final_layernorm"},
+         "persimmon": {**_LLAMA_NAMES, "norm": "final_layernorm"}}
 
 # What a family's Model / ForCausalLM forward does beyond Llama's, by config field: the embeddings are multiplied
 # by ``embed_multiplier`` and dropped out with ``embed_dropout``; the logits multiplied by ``logit_scale``, divided
@@ -50,17 +52,21 @@ FORWARD_EXTRAS = {
     "cohere2": {"logit_scale": "logit_scale"},
     "starcoder2": {"embed_dropout": "embedding_dropout"},
     "gpt_neox": {"embed_dropout": "hidden_dropout"},
+    "phi": {"embed_dropout": "embd_pdrop"},
+    "vaultgemma": {"softcap": "final_logit_softcapping"},
 }
 
 # autopar's entries over a family's HF TP plan (same key: autopar's wins; a module the block lacks: dropped).
 # OLMo 2 / 3 normalise Q and K over all heads, so HF's plan gathers every projection's output and runs attention
 # whole on each rank; here the norms run on the heads' shards (tp_norm) and the projections stay colwise / rowwise.
-# Cohere's per-head Q/K norms (use_qk_norm) shard with their heads. Apertus's learned xIELU activation sits between
+# Cohere's per-head Q/K norms (use_qk_norm) shard with their heads; Phi's (qk_layernorm) are one norm over head_dim
+# every head shares, so each rank's gradient is a part, as Qwen3's. Apertus's learned xIELU activation sits between
 # the column- and row-parallel MLP halves, which HF's plan leaves out: each rank sees its shard, so sum its gradient.
 _QK_NORMS = {"layer.self_attn.q_norm": "tp_norm", "layer.self_attn.k_norm": "tp_norm"}
 _QK_NORMED_ATTENTION = {**{f"layer.self_attn.{m}_proj": "colwise" for m in "qkv"},
                         "layer.self_attn.o_proj": "rowwise", **_QK_NORMS}
 TP_EXTRAS = {"olmo2": _QK_NORMED_ATTENTION, "olmo3": _QK_NORMED_ATTENTION, "cohere": _QK_NORMS,
+             "phi": {"layer.self_attn.q_layernorm": "tp_grad_sum", "layer.self_attn.k_layernorm": "tp_grad_sum"},
              "apertus": {"layer.mlp.act_fn": "tp_grad_sum"}}
 # Config settings under which a family runs with tp = 1: OLMo's clip_qkv clamps the projections in place, which
 # the column-parallel outputs (views of DTensors) do not allow

@@ -39,6 +39,12 @@ FAMILIES = {
     "ernie4_5": dict(use_bias=True),
     # Pythia: fused per-head QKV, parallel residual, a quarter of each head rotated, biases, embedding dropout
     "gpt_neox": dict(use_parallel_residual=True, rotary_pct=0.25, partial_rotary_factor=0.25),
+    "stablelm": dict(use_qkv_bias=True, qk_layernorm=True, use_parallel_residual=True, partial_rotary_factor=0.25),
+    "nemotron": dict(partial_rotary_factor=0.5),
+    "helium": dict(head_dim=8),
+    "vaultgemma": dict(_WINDOWS, head_dim=8, query_pre_attn_scalar=8, final_logit_softcapping=1.5),
+    "phi": dict(qk_layernorm=True, partial_rotary_factor=0.5),
+    "persimmon": dict(qk_layernorm=True, partial_rotary_factor=0.5),
 }
 
 # The mixture-of-experts families beyond Mixtral and the Qwen MoE models (tests/runtime/test_expert_parallel.py):
