@@ -28,7 +28,8 @@ from autopar.models.hf_units import HFCausalLM, block_mask, sliding_window
 DENSE = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "olmo", "olmo2", "olmo3",
          "granite", "cohere", "cohere2", "starcoder2", "glm", "glm4", "smollm3", "seed_oss", "exaone4", "apertus",
          "arcee", "ernie4_5", "gpt_neox", "stablelm", "nemotron", "helium", "vaultgemma", "phi", "persimmon")
-MOE = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe", "glm4_moe", "ernie4_5_moe", "gpt_oss")
+MOE = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe", "glm4_moe", "ernie4_5_moe", "gpt_oss", "deepseek_v2",
+       "deepseek_v3")
 LLAMA_LIKE = DENSE + MOE
 
 # Where a family keeps the modules Llama names model / embed_tokens / norm / lm_head and each layer's self_attn, and
@@ -117,8 +118,9 @@ class HFRotaryBlock(nn.Module):
         else:
             pos, mask = cpg.hf_positions_and_mask(x, sliding_window(self.attention))
             self.attention.autopar_cp = cpg  # read by the autopar_cp attention function
-        cos, sin = self.rotary(x, pos) if self.layer_type is None else self.rotary(x, pos, self.layer_type)
-        out = self.layer(x, attention_mask=mask, position_ids=pos, position_embeddings=(cos, sin))
+        # (cos, sin), or DeepSeek-V2's one complex table: passed on as the model's rotary module gives it
+        emb = self.rotary(x, pos) if self.layer_type is None else self.rotary(x, pos, self.layer_type)
+        out = self.layer(x, attention_mask=mask, position_ids=pos, position_embeddings=emb)
         return out[0] if isinstance(out, tuple) else out
 
 

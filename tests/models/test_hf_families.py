@@ -47,6 +47,9 @@ FAMILIES = {
     "persimmon": dict(qk_layernorm=True, partial_rotary_factor=0.5),
 }
 
+_DEEPSEEK = dict(num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+                 first_k_dense_replace=1, n_group=1, topk_group=1, kv_lora_rank=16, qk_nope_head_dim=8,
+                 qk_rope_head_dim=8, v_head_dim=8, n_shared_experts=1)
 # The mixture-of-experts families beyond Mixtral and the Qwen MoE models (tests/runtime/test_expert_parallel.py):
 # 4 experts, 2 per token; GLM-4.5 and ERNIE 4.5 with a dense first block, as their releases have
 MOE_FAMILIES = {
@@ -57,13 +60,16 @@ MOE_FAMILIES = {
                      n_group=1, topk_group=1),
     "ernie4_5_moe": dict(moe_num_experts=4, moe_k=2, moe_intermediate_size=16, moe_layer_start_index=1),
     "gpt_oss": dict(_WINDOWS, num_local_experts=4, num_experts_per_tok=2, head_dim=8),
+    # multi-head latent attention (V3: with a query down-projection), a shared expert, a dense first block
+    "deepseek_v3": dict(_DEEPSEEK, q_lora_rank=16),
+    "deepseek_v2": dict(_DEEPSEEK, q_lora_rank=None),
 }
 
 
 def build(kind: str, **extra) -> torch.nn.Module:
     """The family's tiny causal LM, norms, biases and attention sinks drawn away from their initial values."""
     fields = {**FAMILIES.get(kind, {}), **MOE_FAMILIES.get(kind, {}), **extra}
-    cfg = transformers.AutoConfig.for_model(kind, **HF_TINY, **_IDS, **fields)
+    cfg = transformers.AutoConfig.for_model(kind, **{**HF_TINY, **_IDS, **fields})
     cfg.tie_word_embeddings = False
     model = transformers.AutoModelForCausalLM.from_config(cfg)
     with torch.no_grad():
@@ -122,7 +128,7 @@ def test_the_tracer_counts_every_parameter_of_the_family(kind):
     assert all(layer.flops > 0 for layer in spec.layers[1:])  # the embedding lookup has none
     moe = [layer.moe for layer in spec.layers[1:-1] if layer.moe is not None]
     if kind in MOE_FAMILIES:  # every routed block is found, with its 4 experts and 2 per token
-        routed = len(spec.layers) - 2 - (1 if kind in ("glm4_moe", "ernie4_5_moe") else 0)
+        routed = len(spec.layers) - 2 - (1 if kind in ("glm4_moe", "ernie4_5_moe", "deepseek_v2", "deepseek_v3") else 0)
         assert [(m.num_experts, m.top_k) for m in moe] == [(4, 2)] * routed
     else:
         assert moe == []

@@ -79,7 +79,7 @@ def test_family_under_context_parallel_trains_like_one_process(kind):
 # The MoE families run tp 1 (their experts' HF styles are not translated), with expert parallel on the routed
 # blocks (gpt-oss's experts transposed, biased, with their own clamped gate). float32: the experts' grouped matmul
 # takes no float64.
-DENSE_FIRST = ("glm4_moe", "ernie4_5_moe")
+DENSE_FIRST = ("glm4_moe", "ernie4_5_moe", "deepseek_v2", "deepseek_v3")
 
 
 def _ep_plan(kind: str, **strategy):

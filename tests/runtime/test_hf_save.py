@@ -22,9 +22,8 @@ E, L0, L1, H = GPT_UNITS
 MIXTRAL = dict(num_local_experts=4, num_experts_per_tok=2)
 
 
-def _ep(zero: int) -> list:
-    return [(4, 2, [([0, 1, 2, 3], [(E, {"zero": zero}), (L0, {"ep": 2, "zero": zero}), (L1, {"ep": 2, "zero": zero}),
-                                    (H, {"zero": zero})])])]
+def _ep(zero: int, routed: tuple[str, ...] = (L0, L1)) -> list:
+    return [(4, 2, [([0, 1, 2, 3], [(u, {"zero": zero, **({"ep": 2} if u in routed else {})}) for u in GPT_UNITS])])]
 
 
 # name -> (family, tied embeddings, plan)
@@ -41,6 +40,7 @@ CASES = {
     "mixtral-ep2-zero1": ("mixtral", False, _ep(1)),
     "olmoe-ep2-zero3": ("olmoe", False, _ep(3)),
     "gpt_oss-ep2": ("gpt_oss", False, _ep(0)),  # saved packed, with per-expert biases
+    "deepseek_v3-ep2-zero1": ("deepseek_v3", False, _ep(1, routed=(L1,))),  # a dense first block: ep on the routed one only
 }
 
 
