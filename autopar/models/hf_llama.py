@@ -27,9 +27,10 @@ from autopar.models.hf_units import HFCausalLM, block_mask, sliding_window
 
 DENSE = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "olmo", "olmo2", "olmo3",
          "granite", "cohere", "cohere2", "starcoder2", "glm", "glm4", "smollm3", "seed_oss", "exaone4", "apertus",
-         "arcee", "ernie4_5", "gpt_neox", "stablelm", "nemotron", "helium", "vaultgemma", "phi", "persimmon")
+         "arcee", "ernie4_5", "gpt_neox", "stablelm", "nemotron", "helium", "vaultgemma", "phi", "persimmon",
+         "hunyuan_v1_dense", "cwm")
 MOE = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe", "glm4_moe", "ernie4_5_moe", "gpt_oss", "deepseek_v2",
-       "deepseek_v3")
+       "deepseek_v3", "granitemoeshared", "flex_olmo")
 LLAMA_LIKE = DENSE + MOE
 
 # Where a family keeps the modules Llama names model / embed_tokens / norm / lm_head and each layer's self_attn, and
@@ -49,6 +50,7 @@ FORWARD_EXTRAS = {
     "gemma3_text": {"softcap": "final_logit_softcapping"},
     "granite": {"embed_multiplier": "embedding_multiplier", "logit_divisor": "logits_scaling"},
     "granitemoe": {"embed_multiplier": "embedding_multiplier", "logit_divisor": "logits_scaling"},
+    "granitemoeshared": {"embed_multiplier": "embedding_multiplier", "logit_divisor": "logits_scaling"},
     "cohere": {"logit_scale": "logit_scale"},
     "cohere2": {"logit_scale": "logit_scale"},
     "starcoder2": {"embed_dropout": "embedding_dropout"},

@@ -45,6 +45,8 @@ FAMILIES = {
     "vaultgemma": dict(_WINDOWS, head_dim=8, query_pre_attn_scalar=8, final_logit_softcapping=1.5),
     "phi": dict(qk_layernorm=True, partial_rotary_factor=0.5),
     "persimmon": dict(qk_layernorm=True, partial_rotary_factor=0.5),
+    "hunyuan_v1_dense": dict(head_dim=8, use_qk_norm=True),
+    "cwm": dict(_WINDOWS),
 }
 
 _DEEPSEEK = dict(num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
@@ -63,6 +65,9 @@ MOE_FAMILIES = {
     # multi-head latent attention (V3: with a query down-projection), a shared expert, a dense first block
     "deepseek_v3": dict(_DEEPSEEK, q_lora_rank=16),
     "deepseek_v2": dict(_DEEPSEEK, q_lora_rank=None),
+    "granitemoeshared": dict(num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=24,
+                             embedding_multiplier=3.0, logits_scaling=2.5, residual_multiplier=0.7),
+    "flex_olmo": dict(num_experts=4, num_experts_per_tok=2),
 }
 
 
