@@ -6,7 +6,7 @@ installed; nothing here imports it.
 
 * Llama-structured (``hf_llama.LLAMA_LIKE``: Llama, Mistral, Qwen2/3, Phi-3, Gemma 1-3, OLMo 1-3, Granite,
   Cohere 1-2, StarCoder2, GLM / GLM-4, SmolLM3, Seed-OSS, EXAONE 4, Apertus, Arcee, ERNIE 4.5, StableLM, Nemotron,
-  Helium, VaultGemma, Phi-1/2, Persimmon, Hunyuan (dense), CWM, GPT-NeoX (Pythia: its modules under other names, ``hf_llama.NAMES``; its
+  Helium, VaultGemma, Phi-1/2, Persimmon, Hunyuan (dense), CWM, GPT-J, CodeGen, GPT-NeoX (Pythia: its modules under other names, ``hf_llama.NAMES``; its
   fused QKV is laid out per head, so plain colwise), and the MoE
   Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, Granite-MoE, GLM-4.5, ERNIE 4.5 MoE, gpt-oss, DeepSeek-V2 / V3 with their
   latent attention, Granite-MoE with a shared expert, FlexOlmo): ``autopar.models.hf_llama``, with what each family's forward adds to Llama's

@@ -28,17 +28,19 @@ from autopar.models.hf_units import HFCausalLM, block_mask, sliding_window
 DENSE = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "olmo", "olmo2", "olmo3",
          "granite", "cohere", "cohere2", "starcoder2", "glm", "glm4", "smollm3", "seed_oss", "exaone4", "apertus",
          "arcee", "ernie4_5", "gpt_neox", "stablelm", "nemotron", "helium", "vaultgemma", "phi", "persimmon",
-         "hunyuan_v1_dense", "cwm")
+         "hunyuan_v1_dense", "cwm", "gptj", "codegen")
 MOE = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe", "glm4_moe", "ernie4_5_moe", "gpt_oss", "deepseek_v2",
        "deepseek_v3", "granitemoeshared", "flex_olmo")
 LLAMA_LIKE = DENSE + MOE
 
 # Where a family keeps the modules Llama names model / embed_tokens / norm / lm_head and each layer's self_attn, and
 # the style that gathers the attention's sequence-parallel input (GPT-NeoX's layer passes it positionally)
-_LLAMA_NAMES = {"base": "model", "embed": "embed_tokens", "norm": "norm", "head": "lm_head", "attn": "self_attn",
-                "attn_input": "sp_region_hidden_states"}
-NAMES = {"gpt_neox": {"base": "gpt_neox", "embed": "embed_in", "norm": "final_layer_norm", "head": "lm_head",
+_LLAMA_NAMES = {"base": "model", "embed": "embed_tokens", "layers": "layers", "norm": "norm", "head": "lm_head",
+                "attn": "self_attn", "attn_input": "sp_region_hidden_states"}
+_GPTJ_NAMES = {**_LLAMA_NAMES, "base": "transformer", "embed": "wte", "layers": "h", "norm": "ln_f", "attn": "attn"}
+NAMES = {"gpt_neox": {**_LLAMA_NAMES, "base": "gpt_neox", "embed": "embed_in", "norm": "final_layer_norm",
                       "attn": "attention", "attn_input": "sp_region"},
+         "gptj": _GPTJ_NAMES, "codegen": _GPTJ_NAMES,
          "phi": {**_LLAMA_NAMES, "norm": "final_layernorm"},
          "persimmon": {**_LLAMA_NAMES, "norm": "final_layernorm"}}
 
@@ -56,6 +58,8 @@ FORWARD_EXTRAS = {
     "starcoder2": {"embed_dropout": "embedding_dropout"},
     "gpt_neox": {"embed_dropout": "hidden_dropout"},
     "phi": {"embed_dropout": "embd_pdrop"},
+    "gptj": {"embed_dropout": "embd_pdrop"},
+    "codegen": {"embed_dropout": "embd_pdrop"},
     "vaultgemma": {"softcap": "final_logit_softcapping"},
 }
 
@@ -71,6 +75,9 @@ _QK_NORMED_ATTENTION = {**{f"layer.self_attn.{m}_proj": "colwise" for m in "qkv"
 TP_EXTRAS = {"olmo2": _QK_NORMED_ATTENTION, "olmo3": _QK_NORMED_ATTENTION, "cohere": _QK_NORMS,
              "phi": {"layer.self_attn.q_layernorm": "tp_grad_sum", "layer.self_attn.k_layernorm": "tp_grad_sum"},
              "apertus": {"layer.mlp.act_fn": "tp_grad_sum"}}
+# Counts a family's TP degree must divide besides its heads and FFN width: CodeGen's qkv_proj holds its Q, V, K as
+# 4 blocks (its attention's mp_num), each rank needing whole blocks
+TP_DIVIDES = {"codegen": (4,)}
 # Config settings under which a family runs with tp = 1: OLMo's clip_qkv clamps the projections in place, which
 # the column-parallel outputs (views of DTensors) do not allow
 TP_OFF_WHEN = {"olmo": "clip_qkv"}
@@ -158,15 +165,16 @@ def block_plan(cfg, layers: list[nn.Module], names: dict[str, str] = _LLAMA_NAME
     if not raw or getattr(cfg, TP_OFF_WHEN.get(kind, ""), None):
         return None
     present = dict(layers[0].named_modules(prefix="layer"))
-    plan = {**{"layer." + key[len("layers.*."):]: _HF_STYLES.get(style) for key, style in raw.items()
-               if key.startswith("layers.*.")},
+    prefix = f"{names['layers']}.*."
+    plan = {**{"layer." + key[len(prefix):]: _HF_STYLES.get(style) for key, style in raw.items()
+               if key.startswith(prefix)},
             **{fqn: style for fqn, style in TP_EXTRAS.get(kind, {}).items() if fqn in present}}
     if None in plan.values():
         return None  # a style autopar does not translate: run this architecture with tp = 1
     attn = f"layer.{names['attn']}"
     if not all(_covered(plan, layer, attn) for layer in layers):
         return None
-    norms = {f"layer.{name}": "sp_norm_local" for name, _ in layers[0].named_children() if "norm" in name}
+    norms = {f"layer.{name}": "sp_norm_local" for name, m in layers[0].named_children() if "Norm" in type(m).__name__}
     return {"layer": "sp_unit", attn: names["attn_input"], "layer.mlp": "sp_region", **norms, **plan}
 
 
@@ -199,15 +207,16 @@ def llama_like_view(hf_model: nn.Module) -> HFCausalLM:
     per_type = "layer_type" in inspect.signature(base.rotary_emb.forward).parameters
     types = cfg.layer_types if per_type else None
     layers = [HFRotaryBlock(layer, copy.deepcopy(base.rotary_emb), types[i] if types else None, names["attn"])
-              for i, layer in enumerate(base.layers)]
+              for i, layer in enumerate(getattr(base, names["layers"]))]
     head = HFHead(getattr(base, names["norm"]), getattr(hf_model, names["head"]), _extra(cfg, kind, "softcap"),
                   _extra(cfg, kind, "logit_scale"), _extra(cfg, kind, "logit_divisor"))
-    block = block_plan(cfg, list(base.layers), names)
+    block = block_plan(cfg, list(getattr(base, names["layers"])), names)
     plans = {"embed": {"tok": "vocab_embed"} if block else None, "block": block,
              "head": {"": "sp_unit_in", "norm": "sp_norm", "proj": "logits"} if block else None}
     divisors = {"embed": (cfg.vocab_size,), "head": (cfg.vocab_size,),
                 "block": (cfg.num_attention_heads, getattr(cfg, "num_key_value_heads", cfg.num_attention_heads),
-                          cfg.intermediate_size)}
+                          getattr(cfg, "intermediate_size", None) or getattr(cfg, "n_inner", None)
+                          or 4 * cfg.hidden_size, *TP_DIVIDES.get(kind, ()))}  # GPT-J / CodeGen: n_inner
     view = HFCausalLM(embed, layers, head, f"hf-{kind}", plans, divisors, {"block": (f"layer.{names['attn']}",)})
     view.context_parallel = kind not in MOE  # the MoE blocks' expert parallel is not combined with CP
     return view

@@ -47,6 +47,8 @@ FAMILIES = {
     "persimmon": dict(qk_layernorm=True, partial_rotary_factor=0.5),
     "hunyuan_v1_dense": dict(head_dim=8, use_qk_norm=True),
     "cwm": dict(_WINDOWS),
+    "gptj": dict(n_inner=64, rotary_dim=4),  # parallel attention and MLP, rotary on part of each head
+    "codegen": dict(n_inner=64, rotary_dim=4),
 }
 
 _DEEPSEEK = dict(num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,

@@ -30,7 +30,7 @@ CP_PLAN = [(4, 2, [([0, 1, 2, 3], same(GPT_UNITS, cp=2))])]
 # With FAMILIES' configs: OLMo's clip_qkv turns TP off (autopar.models.hf_llama); GLM ships HF styles autopar does
 # not translate (a fused gate_up_proj with gathered outputs); StableLM, Persimmon and Hunyuan ship no TP plan. OLMo 2 / 3 and Cohere's Q/K norms run on head shards.
 TP_FAMILIES = {"apertus", "arcee", "cohere", "cohere2", "cwm", "ernie4_5", "exaone4", "gemma", "gemma2", "gemma3_text",
-               "gpt_neox", "granite", "helium", "llama", "mistral", "nemotron", "olmo2", "olmo3", "phi", "seed_oss",
+               "codegen", "gptj", "gpt_neox", "granite", "helium", "llama", "mistral", "nemotron", "olmo2", "olmo3", "phi", "seed_oss",
                "smollm3", "starcoder2", "vaultgemma"}
 VARIANTS = {"olmo-without-clip": ("olmo", dict(clip_qkv=None)), "cohere-without-qk-norm": ("cohere", dict(use_qk_norm=False))}
 
@@ -129,3 +129,15 @@ def test_apertus_on_the_meta_device_is_refused_naming_the_tensor_hf_init_leaves_
 
     outcomes = wrap_outcomes(_meta("apertus"), make_plan(META_PLAN))
     assert any("act_fn.alpha_p (XIELUActivation) is not set" in o and "\n" not in o for o in outcomes), outcomes
+
+
+def test_codegen_tp_must_divide_the_four_qkv_blocks():
+    """Its qkv_proj is 4 blocks of [Q, V, K]: at tp 8 a rank would hold half a block, so the search never offers it
+    (a plan asking for it is refused by wrap's TP-limit check)."""
+    from autopar.models.hf import from_transformers
+    from autopar.modelspec.trace import spec_from_module
+    from tests.runtime.cases import token_data
+
+    model = build("codegen", hidden_size=64, num_attention_heads=8, num_key_value_heads=8, n_inner=128)
+    block = spec_from_module(from_transformers(model), token_data(batch=1, seq=16)[0], dtype_bytes=2).layers[1]
+    assert block.tp_ok(4) and not block.tp_ok(8)  # 8 heads alone would allow tp 8
