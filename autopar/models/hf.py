@@ -119,8 +119,7 @@ def from_transformers(hf_model: nn.Module) -> HFCausalLM:
     """
     view = _view(hf_model)
     view.init_module = getattr(hf_model, "_init_weights", None)
-    view.hf_names = hf_names(view, hf_model)
-    view.hf_source = HFSource(view.hf_names, hf_model)
+    view.hf_source = HFSource(hf_names(view, hf_model), hf_model)
     return view
 
 

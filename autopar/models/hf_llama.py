@@ -204,13 +204,14 @@ def llama_like_view(hf_model: nn.Module) -> HFCausalLM:
     base = getattr(hf_model, names["base"])
     embed = HFTokenEmbed(getattr(base, names["embed"]), _extra(cfg, kind, "embed_multiplier"),
                          _extra(cfg, kind, "embed_dropout") or 0.0)
+    hf_layers = list(getattr(base, names["layers"]))
     per_type = "layer_type" in inspect.signature(base.rotary_emb.forward).parameters
     types = cfg.layer_types if per_type else None
     layers = [HFRotaryBlock(layer, copy.deepcopy(base.rotary_emb), types[i] if types else None, names["attn"])
-              for i, layer in enumerate(getattr(base, names["layers"]))]
+              for i, layer in enumerate(hf_layers)]
     head = HFHead(getattr(base, names["norm"]), getattr(hf_model, names["head"]), _extra(cfg, kind, "softcap"),
                   _extra(cfg, kind, "logit_scale"), _extra(cfg, kind, "logit_divisor"))
-    block = block_plan(cfg, list(getattr(base, names["layers"])), names)
+    block = block_plan(cfg, hf_layers, names)
     plans = {"embed": {"tok": "vocab_embed"} if block else None, "block": block,
              "head": {"": "sp_unit_in", "norm": "sp_norm", "proj": "logits"} if block else None}
     divisors = {"embed": (cfg.vocab_size,), "head": (cfg.vocab_size,),

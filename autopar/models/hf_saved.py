@@ -56,6 +56,14 @@ def _decode(name: str, source: str, shape: tuple[int, ...], dtype: torch.dtype, 
                        "use ParallelModel.full_state_dict with the model's own from_pretrained / save_pretrained")
 
 
+def by_source(pieces: dict[str, SavedPiece]) -> dict[str, list[tuple[str, SavedPiece]]]:
+    """``pieces`` grouped by the model tensor each comes from: source -> [(saved name, piece)], in saved order."""
+    out: dict[str, list[tuple[str, SavedPiece]]] = {}
+    for name, piece in pieces.items():
+        out.setdefault(piece.source, []).append((name, piece))
+    return out
+
+
 def saved_pieces(hf) -> dict[str, SavedPiece]:
     """Every tensor ``save_pretrained`` writes for the model of ``hf`` (an ``HFSource``), by its saved name."""
     tied_copies = {n for names in hf.names.values() for n in names[1:]}

@@ -27,7 +27,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from autopar.errors import AutoparError
-from autopar.models.hf_saved import SavedPiece, saved_pieces
+from autopar.models.hf_saved import by_source, saved_pieces
 from autopar.runtime.checkpoint_io import agree_missing, param_names, persistent_buffers, refresh_master
 from autopar.runtime.hf_experts import expert_sources, load_packed_experts
 
@@ -59,9 +59,7 @@ def load_hf_checkpoint(pm, path: str | os.PathLike) -> None:
     except (FileNotFoundError, OSError, ValueError) as e:
         raise AutoparError("load_hf", f"cannot read a Hugging Face checkpoint in {path}: {e}",
                            "pass the folder save_pretrained wrote (its *.safetensors files)") from None
-    saved: dict[str, list[tuple[str, SavedPiece]]] = {}  # model tensor -> what save_pretrained writes of it
-    for name, piece in saved_pieces(pm.hf).items():
-        saved.setdefault(piece.source, []).append((name, piece))
+    saved = by_source(saved_pieces(pm.hf))  # model tensor -> what save_pretrained writes of it
     rounds: list[dict[str, torch.Tensor]] = [{}]
     packed: list[tuple[str, torch.Tensor, list[list[str]]]] = []  # (HF name, tensor, per-expert sources)
     problem = ""

@@ -19,6 +19,8 @@ import torch
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
+from autopar.errors import AutoparError
+
 
 def expert_sources(pieces: list, experts: int, have) -> list[list[str]] | None:
     """Per expert of a packed tensor of ``experts`` experts, the checkpoint names whose concatenation (along the
@@ -61,13 +63,23 @@ def load_packed_experts(path: str, packed: list[tuple[str, torch.Tensor, list[li
             _fill(t, sources, files, handles)
 
 
+def local_rows(t: torch.Tensor, field: str) -> tuple[torch.Tensor, int]:
+    """(this rank's rows of ``t``, the index of the first): ``t`` whole, or a DTensor split on dim 0 only (expert
+    parallel, ZeRO-3); one split elsewhere is refused naming ``field``, as checkpoints hold such tensors in rows."""
+    if not isinstance(t, DTensor):
+        return t, 0
+    local = t.to_local()
+    if tuple(local.shape[1:]) != tuple(t.shape[1:]):
+        raise AutoparError(field, f"a tensor of shape {tuple(t.shape)} is split on a dimension other than its first "
+                           "here, which the checkpoint holds in blocks of rows",
+                           "write the full state dict on one rank (ParallelModel.full_state_dict) and use "
+                           "save_pretrained / from_pretrained")
+    return local, compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)[1][0]
+
+
 def _fill(t: torch.Tensor, sources: list[list[str]], files: dict[str, str], handles: dict) -> None:
     """This rank's rows (experts) of packed tensor ``t``, each the concatenation of its sources."""
-    if isinstance(t, DTensor):
-        local = t.to_local()
-        first = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)[1][0]
-    else:
-        local, first = t, 0
+    local, first = local_rows(t, "load_hf")
     for row in range(local.shape[0]):
         parts = [handles[files[key]].get_tensor(key) for key in sources[first + row]]
         local[row].copy_(torch.cat(parts, dim=0).to(local.dtype))

@@ -22,48 +22,39 @@ import shutil
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.tensor import DTensor
-from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from autopar.errors import AutoparError
-from autopar.models.hf_saved import SavedPiece, saved_pieces
+from autopar.models.hf_saved import SavedPiece, by_source, saved_pieces
 from autopar.runtime.checkpoint_io import agree_missing
 from autopar.runtime.hf_checkpoint import hf_tensors
+from autopar.runtime.hf_experts import local_rows
 
 MAX_FILE_BYTES = 5 * 10**9  # transformers' save_pretrained max_shard_size="5GB"
 _FIX = "write the full state dict on one rank (ParallelModel.full_state_dict) and call save_pretrained"
 
 
-def _rows_here(t: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """(this rank's rows of ``t``, the index of the first): ``t`` whole, or a DTensor split on dim 0 only."""
-    if not isinstance(t, DTensor):
-        return t, 0
-    local = t.to_local()
-    if tuple(local.shape[1:]) != tuple(t.shape[1:]):
-        raise AutoparError("save_hf", f"a tensor of shape {tuple(t.shape)} is split on a dimension other than its "
-                           "first here, which save_pretrained writes in blocks of rows", _FIX)
-    return local, compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)[1][0]
-
-
-def _offered(pm, pieces: dict[str, SavedPiece]) -> dict[str, torch.Tensor]:
-    """The saved tensors (or DTensor shards of them) this rank writes."""
-    offering = {}  # model tensor -> the first unit tensor holding it
+def _offering(pm) -> dict[str, str]:
+    """Model tensor -> the first unit tensor holding it (the one that writes it: a tied copy is not offered twice)."""
+    out: dict[str, str] = {}
     for view_name, names in pm.hf.names.items():
         if names:
-            offering.setdefault(names[0], view_name)
-    by_source: dict[str, list[tuple[str, SavedPiece]]] = {}
-    for name, piece in pieces.items():
-        by_source.setdefault(piece.source, []).append((name, piece))
+            out.setdefault(names[0], view_name)
+    return out
+
+
+def _offered(pm, pieces: dict[str, SavedPiece], offering: dict[str, str]) -> dict[str, torch.Tensor]:
+    """The saved tensors (or DTensor shards of them) this rank writes."""
+    grouped = by_source(pieces)
     out: dict[str, torch.Tensor] = {}
     for unit, mine, names, t in hf_tensors(pm):
         if not names or offering.get(names[0]) != mine or pm._places[unit][0].pipeline != pm.pipeline:
             continue
-        for name, piece in by_source.get(names[0], []):
+        for name, piece in grouped.get(names[0], []):
             whole = piece.expert is None and piece.rows == (0, t.shape[0] if t.dim() else 1)
             if whole:
                 out[name] = t
                 continue
-            local, first = _rows_here(t)
+            local, first = local_rows(t, "save_hf")
             if piece.expert is None:
                 if first != 0 or local.shape[0] != t.shape[0]:
                     raise AutoparError("save_hf", f"{names[0]} is split here, and saved in blocks of rows", _FIX)
@@ -95,9 +86,8 @@ def save_hf_checkpoint(pm, path: str | os.PathLike, max_file_bytes: int = MAX_FI
     if os.path.isfile(path) or (os.path.isdir(path) and os.listdir(path)):
         problem = f"{path} exists and is not an empty folder"
     agree_missing(problem, "save_hf", "pass a new folder (save_hf writes a whole save_pretrained folder)")
-    pieces = saved_pieces(pm.hf)
-    held = {names[0] for names in pm.hf.names.values() if names}
-    missing = next((p.source for p in pieces.values() if p.source not in held), None)
+    pieces, offering = saved_pieces(pm.hf), _offering(pm)
+    missing = next((p.source for p in pieces.values() if p.source not in offering), None)
     if missing is not None:
         raise AutoparError("save_hf", f"the model's tensor {missing} is not held by any unit wrap runs", _FIX)
     partial = f"{path.rstrip(os.sep)}.autopar-partial"
@@ -106,7 +96,7 @@ def save_hf_checkpoint(pm, path: str | os.PathLike, max_file_bytes: int = MAX_FI
     dist.barrier()
     writer = dcp.HuggingFaceStorageWriter(partial, fqn_to_index_mapping=_file_indices(pieces, max_file_bytes),
                                           save_distributed=True, enable_consolidation=True)
-    dcp.save(_offered(pm, pieces), storage_writer=writer)
+    dcp.save(_offered(pm, pieces, offering), storage_writer=writer)
     problem = ""
     if pm.rank == 0:
         problem = _finish(pm, pieces, partial, path)

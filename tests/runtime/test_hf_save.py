@@ -90,7 +90,7 @@ def test_save_hf_writes_what_save_pretrained_writes_with_the_trained_weights(nam
     assert not os.path.exists(path + ".autopar-partial") and not os.path.exists(os.path.join(path, "sharded"))
     loaded = transformers.AutoModelForCausalLM.from_pretrained(path)
     state = loaded.state_dict()
-    names = from_transformers(_model(kind, tied)).hf_names
+    names = from_transformers(_model(kind, tied)).hf_source.names
     for view_name, tensor in trained.items():
         torch.testing.assert_close(state[names[view_name][0]], tensor, atol=0, rtol=0, msg=view_name)
     assert any(not torch.equal(tensor, model.state_dict()[names[v][0]]) for v, tensor in trained.items())  # trained
