@@ -63,24 +63,37 @@ FORWARD_EXTRAS = {
     "vaultgemma": {"softcap": "final_logit_softcapping"},
 }
 
-# autopar's entries over a family's HF TP plan (same key: autopar's wins; a module the block lacks: dropped).
+# autopar's entries over a family's HF TP plan (same key: autopar's wins; a module the block lacks: dropped), or its
+# whole plan where transformers ships none (StableLM, Persimmon, Hunyuan).
 # OLMo 2 / 3 normalise Q and K over all heads, so HF's plan gathers every projection's output and runs attention
 # whole on each rank; here the norms run on the heads' shards (tp_norm) and the projections stay colwise / rowwise.
-# Cohere's per-head Q/K norms (use_qk_norm) shard with their heads; Phi's (qk_layernorm) are one norm over head_dim
-# every head shares, so each rank's gradient is a part, as Qwen3's. Apertus's learned xIELU activation sits between
-# the column- and row-parallel MLP halves, which HF's plan leaves out: each rank sees its shard, so sum its gradient.
+# Cohere's per-head Q/K norms (use_qk_norm) shard with their heads; Phi's, Persimmon's and Hunyuan's are one norm
+# over head_dim every head shares, so each rank's gradient is a part, as Qwen3's. Apertus's learned xIELU activation
+# sits between the column- and row-parallel MLP halves, which HF's plan leaves out: each rank sees its shard, so sum
+# its gradient. Persimmon's fused query_key_value is laid out per head ([heads, 3, head_dim] rows), as GPT-NeoX's.
+_QKVO = {**{f"layer.self_attn.{m}_proj": "colwise" for m in "qkv"}, "layer.self_attn.o_proj": "rowwise"}
+_SWIGLU = {"layer.mlp.gate_proj": "colwise", "layer.mlp.up_proj": "colwise", "layer.mlp.down_proj": "rowwise"}
 _QK_NORMS = {"layer.self_attn.q_norm": "tp_norm", "layer.self_attn.k_norm": "tp_norm"}
-_QK_NORMED_ATTENTION = {**{f"layer.self_attn.{m}_proj": "colwise" for m in "qkv"},
-                        "layer.self_attn.o_proj": "rowwise", **_QK_NORMS}
+_QK_NORMED_ATTENTION = {**_QKVO, **_QK_NORMS}
 TP_EXTRAS = {"olmo2": _QK_NORMED_ATTENTION, "olmo3": _QK_NORMED_ATTENTION, "cohere": _QK_NORMS,
              "phi": {"layer.self_attn.q_layernorm": "tp_grad_sum", "layer.self_attn.k_layernorm": "tp_grad_sum"},
-             "apertus": {"layer.mlp.act_fn": "tp_grad_sum"}}
+             "apertus": {"layer.mlp.act_fn": "tp_grad_sum"},
+             "stablelm": {**_QKVO, **_SWIGLU},
+             "hunyuan_v1_dense": {**_QKVO, **_SWIGLU, "layer.self_attn.query_layernorm": "tp_grad_sum",
+                                  "layer.self_attn.key_layernorm": "tp_grad_sum"},
+             "persimmon": {"layer.self_attn.query_key_value": "colwise", "layer.self_attn.dense": "rowwise",
+                           "layer.self_attn.q_layernorm": "tp_grad_sum", "layer.self_attn.k_layernorm": "tp_grad_sum",
+                           "layer.mlp.dense_h_to_4h": "colwise", "layer.mlp.dense_4h_to_h": "rowwise"}}
+# Families whose attention reshapes by its head counts rather than by -1: under TP it is given the rank's counts
+# (the local_heads style, autopar.runtime.tensor_parallel)
+LOCAL_HEADS = ("stablelm", "persimmon")
 # Counts a family's TP degree must divide besides its heads and FFN width: CodeGen's qkv_proj holds its Q, V, K as
 # 4 blocks (its attention's mp_num), each rank needing whole blocks
 TP_DIVIDES = {"codegen": (4,)}
 # Config settings under which a family runs with tp = 1: OLMo's clip_qkv clamps the projections in place, which
-# the column-parallel outputs (views of DTensors) do not allow
-TP_OFF_WHEN = {"olmo": "clip_qkv"}
+# the column-parallel outputs (views of DTensors) do not allow; StableLM's qk_layernorm keeps one norm per head in a
+# list its forward zips with the heads it sees, so a rank would normalise its heads with the first heads' norms
+TP_OFF_WHEN = {"olmo": "clip_qkv", "stablelm": "qk_layernorm"}
 
 # HF style name -> autopar style name (autopar/models/tp_plans.py)
 _HF_STYLES = {"colwise": "colwise", "rowwise": "rowwise", "replicated_with_grad_allreduce": "tp_grad_sum"}
@@ -162,7 +175,7 @@ def block_plan(cfg, layers: list[nn.Module], names: dict[str, str] = _LLAMA_NAME
     blocks when its first ones are dense), or lacks a module the plan names."""
     kind = cfg.model_type
     raw = getattr(cfg, "base_model_tp_plan", None) or {}
-    if not raw or getattr(cfg, TP_OFF_WHEN.get(kind, ""), None):
+    if not (raw or TP_EXTRAS.get(kind)) or getattr(cfg, TP_OFF_WHEN.get(kind, ""), None):
         return None
     present = dict(layers[0].named_modules(prefix="layer"))
     prefix = f"{names['layers']}.*."
@@ -175,7 +188,8 @@ def block_plan(cfg, layers: list[nn.Module], names: dict[str, str] = _LLAMA_NAME
     if not all(_covered(plan, layer, attn) for layer in layers):
         return None
     norms = {f"layer.{name}": "sp_norm_local" for name, m in layers[0].named_children() if "Norm" in type(m).__name__}
-    return {"layer": "sp_unit", attn: names["attn_input"], "layer.mlp": "sp_region", **norms, **plan}
+    attn_style = names["attn_input"] + ("+local_heads" if kind in LOCAL_HEADS else "")
+    return {"layer": "sp_unit", attn: attn_style, "layer.mlp": "sp_region", **norms, **plan}
 
 
 def _covered(plan: dict[str, str], layer: nn.Module, attn: str) -> bool:

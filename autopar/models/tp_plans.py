@@ -16,6 +16,8 @@ when the layer runs with sequence parallelism. Style names:
   tp_grad_sum   left whole on every rank, but it sees only the rank's heads (Qwen3's Q/K norms): its
                 gradient is summed over the TP group by the unit's gradient sync (HF's
                 replicated_with_grad_allreduce)
+  local_heads   an attention module that sizes its reshapes by head counts it keeps (StableLM's, Persimmon's
+                ``self.num_heads``): they become the rank's share of the heads
   sp_norm       SequenceParallel: the norm runs on its sequence shard
   sp_norm_local the same, its output a plain tensor: for a norm whose output is added to the residual stream
                 (Gemma 2's norms of the attention and MLP outputs), where sp_norm's DTensor would meet a plain one
@@ -24,6 +26,8 @@ when the layer runs with sequence parallelism. Style names:
   sp_unit       the unit's input is split along the sequence and its output gathered back, so unit
                 boundaries (what pipeline stages exchange) always hold the full sequence
   sp_unit_in    the unit's input is split along the sequence (its output is not sequence-shaped)
+
+An entry may join several styles with ``+`` (``sp_region_hidden_states+local_heads``): each applies, in order.
 
 TP_DIVISORS names, per unit kind, the config fields a TP degree must divide.
 """

@@ -8,6 +8,8 @@ gathers the output), so neighbours with different TP degrees or without sp need 
 
 from __future__ import annotations
 
+import copy
+
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module, distribute_tensor
@@ -40,6 +42,8 @@ def _style(name: str, sp: bool, logits_sharded: bool) -> ParallelStyle | None:
         return RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
     if name == "tp_norm":
         return _HeadShardedNorm()
+    if name == "local_heads":
+        return _LocalHeads()
     if name == TP_GRAD_SUM:
         return None  # the module runs as it is on this rank's heads; the gradient sync sums its gradient over TP
     if name == "logits":
@@ -63,8 +67,9 @@ def _style(name: str, sp: bool, logits_sharded: bool) -> ParallelStyle | None:
         return PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(seq,),
                                   use_local_output=True)
     raise AutoparError("tp plan", f"unknown style {name!r}",
-                       "use colwise, rowwise, vocab_embed, logits, tp_norm, tp_grad_sum, sp_norm, sp_norm_local, sp_region, "
-                       "sp_region_hidden_states, sp_unit or sp_unit_in")
+                       "use colwise, rowwise, vocab_embed, logits, tp_norm, tp_grad_sum, local_heads, sp_norm, "
+                       "sp_norm_local, sp_region, sp_region_hidden_states, sp_unit or sp_unit_in (or several joined "
+                       "by '+')")
 
 
 class _SplitGather(ParallelStyle):
@@ -98,27 +103,51 @@ class _HeadShardedNorm(ParallelStyle):
                                  lambda _mod, out, _mesh: out.to_local())
 
 
+# The head counts an attention module may keep as attributes (and its config as fields) and size its tensors by:
+# under TP each rank runs its own heads, so ``local_heads`` divides them by the TP degree.
+HEAD_COUNTS = ("num_heads", "num_attention_heads", "num_key_value_heads")
+
+
+class _LocalHeads(ParallelStyle):
+    """An attention module that reshapes its projections by its head counts rather than by ``-1`` (StableLM's and
+    Persimmon's ``view(b, s, self.num_heads, d)``, Phi-3's split of its fused QKV at ``config.num_attention_heads``):
+    each count it keeps (``HEAD_COUNTS``, as attributes or in its config, which it then gets a copy of) becomes the
+    rank's, the whole count divided by the TP degree (the TP-limit check makes it divide)."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        t = device_mesh.size()
+        cfg = getattr(module, "config", None)
+        if cfg is not None:
+            module.config = cfg = copy.copy(cfg)  # the model's other modules keep the whole counts
+        for owner in (module, cfg):
+            for attr in HEAD_COUNTS:
+                n = getattr(owner, attr, None) if owner is not None else None
+                if isinstance(n, int) and not isinstance(n, bool):
+                    setattr(owner, attr, n // t)
+        return module
+
+
 def apply_tp(unit: nn.Module, table: dict[str, str], mesh: DeviceMesh, sp: bool,
              logits_sharded: bool = False) -> None:
     """Shard ``unit`` over the 1-D ``mesh`` as ``table`` says (in place).
 
     ``logits_sharded``: keep vocabulary-sharded logits as a DTensor for ``loss_parallel``.
-    Modules not named in the table keep plain, replicated parameters.
+    Modules not named in the table keep plain, replicated parameters. An entry of several styles joined by ``+``
+    applies each, in order.
     """
     plan: dict[str, ParallelStyle] = {}
-    unit_style = None
-    for fqn, name in table.items():
-        style = _style(name, sp, logits_sharded)
-        if style is None:
-            continue
+    after: list[tuple[str, ParallelStyle]] = []  # the unit's own style, and a module's second and later styles
+    for fqn, names in table.items():
+        styles = [s for s in (_style(n, sp, logits_sharded) for n in names.split("+")) if s is not None]
         if fqn == "":
-            unit_style = style
-        else:
-            plan[fqn] = style
+            after += [(fqn, s) for s in styles]
+        elif styles:
+            plan[fqn] = styles[0]
+            after += [(fqn, s) for s in styles[1:]]
     if plan:
         parallelize_module(unit, mesh, plan)
-    if unit_style is not None:
-        unit_style._apply(unit, mesh)
+    for fqn, style in after:
+        style._apply(unit.get_submodule(fqn) if fqn else unit, mesh)
 
 
 def tp_partial_params(unit: nn.Module, table: dict[str, str]) -> set[str]:
