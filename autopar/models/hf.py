@@ -17,8 +17,9 @@ installed; nothing here imports it.
   own heads with the whole weight, so its gradient is a part; autopar's ``tp_grad_sum`` sums it over TP.
 * OLMo 2 / 3 (Q/K norms over all heads) and Cohere's per-head Q/K norms: the norms' weights shard with the heads
   (autopar's ``tp_norm``), so the projections are plain colwise / rowwise where HF's OLMo plan gathers them.
-* Phi-3: tp = 1 only (HF's colwise_gather_output / rowwise_split_input styles on its fused qkv_proj and
-  gate_up_proj are not translated).
+* Phi-3 / Phi-4 and GLM / GLM-4: their fused ``qkv_proj`` / ``gate_up_proj`` are held as parts
+  (``hf_fused.FusedLinear``, in the HF model itself), each column-parallel under TP; checkpoints keep the fused
+  tensors (``load_hf`` / ``save_hf``).
 * GPT-2: tp = 1 only (its fused ``c_attn`` cannot be split by heads with a plain column split).
 * The MoE families: tp = 1 (HF's packed / MoE TP styles are not translated); their packed experts are replicated,
   or split over ``ep`` DP ranks by a plan's ``ep`` (autopar.runtime.expert_parallel; gpt-oss's transposed,
@@ -50,6 +51,7 @@ import torch
 from torch import nn
 
 from autopar.errors import AutoparError
+from autopar.models.hf_fused import fused_parts, fused_shapes
 from autopar.models.hf_llama import LLAMA_LIKE, HFHead, llama_like_view
 from autopar.models.hf_units import HFCausalLM, block_mask
 
@@ -125,14 +127,19 @@ def from_transformers(hf_model: nn.Module) -> HFCausalLM:
 
 class HFSource:
     """What ``ParallelModel.load_hf`` / ``save_hf`` need of the transformers model a view was made from: each view
-    tensor's names in its state dict, its config (and generation config), each state-dict tensor's shape and
-    dtype, and transformers' own inverse of its load-time conversions (``revert(state_dict)``: packed MoE experts
-    back to the one-tensor-per-expert names ``save_pretrained`` writes), applied to shape-only stand-ins."""
+    tensor's names in its state dict (``names``; a part of a fused projection, ``blocks``: the fused tensor's name
+    and the part's first row there, autopar.models.hf_fused), its config (and generation config), each state-dict
+    tensor's shape and dtype as the unsplit model has it, and transformers' own inverse of its load-time conversions
+    (``revert(state_dict)``: packed MoE experts back to the one-tensor-per-expert names ``save_pretrained`` writes),
+    applied to shape-only stand-ins."""
 
     def __init__(self, names: dict[str, tuple[str, ...]], hf_model: nn.Module) -> None:
-        self.names, self.config = names, hf_model.config
+        parts = fused_parts(hf_model)
+        self.blocks = {view: parts[n[0]] for view, n in names.items() if n and n[0] in parts}
+        self.names = {view: n for view, n in names.items() if view not in self.blocks}
+        self.config = hf_model.config
         self.generation_config = getattr(hf_model, "generation_config", None)
-        self.shapes = {k: (tuple(t.shape), t.dtype) for k, t in hf_model.state_dict().items()}
+        self.shapes = fused_shapes({k: (tuple(t.shape), t.dtype) for k, t in hf_model.state_dict().items()}, parts)
         try:
             from transformers.core_model_loading import revert_weight_conversion
         except ImportError:  # transformers 4: checkpoints are saved as the modules name them

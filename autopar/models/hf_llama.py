@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from autopar.errors import AutoparError
+from autopar.models.hf_fused import FusedLinear, split_fused
 from autopar.models.hf_units import HFCausalLM, block_mask, sliding_window
 
 DENSE = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "olmo", "olmo2", "olmo3",
@@ -71,6 +72,8 @@ FORWARD_EXTRAS = {
 # over head_dim every head shares, so each rank's gradient is a part, as Qwen3's. Apertus's learned xIELU activation
 # sits between the column- and row-parallel MLP halves, which HF's plan leaves out: each rank sees its shard, so sum
 # its gradient. Persimmon's fused query_key_value is laid out per head ([heads, 3, head_dim] rows), as GPT-NeoX's.
+# Phi-3's and GLM's fused projections are held as parts (FUSED), so the projections after them are plain rowwise
+# where HF's plan gathers the fused outputs and splits them again (colwise_gather_output / rowwise_split_input).
 _QKVO = {**{f"layer.self_attn.{m}_proj": "colwise" for m in "qkv"}, "layer.self_attn.o_proj": "rowwise"}
 _SWIGLU = {"layer.mlp.gate_proj": "colwise", "layer.mlp.up_proj": "colwise", "layer.mlp.down_proj": "rowwise"}
 _QK_NORMS = {"layer.self_attn.q_norm": "tp_norm", "layer.self_attn.k_norm": "tp_norm"}
@@ -83,10 +86,16 @@ TP_EXTRAS = {"olmo2": _QK_NORMED_ATTENTION, "olmo3": _QK_NORMED_ATTENTION, "cohe
                                   "layer.self_attn.key_layernorm": "tp_grad_sum"},
              "persimmon": {"layer.self_attn.query_key_value": "colwise", "layer.self_attn.dense": "rowwise",
                            "layer.self_attn.q_layernorm": "tp_grad_sum", "layer.self_attn.k_layernorm": "tp_grad_sum",
-                           "layer.mlp.dense_h_to_4h": "colwise", "layer.mlp.dense_4h_to_h": "rowwise"}}
+                           "layer.mlp.dense_h_to_4h": "colwise", "layer.mlp.dense_4h_to_h": "rowwise"},
+             "phi3": {"layer.self_attn.o_proj": "rowwise", "layer.mlp.down_proj": "rowwise"},
+             "glm": {"layer.mlp.down_proj": "rowwise"}, "glm4": {"layer.mlp.down_proj": "rowwise"}}
+# Fused projections each block holds as their parts (autopar.models.hf_fused), by path and layout: under TP every
+# part is column-parallel, and the row-parallel projection after it takes the rank's share as any other
+FUSED = {"phi3": {"self_attn.qkv_proj": "qkv", "mlp.gate_up_proj": "halves"}, "glm": {"mlp.gate_up_proj": "halves"},
+         "glm4": {"mlp.gate_up_proj": "halves"}}
 # Families whose attention reshapes by its head counts rather than by -1: under TP it is given the rank's counts
-# (the local_heads style, autopar.runtime.tensor_parallel)
-LOCAL_HEADS = ("stablelm", "persimmon")
+# (the local_heads style, autopar.runtime.tensor_parallel); Phi-3 splits its fused QKV at config.num_attention_heads
+LOCAL_HEADS = ("stablelm", "persimmon", "phi3")
 # Counts a family's TP degree must divide besides its heads and FFN width: CodeGen's qkv_proj holds its Q, V, K as
 # 4 blocks (its attention's mp_num), each rank needing whole blocks
 TP_DIVIDES = {"codegen": (4,)}
@@ -179,8 +188,10 @@ def block_plan(cfg, layers: list[nn.Module], names: dict[str, str] = _LLAMA_NAME
         return None
     present = dict(layers[0].named_modules(prefix="layer"))
     prefix = f"{names['layers']}.*."
+    fused = {fqn: len(m.parts) for fqn, m in present.items() if isinstance(m, FusedLinear)}
     plan = {**{"layer." + key[len(prefix):]: _HF_STYLES.get(style) for key, style in raw.items()
-               if key.startswith(prefix)},
+               if key.startswith(prefix) and "layer." + key[len(prefix):] not in fused},  # HF styles the fused whole
+            **{f"{fqn}.parts.{i}": "colwise" for fqn, n in fused.items() for i in range(n)},
             **{fqn: style for fqn, style in TP_EXTRAS.get(kind, {}).items() if fqn in present}}
     if None in plan.values():
         return None  # a style autopar does not translate: run this architecture with tp = 1
@@ -219,6 +230,8 @@ def llama_like_view(hf_model: nn.Module) -> HFCausalLM:
     embed = HFTokenEmbed(getattr(base, names["embed"]), _extra(cfg, kind, "embed_multiplier"),
                          _extra(cfg, kind, "embed_dropout") or 0.0)
     hf_layers = list(getattr(base, names["layers"]))
+    for layer in hf_layers:
+        split_fused(layer, FUSED.get(kind, {}), cfg)
     per_type = "layer_type" in inspect.signature(base.rotary_emb.forward).parameters
     types = cfg.layer_types if per_type else None
     layers = [HFRotaryBlock(layer, copy.deepcopy(base.rotary_emb), types[i] if types else None, names["attn"])

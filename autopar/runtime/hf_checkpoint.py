@@ -8,7 +8,8 @@ under those names, and ``torch.distributed.checkpoint`` with its ``HuggingFaceSt
 regions from the files, converting dtypes. A tensor the checkpoint names as ``save_pretrained`` writes it rather
 than as the module does (GPT-NeoX's ``embed_out``, Mixtral's ``block_sparse_moe``: autopar.models.hf_saved) is read
 under that name; packed MoE experts, which transformers saves one tensor per expert, are assembled from exactly
-the experts this rank holds (``hf_experts``). A tied tensor the checkpoint holds once (``lm_head.weight`` under
+the experts this rank holds (``hf_experts``); a fused projection held as parts (autopar.models.hf_fused) is read
+block by block into them (``row_blocks``). A tied tensor the checkpoint holds once (``lm_head.weight`` under
 ``tie_word_embeddings``) is read into every unit that keeps a copy of it. ZeRO-1/2's master shards are then
 refreshed from the loaded parameters. This is how a model built on the meta device starts from pretrained
 weights without any rank holding the whole model.
@@ -29,7 +30,8 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from autopar.errors import AutoparError
 from autopar.models.hf_saved import by_source, saved_pieces
 from autopar.runtime.checkpoint_io import agree_missing, param_names, persistent_buffers, refresh_master
-from autopar.runtime.hf_experts import expert_sources, load_packed_experts
+from autopar.runtime.hf_experts import expert_sources, load_packed_experts, local_rows
+from autopar.runtime.row_blocks import RowBlocks
 
 
 def hf_tensors(pm) -> list[tuple[str, str, tuple[str, ...], torch.Tensor]]:
@@ -41,6 +43,47 @@ def hf_tensors(pm) -> list[tuple[str, str, tuple[str, ...], torch.Tensor]]:
         out += [(name, f"{name}.{fqn}", p.detach()) for fqn, p in zip(param_names(st), st.sync.params)]
         out += [(name, f"{name}.{fqn}", b) for fqn, b in persistent_buffers(st.unit.module)]
     return [(u, n, pm.hf.names.get(n, ()), t) for u, n, t in out]
+
+
+def fused_parts_here(pm, units: set[str] | None = None) -> dict[str, tuple[str, list[tuple[int, torch.Tensor]]]]:
+    """Each fused tensor this rank holds parts of (autopar.models.hf_fused; in ``units`` only, when given) -> (the
+    unit holding it, its parts in row order: the part's first row in the fused tensor, the part as held here)."""
+    out: dict[str, tuple[str, list[tuple[int, torch.Tensor]]]] = {}
+    for unit, mine, _, t in hf_tensors(pm):
+        fused = pm.hf.blocks.get(mine)
+        if fused is not None and (units is None or unit in units):
+            out.setdefault(fused[0], (unit, []))[1].append((fused[1], t))
+    return {key: (unit, sorted(parts, key=lambda p: p[0])) for key, (unit, parts) in sorted(out.items())}
+
+
+def fused_saved_names(pm, saved: dict, keys) -> tuple[dict[str, str], str]:
+    """Fused tensor -> the name save_pretrained writes it under (``saved``: ``hf_saved.by_source`` of its pieces),
+    and the problem to refuse on every rank (``agree_missing``): one it writes in pieces, handled only whole."""
+    out, problem = {}, ""
+    for key in keys:
+        rows = pm.hf.shapes[key][0][0]
+        name = next((n for n, p in saved.get(key, []) if p.expert is None and p.rows == (0, rows)), None)
+        if name is None:
+            problem = problem or f"transformers saves the fused tensor {key} in pieces, which autopar handles whole"
+        else:
+            out[key] = name
+    return out, problem
+
+
+def _fused_load_tensors(pm, saved: dict) -> tuple[dict[str, RowBlocks], str]:
+    """This rank's blocks of each fused tensor (views of its parts' local rows), under their saved names."""
+    parts = fused_parts_here(pm)
+    names, problem = fused_saved_names(pm, saved, parts)
+    out = {}
+    for key, name in names.items():
+        blocks = []
+        for row, t in parts[key][1]:
+            local, first = local_rows(t, "load_hf")
+            if local.shape[0]:  # (an uneven ZeRO-3 split may leave a rank no rows of a part)
+                blocks.append((row + first, local))
+        if blocks:
+            out[name] = RowBlocks(pm.hf.shapes[key][0], blocks)
+    return out, problem
 
 
 def load_hf_checkpoint(pm, path: str | os.PathLike) -> None:
@@ -62,8 +105,15 @@ def load_hf_checkpoint(pm, path: str | os.PathLike) -> None:
     saved = by_source(saved_pieces(pm.hf))  # model tensor -> what save_pretrained writes of it
     rounds: list[dict[str, torch.Tensor]] = [{}]
     packed: list[tuple[str, torch.Tensor, list[list[str]]]] = []  # (HF name, tensor, per-expert sources)
-    problem = ""
+    fused, problem = _fused_load_tensors(pm, saved)
+    for key, t in fused.items():
+        md = have.get(key)
+        if not isinstance(md, TensorStorageMetadata) or tuple(md.size) != tuple(t.shape):
+            problem = problem or f"{path} has no tensor {key} of shape {tuple(t.shape)}"
+        rounds[0][key] = t
     for _, mine, names, t in hf_tensors(pm):
+        if mine in pm.hf.blocks:
+            continue  # read above, with the other parts of its fused tensor
         pieces = saved.get(names[0], []) if names else []
         whole = [n for n, p in pieces if p.expert is None and tuple(p.shape) == tuple(t.shape)]
         key = next((n for n in (*names, *whole) if n in have), None)  # as the module or save_pretrained names it

@@ -22,31 +22,42 @@ import shutil
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.tensor import DTensor
 
 from autopar.errors import AutoparError
 from autopar.models.hf_saved import SavedPiece, by_source, saved_pieces
 from autopar.runtime.checkpoint_io import agree_missing
-from autopar.runtime.hf_checkpoint import hf_tensors
+from autopar.runtime.hf_checkpoint import fused_parts_here, fused_saved_names, hf_tensors
 from autopar.runtime.hf_experts import local_rows
+from autopar.runtime.row_blocks import RowBlocks
 
 MAX_FILE_BYTES = 5 * 10**9  # transformers' save_pretrained max_shard_size="5GB"
 _FIX = "write the full state dict on one rank (ParallelModel.full_state_dict) and call save_pretrained"
 
 
 def _offering(pm) -> dict[str, str]:
-    """Model tensor -> the first unit tensor holding it (the one that writes it: a tied copy is not offered twice)."""
+    """Model tensor -> the first unit tensor holding it (the one that writes it: a tied copy is not offered twice;
+    a fused tensor held as parts, its first part)."""
     out: dict[str, str] = {}
     for view_name, names in pm.hf.names.items():
         if names:
             out.setdefault(names[0], view_name)
+    for view_name, (fused, _) in pm.hf.blocks.items():
+        out.setdefault(fused, view_name)
     return out
 
 
-def _offered(pm, pieces: dict[str, SavedPiece], offering: dict[str, str]) -> dict[str, torch.Tensor]:
-    """The saved tensors (or DTensor shards of them) this rank writes."""
+def _offered(pm, pieces: dict[str, SavedPiece], offering: dict[str, str]) -> tuple[dict[str, torch.Tensor], str]:
+    """The saved tensors (or DTensor shards of them, or row blocks of fused ones) this rank writes, and the problem
+    to refuse (``fused_checkpoint_tensors``)."""
     grouped = by_source(pieces)
     out: dict[str, torch.Tensor] = {}
+    fused_units = set()  # the units writing a fused tensor: those holding its first part
     for unit, mine, names, t in hf_tensors(pm):
+        if mine in pm.hf.blocks:
+            if offering.get(pm.hf.blocks[mine][0]) == mine and pm._places[unit][0].pipeline == pm.pipeline:
+                fused_units.add(unit)
+            continue
         if not names or offering.get(names[0]) != mine or pm._places[unit][0].pipeline != pm.pipeline:
             continue
         for name, piece in grouped.get(names[0], []):
@@ -61,7 +72,27 @@ def _offered(pm, pieces: dict[str, SavedPiece], offering: dict[str, str]) -> dic
                 out[name] = local[piece.rows[0]:piece.rows[1]]
             elif first <= piece.expert < first + local.shape[0]:
                 out[name] = local[piece.expert - first, piece.rows[0]:piece.rows[1]]
-    return out
+    fused, problem = _fused_slices(pm, grouped, fused_units)
+    return {**out, **fused}, problem
+
+
+def _fused_slices(pm, saved: dict, units: set[str]) -> tuple[dict[str, RowBlocks], str]:
+    """A contiguous slice of each fused tensor of ``units`` per rank holding them (in their first placement): the
+    parts gathered whole (a collective over each part's mesh), concatenated and cut evenly over the placement's
+    devices. One block per rank: the safetensors writer keeps one chunk of a tensor per rank and file, where under
+    TP a rank holds a block of every part."""
+    parts = fused_parts_here(pm, units)
+    names, problem = fused_saved_names(pm, saved, parts)
+    out = {}
+    for key, name in names.items():
+        unit, held = parts[key]
+        full = torch.cat([t.full_tensor() if isinstance(t, DTensor) else t for _, t in held])
+        devices = pm._places[unit][0].devices
+        i, n = devices.index(pm.rank), len(devices)
+        a, b = i * full.shape[0] // n, (i + 1) * full.shape[0] // n
+        if b > a:
+            out[name] = RowBlocks(tuple(full.shape), [(a, full[a:b].clone())])
+    return out, problem
 
 
 def _file_indices(pieces: dict[str, SavedPiece], limit: int) -> dict[str, int]:
@@ -96,7 +127,9 @@ def save_hf_checkpoint(pm, path: str | os.PathLike, max_file_bytes: int = MAX_FI
     dist.barrier()
     writer = dcp.HuggingFaceStorageWriter(partial, fqn_to_index_mapping=_file_indices(pieces, max_file_bytes),
                                           save_distributed=True, enable_consolidation=True)
-    dcp.save(_offered(pm, pieces, offering), storage_writer=writer)
+    offered, problem = _offered(pm, pieces, offering)
+    agree_missing(problem, "save_hf", _FIX)
+    dcp.save(offered, storage_writer=writer)
     problem = ""
     if pm.rank == 0:
         problem = _finish(pm, pieces, partial, path)

@@ -24,6 +24,9 @@ PLANS = {
                                            ([2, 3], same([L1, H], tp=2, sp=True))])]),
     # GPT-NeoX's checkpoints name its head embed_out (transformers renames it lm_head on load)
     "gpt_neox-tp2-sp": ("gpt_neox", [(4, 2, [([0, 1, 2, 3], same(GPT_UNITS, tp=2, sp=True))])]),
+    # Phi-3's fused qkv_proj / gate_up_proj held as parts: each rank reads its rows of every part
+    "phi3-pp2-tp2-zero3": ("phi3", [(2, 4, [([0, 1], same([E, L0], tp=2, sp=True, zero=3)),
+                                            ([2, 3], same([L1, H], tp=2, zero=1))])]),
     "dp2-zero2-ckpt": ("qwen3", [(4, 2, [([0, 1], same(GPT_UNITS, zero=2, ckpt="full"))])]),
     # MoE checkpoints store each expert apart: each rank assembles the packed experts of its own shard
     "olmoe-ep2-zero3": ("olmoe", [(4, 2, [([0, 1, 2, 3], [(E, {"zero": 3}), (L0, {"ep": 2, "zero": 3}),

@@ -1,5 +1,8 @@
-"""transformers' Phi-3 through the runtime: its fused qkv_proj / gate_up_proj take HF's colwise_gather_output styles,
-which autopar does not translate, so it runs with tp 1 (tp 2 refused in one line) and trains as one process does."""
+"""transformers' Phi-3 (and Phi-4, the same architecture) through the runtime: its fused qkv_proj / gate_up_proj are
+held as parts (autopar.models.hf_fused), so under TP each rank holds its share of Q, K and V (of the gate and up
+halves) and attention runs on its own heads; checkpoints keep the fused tensors. Training under TP, PP, ZeRO and CP:
+tests/runtime/test_hf_families_train.py, test_context_parallel_hf.py; load_hf / save_hf: test_hf_checkpoint.py,
+test_hf_save.py."""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ import torch
 
 from autopar.plan.compact import make_plan
 from tests.runtime.cases import GPT_UNITS, HF_TINY, same, token_data
-from tests.runtime.reference import assert_matches_reference, wrap_outcomes
+from tests.runtime.reference import assert_matches_reference
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.dist
@@ -16,34 +19,44 @@ pytestmark = pytest.mark.dist
 E, L0, L1, H = GPT_UNITS
 
 
-def phi3_model():
-    return transformers.Phi3ForCausalLM(transformers.Phi3Config(**HF_TINY, pad_token_id=0))
+def phi3_model(**fields):
+    return transformers.Phi3ForCausalLM(transformers.Phi3Config(**{**HF_TINY, "pad_token_id": 0, **fields}))
 
 
-def hf_phi3():
-    from autopar.models.hf import from_transformers
-
-    return from_transformers(phi3_model())
-
-
-@pytest.mark.parametrize("plan", [
-    [(2, 4, [([0], same([E, L0], zero=1)), ([1], same([L1, H], ckpt="selective"))])],
-    [(4, 2, [([0, 1], same(GPT_UNITS, zero=3, ckpt="full"))])],
-], ids=["pp2", "zero3-ckpt"])
-def test_phi3_trains_like_one_process(plan):
-    x, y = token_data()
-    assert_matches_reference(hf_phi3, make_plan(plan), x, y)
-
-
-def test_phi3_tensor_parallel_is_refused_in_one_line():
-    outcomes = wrap_outcomes(hf_phi3, make_plan([(4, 2, [([0, 1], same(GPT_UNITS, tp=2))])]))
-    assert len(outcomes) == 2 and all("tp 2 is not legal for unit 'embed' (it has no TP plan)" in o for o in outcomes)
-
-
-def test_the_units_view_equals_the_hf_model():
+def test_the_units_view_equals_the_unsplit_hf_model():
     from autopar.models.hf import from_transformers
 
     torch.manual_seed(0)
     hf = phi3_model().eval()
     x = token_data()[0]
-    torch.testing.assert_close(from_transformers(hf)(x), hf(x).logits)
+    want = hf(x).logits
+    torch.testing.assert_close(from_transformers(hf)(x), want)
+
+
+def test_the_parts_are_the_fused_rows_and_checkpoint_names_stay_fused():
+    """Q, K, V (gate, up) are consecutive row blocks of the fused weight; the source the checkpoint code reads names
+    the fused tensors with the unsplit model's shapes; viewing the model again changes nothing."""
+    from autopar.models.hf import from_transformers
+
+    hf = phi3_model(num_key_value_heads=2)
+    unsplit = {k: v.clone() for k, v in hf.state_dict().items()}
+    view = from_transformers(hf)
+    qkv = view.layers[0].layer.self_attn.qkv_proj
+    assert [p.weight.shape[0] for p in qkv.parts] == [32, 16, 16]  # 4 heads and 2 KV heads of 8
+    fused = "model.layers.0.self_attn.qkv_proj.weight"
+    torch.testing.assert_close(torch.cat([p.weight for p in qkv.parts]), unsplit[fused], atol=0, rtol=0)
+    source = view.hf_source
+    assert {k: v[0] for k, v in source.shapes.items()} == {k: tuple(v.shape) for k, v in unsplit.items()}
+    assert source.blocks["layers.0.layer.mlp.gate_up_proj.parts.1.weight"] == ("model.layers.0.mlp.gate_up_proj.weight",
+                                                                              64)
+    again = from_transformers(hf)
+    assert again.hf_source.shapes == source.shapes and again.hf_source.blocks == source.blocks
+
+
+def test_phi3_with_grouped_kv_heads_trains_under_tp_like_one_process():
+    from autopar.models.hf import from_transformers
+
+    x, y = token_data()
+    plan = make_plan([(4, 2, [([0, 1, 2, 3], same(GPT_UNITS, tp=2, sp=True, zero=1))])])
+    assert_matches_reference(lambda: from_transformers(phi3_model(num_key_value_heads=2).double()), plan, x, y,
+                             tol=1e-6)
