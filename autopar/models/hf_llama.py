@@ -246,5 +246,5 @@ def llama_like_view(hf_model: nn.Module) -> HFCausalLM:
                           getattr(cfg, "intermediate_size", None) or getattr(cfg, "n_inner", None)
                           or 4 * cfg.hidden_size, *TP_DIVIDES.get(kind, ()))}  # GPT-J / CodeGen: n_inner
     view = HFCausalLM(embed, layers, head, f"hf-{kind}", plans, divisors, {"block": (f"layer.{names['attn']}",)})
-    view.context_parallel = kind not in MOE  # the MoE blocks' expert parallel is not combined with CP
+    view.context_parallel = True  # MoE blocks too: their routed experts run on the rank's tokens (ep 1 under CP)
     return view

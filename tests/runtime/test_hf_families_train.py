@@ -105,6 +105,17 @@ def test_moe_family_trains_like_one_process(kind, plan):
     assert_matches_reference(lambda: from_transformers(build(kind)), make_plan(MOE_PLANS[plan](kind)), x, y)
 
 
+@pytest.mark.parametrize("kind", sorted(MOE_FAMILIES) + ["mixtral", "qwen2_moe", "qwen3_moe"])
+def test_moe_family_under_context_parallel_trains_like_one_process(kind):
+    """The routed experts (ep 1) run on each CP rank's own tokens, as every other per-token module does."""
+    from autopar.models.hf import from_transformers
+
+    x, y = token_data()
+    plan = make_plan(CP_PLAN)
+    plan.model.seq_len = 8
+    assert_matches_reference(lambda: from_transformers(build(kind)), plan, x, y)
+
+
 def _meta(kind: str):
     import torch
 
