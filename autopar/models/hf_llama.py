@@ -29,7 +29,7 @@ from autopar.models.hf_units import HFCausalLM, block_mask, sliding_window
 DENSE = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "olmo", "olmo2", "olmo3",
          "granite", "cohere", "cohere2", "starcoder2", "glm", "glm4", "smollm3", "seed_oss", "exaone4", "apertus",
          "arcee", "ernie4_5", "gpt_neox", "stablelm", "nemotron", "helium", "vaultgemma", "phi", "persimmon",
-         "hunyuan_v1_dense", "cwm", "gptj", "codegen")
+         "hunyuan_v1_dense", "cwm", "gptj", "codegen", "falcon")
 MOE = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe", "glm4_moe", "ernie4_5_moe", "gpt_oss", "deepseek_v2",
        "deepseek_v3", "granitemoeshared", "flex_olmo")
 LLAMA_LIKE = DENSE + MOE
@@ -43,6 +43,7 @@ NAMES = {"gpt_neox": {**_LLAMA_NAMES, "base": "gpt_neox", "embed": "embed_in", "
                       "attn": "attention", "attn_input": "sp_region"},
          "gptj": _GPTJ_NAMES, "codegen": _GPTJ_NAMES,
          "phi": {**_LLAMA_NAMES, "norm": "final_layernorm"},
+         "falcon": {**_GPTJ_NAMES, "embed": "word_embeddings", "attn": "self_attention", "attn_input": "sp_region"},
          "persimmon": {**_LLAMA_NAMES, "norm": "final_layernorm"}}
 
 # What a family's Model / ForCausalLM forward does beyond Llama's, by config field: the embeddings are multiplied
@@ -64,6 +65,16 @@ FORWARD_EXTRAS = {
     "vaultgemma": {"softcap": "final_logit_softcapping"},
 }
 
+# Families whose attention computes its scores itself instead of calling transformers' attention interface, which
+# context parallel replaces (autopar.runtime.context_parallel): they run without CP
+OWN_ATTENTION = ("falcon",)
+# Arguments a family's decoder layer takes besides Llama's (Falcon's ALiBi tensor, None: its rotary variants)
+BLOCK_KWARGS = {"falcon": {"alibi": None}}
+# Config settings under which a family is refused, with why: Falcon-RW's ALiBi biases come in through the mask its
+# model's forward builds, which the units view does not build
+REFUSED_WHEN = {"falcon": ("alibi", "adds ALiBi position biases through the mask its model's forward builds, which "
+                           "autopar's units view does not build", "use a Falcon with rotary positions (alibi: false)")}
+
 # autopar's entries over a family's HF TP plan (same key: autopar's wins; a module the block lacks: dropped), or its
 # whole plan where transformers ships none (StableLM, Persimmon, Hunyuan).
 # OLMo 2 / 3 normalise Q and K over all heads, so HF's plan gathers every projection's output and runs attention
@@ -71,7 +82,9 @@ FORWARD_EXTRAS = {
 # Cohere's per-head Q/K norms (use_qk_norm) shard with their heads; Phi's, Persimmon's and Hunyuan's are one norm
 # over head_dim every head shares, so each rank's gradient is a part, as Qwen3's. Apertus's learned xIELU activation
 # sits between the column- and row-parallel MLP halves, which HF's plan leaves out: each rank sees its shard, so sum
-# its gradient. Persimmon's fused query_key_value is laid out per head ([heads, 3, head_dim] rows), as GPT-NeoX's.
+# its gradient. Persimmon's fused query_key_value is laid out per head ([heads, 3, head_dim] rows), as GPT-NeoX's;
+# Falcon's per KV group ([kv heads, queries per group + 2, head_dim] rows; 40B / 180B's new decoder architecture),
+# or per head, or (Falcon-7B's multi-query) with one K and V every rank needs: its KV count 1 keeps it at tp 1.
 # Phi-3's and GLM's fused projections are held as parts (FUSED), so the projections after them are plain rowwise
 # where HF's plan gathers the fused outputs and splits them again (colwise_gather_output / rowwise_split_input).
 _QKVO = {**{f"layer.self_attn.{m}_proj": "colwise" for m in "qkv"}, "layer.self_attn.o_proj": "rowwise"}
@@ -87,15 +100,20 @@ TP_EXTRAS = {"olmo2": _QK_NORMED_ATTENTION, "olmo3": _QK_NORMED_ATTENTION, "cohe
              "persimmon": {"layer.self_attn.query_key_value": "colwise", "layer.self_attn.dense": "rowwise",
                            "layer.self_attn.q_layernorm": "tp_grad_sum", "layer.self_attn.k_layernorm": "tp_grad_sum",
                            "layer.mlp.dense_h_to_4h": "colwise", "layer.mlp.dense_4h_to_h": "rowwise"},
+             "falcon": {"layer.self_attention.query_key_value": "colwise", "layer.self_attention.dense": "rowwise",
+                        "layer.mlp.dense_h_to_4h": "colwise", "layer.mlp.dense_4h_to_h": "rowwise"},
              "phi3": {"layer.self_attn.o_proj": "rowwise", "layer.mlp.down_proj": "rowwise"},
              "glm": {"layer.mlp.down_proj": "rowwise"}, "glm4": {"layer.mlp.down_proj": "rowwise"}}
 # Fused projections each block holds as their parts (autopar.models.hf_fused), by path and layout: under TP every
 # part is column-parallel, and the row-parallel projection after it takes the rank's share as any other
 FUSED = {"phi3": {"self_attn.qkv_proj": "qkv", "mlp.gate_up_proj": "halves"}, "glm": {"mlp.gate_up_proj": "halves"},
          "glm4": {"mlp.gate_up_proj": "halves"}}
+# Modules whose output their layer adds into in place (Falcon's mlp_output += attention_output): under TP they give
+# a copy (the writable_output style)
+WRITABLE_OUTPUT = {"falcon": ("mlp",)}
 # Families whose attention reshapes by its head counts rather than by -1: under TP it is given the rank's counts
 # (the local_heads style, autopar.runtime.tensor_parallel); Phi-3 splits its fused QKV at config.num_attention_heads
-LOCAL_HEADS = ("stablelm", "persimmon", "phi3")
+LOCAL_HEADS = ("stablelm", "persimmon", "phi3", "falcon")
 # Counts a family's TP degree must divide besides its heads and FFN width: CodeGen's qkv_proj holds its Q, V, K as
 # 4 blocks (its attention's mp_num), each rank needing whole blocks
 TP_DIVIDES = {"codegen": (4,)}
@@ -131,11 +149,12 @@ class HFRotaryBlock(nn.Module):
     through the ``autopar_cp`` attention function (K and V gathered over the CP group)."""
 
     def __init__(self, layer: nn.Module, rotary: nn.Module, layer_type: str | None = None,
-                 attn: str = "self_attn") -> None:
+                 attn: str = "self_attn", extra: dict | None = None) -> None:
         super().__init__()
         self.layer, self.rotary = layer, rotary
         self.layer_type = layer_type  # Gemma 3: the rotary table differs between sliding and full layers
         self.attn_name = attn  # the layer's attention module (``self_attn``; GPT-NeoX: ``attention``)
+        self.extra = dict(extra or {})  # arguments the family's layer takes besides Llama's (BLOCK_KWARGS)
         self.cp_attention = None
 
     @property
@@ -151,7 +170,7 @@ class HFRotaryBlock(nn.Module):
             self.attention.autopar_cp = cpg  # read by the autopar_cp attention function
         # (cos, sin), or DeepSeek-V2's one complex table: passed on as the model's rotary module gives it
         emb = self.rotary(x, pos) if self.layer_type is None else self.rotary(x, pos, self.layer_type)
-        out = self.layer(x, attention_mask=mask, position_ids=pos, position_embeddings=emb)
+        out = self.layer(x, attention_mask=mask, position_ids=pos, position_embeddings=emb, **self.extra)
         return out[0] if isinstance(out, tuple) else out
 
 
@@ -200,7 +219,10 @@ def block_plan(cfg, layers: list[nn.Module], names: dict[str, str] = _LLAMA_NAME
         return None
     norms = {f"layer.{name}": "sp_norm_local" for name, m in layers[0].named_children() if "Norm" in type(m).__name__}
     attn_style = names["attn_input"] + ("+local_heads" if kind in LOCAL_HEADS else "")
-    return {"layer": "sp_unit", attn: attn_style, "layer.mlp": "sp_region", **norms, **plan}
+    styles = {"layer": "sp_unit", attn: attn_style, "layer.mlp": "sp_region", **norms, **plan}
+    for name in WRITABLE_OUTPUT.get(kind, ()):
+        styles[f"layer.{name}"] = f"{styles[f'layer.{name}']}+writable_output"
+    return styles
 
 
 def _covered(plan: dict[str, str], layer: nn.Module, attn: str) -> bool:
@@ -225,6 +247,9 @@ def llama_like_view(hf_model: nn.Module) -> HFCausalLM:
         raise AutoparError("model.config.use_bidirectional_attention", f"is true: this {kind} attends to both "
                            "sides (an embedding model), which autopar's causal units view would not reproduce",
                            "set it to false for a causal LM")
+    if kind in REFUSED_WHEN and getattr(cfg, REFUSED_WHEN[kind][0], None):
+        field, why, fix = REFUSED_WHEN[kind]
+        raise AutoparError(f"model.config.{field}", f"is set: this {kind} {why}", fix)
     names = NAMES.get(kind, _LLAMA_NAMES)
     base = getattr(hf_model, names["base"])
     embed = HFTokenEmbed(getattr(base, names["embed"]), _extra(cfg, kind, "embed_multiplier"),
@@ -234,17 +259,21 @@ def llama_like_view(hf_model: nn.Module) -> HFCausalLM:
         split_fused(layer, FUSED.get(kind, {}), cfg)
     per_type = "layer_type" in inspect.signature(base.rotary_emb.forward).parameters
     types = cfg.layer_types if per_type else None
-    layers = [HFRotaryBlock(layer, copy.deepcopy(base.rotary_emb), types[i] if types else None, names["attn"])
-              for i, layer in enumerate(hf_layers)]
+    layers = [HFRotaryBlock(layer, copy.deepcopy(base.rotary_emb), types[i] if types else None, names["attn"],
+                            BLOCK_KWARGS.get(kind)) for i, layer in enumerate(hf_layers)]
     head = HFHead(getattr(base, names["norm"]), getattr(hf_model, names["head"]), _extra(cfg, kind, "softcap"),
                   _extra(cfg, kind, "logit_scale"), _extra(cfg, kind, "logit_divisor"))
     block = block_plan(cfg, hf_layers, names)
     plans = {"embed": {"tok": "vocab_embed"} if block else None, "block": block,
              "head": {"": "sp_unit_in", "norm": "sp_norm", "proj": "logits"} if block else None}
+    attn0 = getattr(hf_layers[0], names["attn"])  # Falcon keeps its effective KV head count (1: multi-query) here
+    kv = getattr(attn0, "num_kv_heads", None) or getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    ffn = (getattr(cfg, "ffn_hidden_size", None) or getattr(cfg, "intermediate_size", None)  # Falcon: ffn_hidden_size
+           or getattr(cfg, "n_inner", None) or 4 * cfg.hidden_size)  # GPT-J / CodeGen: n_inner
     divisors = {"embed": (cfg.vocab_size,), "head": (cfg.vocab_size,),
-                "block": (cfg.num_attention_heads, getattr(cfg, "num_key_value_heads", cfg.num_attention_heads),
-                          getattr(cfg, "intermediate_size", None) or getattr(cfg, "n_inner", None)
-                          or 4 * cfg.hidden_size, *TP_DIVIDES.get(kind, ()))}  # GPT-J / CodeGen: n_inner
+                "block": (cfg.num_attention_heads, kv, ffn, *TP_DIVIDES.get(kind, ()))}
     view = HFCausalLM(embed, layers, head, f"hf-{kind}", plans, divisors, {"block": (f"layer.{names['attn']}",)})
-    view.context_parallel = True  # MoE blocks too: their routed experts run on the rank's tokens (ep 1 under CP)
+    # MoE blocks too (their routed experts run on the rank's tokens, ep 1 under CP); not a family whose attention is
+    # its own code rather than transformers' attention interface, through which CP runs (Falcon)
+    view.context_parallel = kind not in OWN_ATTENTION
     return view

@@ -323,7 +323,8 @@ def layer_rules(plan: Plan, model: ModelFacts | None, world: WorldFacts | None) 
 def _illegal_tp(field: str, tp: int, unit: UnitFacts, n: int) -> Problem:
     """The problem of a TP degree the unit cannot run, naming the degrees it (and its stage) can."""
     if not unit.has_tp_plan:
-        return field, f"tp {tp} is not legal for unit {unit.name!r} (it has no TP plan)", "set tp: 1 for this unit"
+        return (field, f"tp {tp} is not legal for unit {unit.name!r} (it has no TP plan)",
+                "set tp: 1 for this unit, or search again with --max-tp 1")
     legal = [str(t) for t in range(1, max(n, 1) + 1) if (n == 0 or n % t == 0) and unit.tp_ok(t)]
     legal_text = legal[0] if len(legal) == 1 else f"{', '.join(legal[:-1])} or {legal[-1]}"
     return (field, f"tp {tp} is not legal for unit {unit.name!r} (its TP limits are {list(unit.tp_divisors)}; "

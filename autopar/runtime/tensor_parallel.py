@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import copy
 
+import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module, distribute_tensor
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
-    PrepareModuleOutput,
     RowwiseParallel,
     SequenceParallel,
     parallelize_module,
@@ -44,6 +44,8 @@ def _style(name: str, sp: bool, logits_sharded: bool) -> ParallelStyle | None:
         return _HeadShardedNorm()
     if name == "local_heads":
         return _LocalHeads()
+    if name == "writable_output":
+        return _WritableOutput()
     if name == TP_GRAD_SUM:
         return None  # the module runs as it is on this rank's heads; the gradient sync sums its gradient over TP
     if name == "logits":
@@ -67,19 +69,26 @@ def _style(name: str, sp: bool, logits_sharded: bool) -> ParallelStyle | None:
         return PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(seq,),
                                   use_local_output=True)
     raise AutoparError("tp plan", f"unknown style {name!r}",
-                       "use colwise, rowwise, vocab_embed, logits, tp_norm, tp_grad_sum, local_heads, sp_norm, "
+                       "use colwise, rowwise, vocab_embed, logits, tp_norm, tp_grad_sum, local_heads, writable_output, sp_norm, "
                        "sp_norm_local, sp_region, sp_region_hidden_states, sp_unit or sp_unit_in (or several joined "
                        "by '+')")
 
 
 class _SplitGather(ParallelStyle):
-    """Split a unit's replicated input along the sequence and gather its sequence-sharded output."""
+    """Split a unit's replicated input along the sequence and gather its sequence-sharded output (the first element
+    of an output tuple: a decoder layer that also returns its attention weights, Falcon's)."""
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),),
                            use_local_output=True)._apply(module, device_mesh)
-        PrepareModuleOutput(output_layouts=(Shard(1),), desired_output_layouts=(Replicate(),),
-                            use_local_output=True)._apply(module, device_mesh)
+
+        def gather(_mod: nn.Module, _args: tuple, out):
+            first = out[0] if isinstance(out, tuple) else out
+            whole = DTensor.from_local(first, device_mesh, [Shard(1)], run_check=False).redistribute(
+                device_mesh, [Replicate()]).to_local()
+            return (whole, *out[1:]) if isinstance(out, tuple) else whole
+
+        module.register_forward_hook(gather)
         return module
 
 
@@ -105,7 +114,7 @@ class _HeadShardedNorm(ParallelStyle):
 
 # The head counts an attention module may keep as attributes (and its config as fields) and size its tensors by:
 # under TP each rank runs its own heads, so ``local_heads`` divides them by the TP degree.
-HEAD_COUNTS = ("num_heads", "num_attention_heads", "num_key_value_heads")
+HEAD_COUNTS = ("num_heads", "num_attention_heads", "num_key_value_heads", "num_kv_heads")
 
 
 class _LocalHeads(ParallelStyle):
@@ -124,6 +133,16 @@ class _LocalHeads(ParallelStyle):
                 n = getattr(owner, attr, None) if owner is not None else None
                 if isinstance(n, int) and not isinstance(n, bool):
                     setattr(owner, attr, n // t)
+        return module
+
+
+class _WritableOutput(ParallelStyle):
+    """A module whose output its caller modifies in place (Falcon's ``mlp_output += attention_output``): under TP the
+    output of its row-parallel projection is a view of a DTensor's local tensor, which autograd forbids writing to,
+    so the module returns a copy."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        module.register_forward_hook(lambda _mod, _args, out: out.clone() if isinstance(out, torch.Tensor) else out)
         return module
 
 

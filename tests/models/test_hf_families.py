@@ -50,6 +50,8 @@ FAMILIES = {
     "cwm": dict(_WINDOWS),
     "gptj": dict(n_inner=64, rotary_dim=4),  # parallel attention and MLP, rotary on part of each head
     "codegen": dict(n_inner=64, rotary_dim=4),
+    # Falcon-40B / 180B's layout: KV groups in one fused QKV, two parallel norms, biases
+    "falcon": dict(new_decoder_architecture=True, num_kv_heads=2, bias=True),
 }
 
 _DEEPSEEK = dict(num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
@@ -114,13 +116,39 @@ def test_gpt_neox_with_a_sequential_residual_gives_the_hf_logits():
     torch.testing.assert_close(from_transformers(hf)(x), hf(x).logits)
 
 
+# Falcon-7B's multi-query attention (one K and V head) with attention and MLP in parallel off one norm, and the
+# original sequential layout with a K and V per head
+FALCON_VARIANTS = {"multi-query": dict(new_decoder_architecture=False, multi_query=True, parallel_attn=True),
+                   "sequential": dict(new_decoder_architecture=False, multi_query=False, parallel_attn=False,
+                                      num_kv_heads=4)}
+
+
+@pytest.mark.parametrize("variant", sorted(FALCON_VARIANTS))
+def test_falcon_layouts_give_the_hf_logits(variant):
+    from autopar.models.hf import from_transformers
+
+    torch.manual_seed(0)
+    hf = build("falcon", **FALCON_VARIANTS[variant]).eval()
+    x = token_data()[0]
+    want = hf(x).logits
+    torch.testing.assert_close(from_transformers(hf)(x), want)
+
+
+def test_falcon_with_alibi_is_refused_in_one_line():
+    from autopar.errors import AutoparError
+    from autopar.models.hf import from_transformers
+
+    with pytest.raises(AutoparError, match="model.config.alibi.*ALiBi") as err:
+        from_transformers(build("falcon", new_decoder_architecture=False, alibi=True))
+    assert "\n" not in str(err.value)
+
+
 def test_a_family_not_checked_is_refused_in_one_line():
     from autopar.errors import AutoparError
     from autopar.models.hf import from_transformers
 
-    cfg = transformers.AutoConfig.for_model("falcon", vocab_size=64, hidden_size=32, num_hidden_layers=2,
-                                            num_attention_heads=4)
-    with pytest.raises(AutoparError, match="falcon.*not supported") as err:
+    cfg = transformers.AutoConfig.for_model("bloom", vocab_size=64, hidden_size=32, n_layer=2, n_head=4)
+    with pytest.raises(AutoparError, match="bloom.*not supported") as err:
         from_transformers(transformers.AutoModelForCausalLM.from_config(cfg))
     assert "\n" not in str(err.value)
 

@@ -17,7 +17,7 @@ def _rows() -> dict[str, list[str]]:
 
 
 def test_the_models_page_lists_every_family_with_its_reader():
-    from autopar.models.hf_llama import LLAMA_LIKE, MOE
+    from autopar.models.hf_llama import LLAMA_LIKE, MOE, OWN_ATTENTION
     from autopar.modelspec.hf import HF_TYPES
 
     rows = _rows()
@@ -26,7 +26,7 @@ def test_the_models_page_lists_every_family_with_its_reader():
         assert reads == ("formulas" if kind in HF_TYPES else "traced" if kind in LLAMA_LIKE else "-"), kind
         assert (runs != "-") == (kind in LLAMA_LIKE or kind in ("gpt2", "bert", "t5")), kind
         assert (ep == "yes") == (kind in MOE), kind
-        assert cp.startswith("yes") == (kind in LLAMA_LIKE), kind
+        assert cp.startswith("yes") == (kind in LLAMA_LIKE and kind not in OWN_ATTENTION), kind
 
 
 def test_the_tp_column_says_which_llama_like_families_run_tensor_parallel():

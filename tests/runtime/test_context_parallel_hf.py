@@ -68,12 +68,14 @@ def test_hf_family_under_context_parallel_trains_like_one_process(model, plan):
     assert_matches_reference(hf_model(model), _plan(PLANS[plan]), x, y, tol=1e-6)
 
 
-def test_an_moe_model_under_cp_is_refused_naming_its_type():
-    def mixtral():
+def test_a_family_with_its_own_attention_under_cp_is_refused_naming_its_type():
+    """Falcon computes its attention scores itself, not through the attention interface CP replaces: a CP run would
+    attend over each rank's own tokens only, so the plan is refused (autopar.models.hf_llama.OWN_ATTENTION)."""
+    def falcon():
         from autopar.models.hf import from_transformers
 
-        cfg = transformers.MixtralConfig(**HF_TINY, num_local_experts=2, num_experts_per_tok=1)
-        return from_transformers(transformers.MixtralForCausalLM(cfg))
+        cfg = transformers.FalconConfig(**HF_TINY, new_decoder_architecture=True, num_kv_heads=2)
+        return from_transformers(transformers.FalconForCausalLM(cfg))
 
-    outcomes = wrap_outcomes(mixtral, _plan(PLANS["cp2"]))
-    assert all("hf-mixtral has none" in o and o.count("\n") == 0 for o in outcomes), outcomes
+    outcomes = wrap_outcomes(falcon, _plan(PLANS["cp2"]))
+    assert all("hf-falcon has none" in o and o.count("\n") == 0 for o in outcomes), outcomes
