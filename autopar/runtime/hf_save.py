@@ -4,7 +4,9 @@ the pieces it holds, so no rank ever holds the whole model.
 
 What is written is what ``save_pretrained`` of the unwrapped model writes (autopar.models.hf_saved: the names and
 splits of transformers' own inverse of its load-time conversions, each saved tensor a block of one model tensor:
-the whole, rows of it, or rows of one packed expert), a tied tensor once under its first name. Each rank offers its
+the whole, rows of it, or rows of one packed expert), a tied tensor once under its first name; a fused projection
+the model holds as parts (autopar.models.hf_fused) as the one tensor it was, each rank writing a contiguous slice
+(``_fused_slices``). Each rank offers its
 blocks of the tensors it holds. A tensor is offered by the first unit holding it (a tied copy is not offered
 twice) and only by the ranks of its first placement's pipeline, as ``full_state_dict`` takes it, so every saved
 tensor is written in one layout. ``torch.distributed.checkpoint``'s ``HuggingFaceStorageWriter`` writes each
@@ -49,7 +51,7 @@ def _offering(pm) -> dict[str, str]:
 
 def _offered(pm, pieces: dict[str, SavedPiece], offering: dict[str, str]) -> tuple[dict[str, torch.Tensor], str]:
     """The saved tensors (or DTensor shards of them, or row blocks of fused ones) this rank writes, and the problem
-    to refuse (``fused_checkpoint_tensors``)."""
+    to refuse on every rank (``hf_checkpoint.fused_saved_names``)."""
     grouped = by_source(pieces)
     out: dict[str, torch.Tensor] = {}
     fused_units = set()  # the units writing a fused tensor: those holding its first part

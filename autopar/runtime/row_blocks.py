@@ -5,7 +5,8 @@ is a block of each part, rows ``[offset_i + first, offset_i + first + n)`` for e
 ``Shard(0)`` cannot say (torch's strided placement says it, and its checkpointing refuses it). ``RowBlocks`` gives
 ``torch.distributed.checkpoint`` exactly those blocks through the protocol its planners ask of a checkpointable
 tensor (``__create_write_items__``, ``__create_chunk_list__``, ``__get_tensor_shard__``, as DTensor implements
-it): saving writes each block where it belongs, loading reads each block straight into the parameter it views.
+it): loading reads each block straight into the parameter it views; saving writes each block where it belongs
+(through the safetensors writer, which keeps one chunk of a tensor per rank and file, ``save_hf`` offers one).
 """
 
 from __future__ import annotations
