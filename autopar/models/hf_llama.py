@@ -108,19 +108,20 @@ TP_EXTRAS = {"olmo2": _QK_NORMED_ATTENTION, "olmo3": _QK_NORMED_ATTENTION, "cohe
 # part is column-parallel, and the row-parallel projection after it takes the rank's share as any other
 FUSED = {"phi3": {"self_attn.qkv_proj": "qkv", "mlp.gate_up_proj": "halves"}, "glm": {"mlp.gate_up_proj": "halves"},
          "glm4": {"mlp.gate_up_proj": "halves"}}
-# Modules whose output their layer adds into in place (Falcon's mlp_output += attention_output): under TP they give
-# a copy (the writable_output style)
-WRITABLE_OUTPUT = {"falcon": ("mlp",)}
+# Modules whose output their layer modifies in place (Falcon's mlp_output += attention_output; OLMo's clip_qkv clamps
+# the projections with clamp_): under TP they give a copy (the writable_output style), as a row- or column-parallel
+# output is a view autograd forbids writing to. Family -> (the config field that makes it so, None: always; modules)
+WRITABLE_OUTPUT = {"falcon": (None, ("mlp",)),
+                   "olmo": ("clip_qkv", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"))}
 # Families whose attention reshapes by its head counts rather than by -1: under TP it is given the rank's counts
 # (the local_heads style, autopar.runtime.tensor_parallel); Phi-3 splits its fused QKV at config.num_attention_heads
 LOCAL_HEADS = ("stablelm", "persimmon", "phi3", "falcon")
 # Counts a family's TP degree must divide besides its heads and FFN width: CodeGen's qkv_proj holds its Q, V, K as
 # 4 blocks (its attention's mp_num), each rank needing whole blocks
 TP_DIVIDES = {"codegen": (4,)}
-# Config settings under which a family runs with tp = 1: OLMo's clip_qkv clamps the projections in place, which
-# the column-parallel outputs (views of DTensors) do not allow; StableLM's qk_layernorm keeps one norm per head in a
-# list its forward zips with the heads it sees, so a rank would normalise its heads with the first heads' norms
-TP_OFF_WHEN = {"olmo": "clip_qkv", "stablelm": "qk_layernorm"}
+# Config settings under which a family runs with tp = 1: StableLM's qk_layernorm keeps one norm per head in a list
+# its forward zips with the heads it sees, so a rank would normalise its heads with the first heads' norms
+TP_OFF_WHEN = {"stablelm": "qk_layernorm"}
 
 # HF style name -> autopar style name (autopar/models/tp_plans.py)
 _HF_STYLES = {"colwise": "colwise", "rowwise": "rowwise", "replicated_with_grad_allreduce": "tp_grad_sum"}
@@ -220,7 +221,8 @@ def block_plan(cfg, layers: list[nn.Module], names: dict[str, str] = _LLAMA_NAME
     norms = {f"layer.{name}": "sp_norm_local" for name, m in layers[0].named_children() if "Norm" in type(m).__name__}
     attn_style = names["attn_input"] + ("+local_heads" if kind in LOCAL_HEADS else "")
     styles = {"layer": "sp_unit", attn: attn_style, "layer.mlp": "sp_region", **norms, **plan}
-    for name in WRITABLE_OUTPUT.get(kind, ()):
+    when, modules = WRITABLE_OUTPUT.get(kind, (None, ()))
+    for name in modules if when is None or getattr(cfg, when, None) is not None else ():
         styles[f"layer.{name}"] = f"{styles[f'layer.{name}']}+writable_output"
     return styles
 

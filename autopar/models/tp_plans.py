@@ -18,8 +18,9 @@ when the layer runs with sequence parallelism. Style names:
                 replicated_with_grad_allreduce)
   local_heads   an attention module that sizes its reshapes by head counts it keeps (StableLM's, Persimmon's
                 ``self.num_heads``): they become the rank's share of the heads
-  writable_output  a module whose caller adds into its output in place (Falcon's MLP): under TP it returns a copy,
-                as the row-parallel projection's output is a view autograd forbids writing to
+  writable_output  a module whose caller modifies its output in place (Falcon's MLP, OLMo's clamped
+                projections): under TP it returns a copy, as a parallel projection's output is a view autograd
+                forbids writing to
   sp_norm       SequenceParallel: the norm runs on its sequence shard
   sp_norm_local the same, its output a plain tensor: for a norm whose output is added to the residual stream
                 (Gemma 2's norms of the attention and MLP outputs), where sp_norm's DTensor would meet a plain one

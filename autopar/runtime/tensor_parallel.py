@@ -137,9 +137,9 @@ class _LocalHeads(ParallelStyle):
 
 
 class _WritableOutput(ParallelStyle):
-    """A module whose output its caller modifies in place (Falcon's ``mlp_output += attention_output``): under TP the
-    output of its row-parallel projection is a view of a DTensor's local tensor, which autograd forbids writing to,
-    so the module returns a copy."""
+    """A module whose output its caller modifies in place (Falcon's ``mlp_output += attention_output``, OLMo's
+    ``clamp_`` of its projections): under TP a row- or column-parallel output is a view of a DTensor's local tensor,
+    which autograd forbids writing to, so the module returns a copy."""
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         module.register_forward_hook(lambda _mod, _args, out: out.clone() if isinstance(out, torch.Tensor) else out)
