@@ -25,6 +25,7 @@ from torch import nn
 from autopar.errors import AutoparError
 from autopar.models.hf_fused import FusedLinear, split_fused
 from autopar.models.hf_units import HFCausalLM, block_mask, sliding_window
+from autopar.models.tp_plans import entries
 
 DENSE = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "olmo", "olmo2", "olmo3",
          "granite", "cohere", "cohere2", "starcoder2", "glm", "glm4", "smollm3", "seed_oss", "exaone4", "apertus",
@@ -82,7 +83,8 @@ REFUSED_WHEN = {"falcon": ("alibi", "adds ALiBi position biases through the mask
 # Cohere's per-head Q/K norms (use_qk_norm) shard with their heads; Phi's, Persimmon's and Hunyuan's are one norm
 # over head_dim every head shares, so each rank's gradient is a part, as Qwen3's. Apertus's learned xIELU activation
 # sits between the column- and row-parallel MLP halves, which HF's plan leaves out: each rank sees its shard, so sum
-# its gradient. Persimmon's fused query_key_value is laid out per head ([heads, 3, head_dim] rows), as GPT-NeoX's;
+# its gradient. StableLM's qk_layernorm keeps one norm per head in a list: each rank runs its heads' slice and sums
+# the gradients (head_norm_list). Persimmon's fused query_key_value is laid out per head ([heads, 3, head_dim] rows), as GPT-NeoX's;
 # Falcon's per KV group ([kv heads, queries per group + 2, head_dim] rows; 40B / 180B's new decoder architecture),
 # or per head, or (Falcon-7B's multi-query) with one K and V every rank needs: its KV count 1 keeps it at tp 1.
 # Phi-3's and GLM's fused projections are held as parts (FUSED), so the projections after them are plain rowwise
@@ -94,7 +96,8 @@ _QK_NORMED_ATTENTION = {**_QKVO, **_QK_NORMS}
 TP_EXTRAS = {"olmo2": _QK_NORMED_ATTENTION, "olmo3": _QK_NORMED_ATTENTION, "cohere": _QK_NORMS,
              "phi": {"layer.self_attn.q_layernorm": "tp_grad_sum", "layer.self_attn.k_layernorm": "tp_grad_sum"},
              "apertus": {"layer.mlp.act_fn": "tp_grad_sum"},
-             "stablelm": {**_QKVO, **_SWIGLU},
+             "stablelm": {**_QKVO, **_SWIGLU, "layer.self_attn.q_layernorm": "head_norm_list+tp_grad_sum",
+                          "layer.self_attn.k_layernorm": "head_norm_list+tp_grad_sum"},
              "hunyuan_v1_dense": {**_QKVO, **_SWIGLU, "layer.self_attn.query_layernorm": "tp_grad_sum",
                                   "layer.self_attn.key_layernorm": "tp_grad_sum"},
              "persimmon": {"layer.self_attn.query_key_value": "colwise", "layer.self_attn.dense": "rowwise",
@@ -119,9 +122,6 @@ LOCAL_HEADS = ("stablelm", "persimmon", "phi3", "falcon")
 # Counts a family's TP degree must divide besides its heads and FFN width: CodeGen's qkv_proj holds its Q, V, K as
 # 4 blocks (its attention's mp_num), each rank needing whole blocks
 TP_DIVIDES = {"codegen": (4,)}
-# Config settings under which a family runs with tp = 1: StableLM's qk_layernorm keeps one norm per head in a list
-# its forward zips with the heads it sees, so a rank would normalise its heads with the first heads' norms
-TP_OFF_WHEN = {"stablelm": "qk_layernorm"}
 
 # HF style name -> autopar style name (autopar/models/tp_plans.py)
 _HF_STYLES = {"colwise": "colwise", "rowwise": "rowwise", "replicated_with_grad_allreduce": "tp_grad_sum"}
@@ -198,13 +198,13 @@ class HFHead(nn.Module):
 def block_plan(cfg, layers: list[nn.Module], names: dict[str, str] = _LLAMA_NAMES) -> dict[str, str] | None:
     """The blocks' TP plan: HF's entries translated (plus ``TP_EXTRAS``), sequence parallelism around them.
 
-    None (tp = 1 only): no plan, a style autopar does not translate, a ``TP_OFF_WHEN`` setting, or a block whose
+    None (tp = 1 only): no plan, a style autopar does not translate, or a block whose
     attention or MLP holds a parameter the plan neither shards nor sums (TP would train it on a part of its input
     without syncing: the routed experts of an MoE model's later
     blocks when its first ones are dense), or lacks a module the plan names."""
     kind = cfg.model_type
     raw = getattr(cfg, "base_model_tp_plan", None) or {}
-    if not (raw or TP_EXTRAS.get(kind)) or getattr(cfg, TP_OFF_WHEN.get(kind, ""), None):
+    if not (raw or TP_EXTRAS.get(kind)):
         return None
     present = dict(layers[0].named_modules(prefix="layer"))
     prefix = f"{names['layers']}.*."
@@ -229,11 +229,12 @@ def block_plan(cfg, layers: list[nn.Module], names: dict[str, str] = _LLAMA_NAME
 
 def _covered(plan: dict[str, str], layer: nn.Module, attn: str) -> bool:
     """Whether ``plan`` names only modules ``layer`` has and shards or sums every parameter of its attention
-    (``attn``) and MLP."""
+    (``attn``) and MLP (a ``tp_grad_sum`` entry sums its children's too)."""
     modules = dict(layer.named_modules(prefix="layer"))
     if any(fqn not in modules for fqn in plan):
         return False
-    return all(plan.get(fqn) is not None or not any(True for _ in m.parameters(recurse=False))
+    summed = tuple(f"{fqn}." for fqn, style in entries(plan) if style == "tp_grad_sum")
+    return all(plan.get(fqn) is not None or fqn.startswith(summed) or not any(True for _ in m.parameters(recurse=False))
                for fqn, m in modules.items() if fqn.startswith((attn, "layer.mlp")))
 
 

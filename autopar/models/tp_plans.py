@@ -18,6 +18,8 @@ when the layer runs with sequence parallelism. Style names:
                 replicated_with_grad_allreduce)
   local_heads   an attention module that sizes its reshapes by head counts it keeps (StableLM's, Persimmon's
                 ``self.num_heads``): they become the rank's share of the heads
+  head_norm_list  a module keeping one norm per head in its ``norms`` list (StableLM's qk_layernorm): under TP it
+                runs the slice of the rank's heads (with tp_grad_sum, each norm's gradient comes from its rank)
   writable_output  a module whose caller modifies its output in place (Falcon's MLP, OLMo's clamped
                 projections): under TP it returns a copy, as a parallel projection's output is a view autograd
                 forbids writing to
@@ -93,8 +95,13 @@ TP_PLANS: dict[str, dict[str, str]] = {
 }
 
 
+def entries(table: dict[str, str] | None) -> list[tuple[str, str]]:
+    """(module FQN, style) for each style of ``table``, a joined entry (``a+b``) giving one pair per style."""
+    return [(fqn, style) for fqn, joined in (table or {}).items() for style in joined.split("+")]
+
+
 def tp_norm_collectives(unit, table: dict[str, str]) -> int:
     """TP collectives per forward (and as many in backward) that the ``tp_norm`` entries of ``table`` add in
     ``unit``: one per norm with a 1-D weight, whose normalised vector spans every rank's heads (a norm with a
     (heads, head_dim) weight normalises each head on its own rank)."""
-    return sum(1 for fqn, style in table.items() if style == "tp_norm" and unit.get_submodule(fqn).weight.ndim == 1)
+    return sum(1 for fqn, style in entries(table) if style == "tp_norm" and unit.get_submodule(fqn).weight.ndim == 1)

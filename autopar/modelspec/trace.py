@@ -291,15 +291,15 @@ def _tp_facts(model: nn.Module, name: str, unit: nn.Module
     """(plan name, unit kind, TP divisors, row-parallel modules, ids of the parameters the plan shards, TP
     collectives its plan adds to its kind's per forward) from the unit contract (autopar/units.py); (None, "", (),
     set(), set(), 0) without a plan."""
-    from autopar.models.tp_plans import tp_norm_collectives
+    from autopar.models.tp_plans import entries, tp_norm_collectives
     from autopar.units import unit_kind, unit_tp_info
 
     info = unit_tp_info(model, name, unit)
     if info.plan is None or not info.divisors:
         return None, "", (), set(), set(), 0
     kind = unit_kind(name)
-    rows = {unit.get_submodule(fqn) for fqn, style in info.plan.items() if style == "rowwise"}
-    sharded = {id(p) for fqn, style in info.plan.items() for pname, p in
+    rows = {unit.get_submodule(fqn) for fqn, style in entries(info.plan) if style == "rowwise"}
+    sharded = {id(p) for fqn, style in entries(info.plan) for pname, p in
                unit.get_submodule(fqn).named_parameters(recurse=False) if pname in SHARDED_BY_STYLE.get(style, ())}
     return f"{model.family}.{kind}", kind, tuple(info.divisors), rows, sharded, tp_norm_collectives(unit, info.plan)
 

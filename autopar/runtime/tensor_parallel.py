@@ -24,6 +24,7 @@ from torch.distributed.tensor.parallel import (
 from torch.distributed.tensor.parallel.style import ParallelStyle
 
 from autopar.errors import AutoparError
+from autopar.models.tp_plans import entries
 
 # A module that keeps its parameters whole on every TP rank but sees only the rank's share of what it
 # normalises (Qwen3's per-head Q/K norms, HF's ``replicated_with_grad_allreduce``): each rank's gradient is a
@@ -46,6 +47,8 @@ def _style(name: str, sp: bool, logits_sharded: bool) -> ParallelStyle | None:
         return _LocalHeads()
     if name == "writable_output":
         return _WritableOutput()
+    if name == "head_norm_list":
+        return _HeadNormList()
     if name == TP_GRAD_SUM:
         return None  # the module runs as it is on this rank's heads; the gradient sync sums its gradient over TP
     if name == "logits":
@@ -69,7 +72,8 @@ def _style(name: str, sp: bool, logits_sharded: bool) -> ParallelStyle | None:
         return PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(seq,),
                                   use_local_output=True)
     raise AutoparError("tp plan", f"unknown style {name!r}",
-                       "use colwise, rowwise, vocab_embed, logits, tp_norm, tp_grad_sum, local_heads, writable_output, sp_norm, "
+                       "use colwise, rowwise, vocab_embed, logits, tp_norm, tp_grad_sum, local_heads, writable_output, "
+                       "head_norm_list, sp_norm, "
                        "sp_norm_local, sp_region, sp_region_hidden_states, sp_unit or sp_unit_in (or several joined "
                        "by '+')")
 
@@ -146,6 +150,26 @@ class _WritableOutput(ParallelStyle):
         return module
 
 
+class _HeadNormList(ParallelStyle):
+    """A module keeping one norm per head in its ``norms`` list, which its forward zips with the heads it is given
+    (StableLM's qk_layernorm): under TP it is given the rank's heads, so while it runs its list is the slice of those
+    heads. Every norm stays on every rank, unused ones with no gradient there: marked ``tp_grad_sum`` as well, each
+    norm's gradient is summed from the rank that used it."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        whole = module.norms
+        n = len(whole) // device_mesh.size()
+        first = device_mesh.get_local_rank() * n
+        mine = nn.ModuleList(list(whole)[first:first + n])
+
+        def swap(_mod: nn.Module, *_hook_args) -> None:
+            module._modules["norms"] = mine if module._modules["norms"] is whole else whole
+
+        module.register_forward_pre_hook(swap)
+        module.register_forward_hook(swap, always_call=True)
+        return module
+
+
 def apply_tp(unit: nn.Module, table: dict[str, str], mesh: DeviceMesh, sp: bool,
              logits_sharded: bool = False) -> None:
     """Shard ``unit`` over the 1-D ``mesh`` as ``table`` says (in place).
@@ -171,6 +195,7 @@ def apply_tp(unit: nn.Module, table: dict[str, str], mesh: DeviceMesh, sp: bool,
 
 def tp_partial_params(unit: nn.Module, table: dict[str, str]) -> set[str]:
     """Names (in ``unit``) of the parameters whose gradient each TP rank holds only a part of: those of the
-    modules ``table`` marks ``tp_grad_sum``. Names, not tensors: ZeRO-3 replaces the parameter objects."""
-    return {f"{fqn}.{name}" if fqn else name for fqn, style in table.items() if style == TP_GRAD_SUM
-            for name, _ in unit.get_submodule(fqn).named_parameters(recurse=False)}
+    modules ``table`` marks ``tp_grad_sum`` (theirs and their children's). Names, not tensors: ZeRO-3 replaces the
+    parameter objects."""
+    return {f"{fqn}.{name}" if fqn else name for fqn, style in entries(table) if style == TP_GRAD_SUM
+            for name, _ in unit.get_submodule(fqn).named_parameters()}

@@ -26,6 +26,8 @@ import hashlib
 import torch
 from torch import nn
 
+from autopar.models.tp_plans import entries
+
 _OPEN = ("colwise",)  # styles whose output is this rank's share of heads / features (autopar/models/tp_plans.py)
 _CLOSE = ("rowwise",)  # styles whose input is that share
 
@@ -80,7 +82,7 @@ class UnitRNG:
         forward would break its graph: there the TP ranks' heads share the unit's stream)."""
         unit.register_forward_pre_hook(self._enter)
         unit.register_forward_hook(self._leave, always_call=True)
-        for fqn, style in (tp_table or {}).items():
+        for fqn, style in entries(tp_table):
             if style in _OPEN:
                 unit.get_submodule(fqn).register_forward_hook(self._open)
             elif style in _CLOSE:

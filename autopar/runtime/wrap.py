@@ -13,6 +13,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.distributed.tensor import DTensor
 
 from autopar.errors import AutoparError
+from autopar.models.tp_plans import entries
 from autopar.plan.schema import Plan, StageLayer
 from autopar.runtime.agreement import agreed_start
 from autopar.runtime.async_tp import enable_symmetric_memory, prepare_async_tp
@@ -155,8 +156,8 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
     mine = [ly for si in chunk_ids for ly in pipe.stages[si].layers]
     shapes = {n: [(fqn, tuple(p.shape), p.dtype) for fqn, p in m.named_parameters()] for n, m in named}
     last = mine[-1]
-    logits_sharded = (loss_parallel and loss_fn is None and chunk_ids[-1] == len(pipe.stages) - 1
-                      and last.strategy.tp > 1 and "logits" in infos[last.name].plan.values())
+    logits_sharded = (loss_parallel and loss_fn is None and chunk_ids[-1] == len(pipe.stages) - 1 and last.strategy.tp > 1
+                      and any(style == "logits" for _, style in entries(infos[last.name].plan)))
     boundary_check = BoundaryCheck(named, plan)  # meta copies of the units, taken before they are sharded
     options = _UnitOptions(mixed_precision, names[-1], compile_kwargs, pipe.num_microbatches,
                            init_fn or model_init_fn(model), micro_tp, seed)

@@ -34,6 +34,6 @@ def test_the_tp_column_says_which_llama_like_families_run_tensor_parallel():
     from tests.runtime.test_hf_families_train import FAMILIES, TP_FAMILIES, VARIANTS
 
     rows = _rows()
-    turned_off = {kind for kind, _ in VARIANTS.values()}  # TP with a setting off (stablelm: qk_layernorm)
+    turned_off = {kind for kind, _ in VARIANTS.values()}  # TP also with a setting off
     for kind in set(DENSE) & set(FAMILIES):
         assert rows[kind][2].startswith("yes") == (kind in TP_FAMILIES or kind in turned_off), kind

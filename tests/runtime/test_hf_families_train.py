@@ -27,14 +27,14 @@ NO_TP_PLANS = {
 CP_PLAN = [(4, 2, [([0, 1, 2, 3], same(GPT_UNITS, cp=2))])]
 
 
-# With FAMILIES' configs: StableLM's qk_layernorm turns TP off (autopar.models.hf_llama); OLMo's clip_qkv clamps
-# copies of its projections' outputs. OLMo 2 / 3
+# With FAMILIES' configs: OLMo's clip_qkv clamps copies of its projections' outputs; StableLM's per-head norm list
+# runs the rank's heads' slice (autopar.models.hf_llama). OLMo 2 / 3
 # and Cohere's Q/K norms run on head shards; StableLM, Persimmon and Hunyuan, which ship no HF plan, run autopar's;
 # Phi-3's and GLM's fused projections run as parts (autopar.models.hf_fused).
 TP_FAMILIES = {"apertus", "arcee", "codegen", "cohere", "cohere2", "cwm", "ernie4_5", "exaone4", "falcon",
                "gemma", "gemma2", "gemma3_text", "glm", "glm4", "gpt_neox", "gptj", "granite", "helium",
                "hunyuan_v1_dense", "llama", "mistral", "nemotron", "olmo", "olmo2", "olmo3", "persimmon",
-               "phi", "phi3", "seed_oss", "smollm3", "starcoder2", "vaultgemma"}
+               "phi", "phi3", "seed_oss", "smollm3", "stablelm", "starcoder2", "vaultgemma"}
 VARIANTS = {"olmo-without-clip": ("olmo", dict(clip_qkv=None)), "cohere-without-qk-norm": ("cohere", dict(use_qk_norm=False)),
             "stablelm-without-qk-layernorm": ("stablelm", dict(qk_layernorm=False))}
 
