@@ -169,3 +169,18 @@ def test_the_tracer_counts_every_parameter_of_the_family(kind):
         assert [(m.num_experts, m.top_k) for m in moe] == [(4, 2)] * routed
     else:
         assert moe == []
+
+
+def test_a_module_with_joined_styles_is_priced_as_sharded():
+    """OLMo's clip_qkv projections are colwise+writable_output: the tracer reads each style, so they count as
+    TP-sharded exactly as without clip_qkv."""
+    from autopar.models.hf import from_transformers
+    from autopar.modelspec.trace import spec_from_module
+
+    def block(**extra):
+        model = from_transformers(build("olmo", **extra))
+        return spec_from_module(model, token_data(batch=1, seq=16)[0], dtype_bytes=2).layers[1]
+
+    clipped, plain = block(), block(clip_qkv=None)
+    assert "writable_output" in from_transformers(build("olmo")).tp_plans["block"]["layer.self_attn.q_proj"]
+    assert clipped.tp_params == plain.tp_params > 0 and clipped.tp_collectives == plain.tp_collectives
