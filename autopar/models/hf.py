@@ -18,8 +18,8 @@ installed; nothing here imports it.
 * OLMo 2 / 3 (Q/K norms over all heads) and Cohere's per-head Q/K norms: the norms' weights shard with the heads
   (autopar's ``tp_norm``), so the projections are plain colwise / rowwise where HF's OLMo plan gathers them.
 * Phi-3 / Phi-4 and GLM / GLM-4: their fused ``qkv_proj`` / ``gate_up_proj`` are held as parts
-  (``hf_fused.FusedLinear``, in the HF model itself), each column-parallel under TP; checkpoints keep the fused
-  tensors (``load_hf`` / ``save_hf``).
+  (``hf_fused.FusedLinear``, in the HF model itself), each column-parallel under TP; the model's state dict and
+  checkpoints keep the fused tensors (its own ``save_pretrained``, and ``load_hf`` / ``save_hf``).
 * GPT-2: tp = 1 only (its fused ``c_attn`` cannot be split by heads with a plain column split).
 * The MoE families: tp = 1 (HF's packed / MoE TP styles are not translated); their packed experts are replicated,
   or split over ``ep`` DP ranks by a plan's ``ep`` (autopar.runtime.expert_parallel; gpt-oss's transposed,
@@ -51,7 +51,7 @@ import torch
 from torch import nn
 
 from autopar.errors import AutoparError
-from autopar.models.hf_fused import fused_parts, fused_shapes
+from autopar.models.hf_fused import part_blocks
 from autopar.models.hf_llama import LLAMA_LIKE, HFHead, llama_like_view
 from autopar.models.hf_units import HFCausalLM, block_mask
 
@@ -121,7 +121,7 @@ def from_transformers(hf_model: nn.Module) -> HFCausalLM:
     """
     view = _view(hf_model)
     view.init_module = getattr(hf_model, "_init_weights", None)
-    view.hf_source = HFSource(hf_names(view, hf_model), hf_model)
+    view.hf_source = HFSource(hf_names(view, hf_model), part_blocks(view, hf_model), hf_model)
     return view
 
 
@@ -133,13 +133,11 @@ class HFSource:
     (``revert(state_dict)``: packed MoE experts back to the one-tensor-per-expert names ``save_pretrained`` writes),
     applied to shape-only stand-ins."""
 
-    def __init__(self, names: dict[str, tuple[str, ...]], hf_model: nn.Module) -> None:
-        parts = fused_parts(hf_model)
-        self.blocks = {view: parts[n[0]] for view, n in names.items() if n and n[0] in parts}
-        self.names = {view: n for view, n in names.items() if view not in self.blocks}
-        self.config = hf_model.config
+    def __init__(self, names: dict[str, tuple[str, ...]], blocks: dict[str, tuple[str, int]],
+                 hf_model: nn.Module) -> None:
+        self.names, self.blocks, self.config = names, blocks, hf_model.config
         self.generation_config = getattr(hf_model, "generation_config", None)
-        self.shapes = fused_shapes({k: (tuple(t.shape), t.dtype) for k, t in hf_model.state_dict().items()}, parts)
+        self.shapes = {k: (tuple(t.shape), t.dtype) for k, t in hf_model.state_dict().items()}  # fused: one tensor
         try:
             from transformers.core_model_loading import revert_weight_conversion
         except ImportError:  # transformers 4: checkpoints are saved as the modules name them

@@ -9,9 +9,10 @@ refuses. So the view replaces each fused ``nn.Linear`` by a ``FusedLinear`` of o
 part column-parallel, a rank's output is its share of each part, in the order the module's forward splits it.
 
 The split is structural (the same for every plan, so autopar checkpoints reshard across TP degrees) and is made in
-the transformers model itself, whose modules the view shares. Its checkpoints keep the fused names:
-``fused_parts`` says which block of which saved tensor each part is (``HFSource``; ``load_hf`` and ``save_hf`` read
-and write the blocks in place, autopar.runtime.row_blocks).
+the transformers model itself, whose modules the view shares. Its state dict keeps the fused tensors (a state-dict
+hook concatenates the parts, a load hook splits them), so the model's own ``state_dict``, ``save_pretrained`` and
+``load_state_dict`` see the checkpoint layout; ``part_blocks`` says which block of which fused tensor each part is
+(``HFSource``: ``load_hf`` and ``save_hf`` read and write the blocks in place, autopar.runtime.row_blocks).
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ class FusedLinear(nn.Module):
                 t.requires_grad_(w.requires_grad)
             self.parts.append(part)
             start += n
+        self.register_state_dict_post_hook(_fused_state)
+        self.register_load_state_dict_pre_hook(_split_state)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.cat([part(x) for part in self.parts], dim=-1)
@@ -72,29 +75,37 @@ def split_fused(layer: nn.Module, fused: dict[str, str], cfg) -> None:
             setattr(parent, attr, FusedLinear(linear, LAYOUTS[layout](parent, linear, cfg)))
 
 
-def fused_parts(model: nn.Module) -> dict[str, tuple[str, int]]:
-    """Every ``FusedLinear`` tensor of ``model``'s state dict -> (the fused tensor's name, its first row there)."""
+def _fused_state(module: FusedLinear, state_dict: dict, prefix: str, _metadata) -> None:
+    """State-dict hook: the parts' tensors as the one fused tensor, under its own name. Left as parts once they are
+    DTensors (a wrapped unit: joining them would be a collective on one rank's call)."""
+    for kind in ("weight", "bias"):
+        keys = [f"{prefix}parts.{i}.{kind}" for i in range(len(module.parts))]
+        if all(k in state_dict for k in keys) and not any(type(state_dict[k]).__name__ == "DTensor" for k in keys):
+            state_dict[f"{prefix}{kind}"] = torch.cat([state_dict.pop(k) for k in keys]).detach()
+
+
+def _split_state(module: FusedLinear, state_dict: dict, prefix: str, *_args) -> None:
+    """Load hook: a fused tensor given under its own name goes to the parts, row block by row block."""
+    for kind in ("weight", "bias"):
+        fused = state_dict.pop(f"{prefix}{kind}", None)
+        if fused is not None:
+            start = 0
+            for i, n in enumerate(module.sizes):
+                state_dict[f"{prefix}parts.{i}.{kind}"] = fused[start:start + n]
+                start += n
+
+
+def part_blocks(view: nn.Module, model: nn.Module) -> dict[str, tuple[str, int]]:
+    """Each parameter of ``view`` that is a part of one of ``model``'s ``FusedLinear`` modules, by its name in
+    ``view`` -> (the fused tensor's name in ``model``'s state dict, the part's first row there)."""
+    names = {id(p): n for n, p in view.named_parameters()}
     out: dict[str, tuple[str, int]] = {}
     for name, mod in model.named_modules():
         if isinstance(mod, FusedLinear):
             start = 0
-            for i, n in enumerate(mod.sizes):
-                for kind in ("weight", "bias"):
-                    out[f"{name}.parts.{i}.{kind}"] = (f"{name}.{kind}", start)
+            for part, n in zip(mod.parts, mod.sizes):
+                for kind, p in part.named_parameters(recurse=False):
+                    if id(p) in names:
+                        out[names[id(p)]] = (f"{name}.{kind}", start)
                 start += n
-    return out
-
-
-def fused_shapes(shapes: dict[str, tuple[tuple[int, ...], torch.dtype]], parts: dict[str, tuple[str, int]]
-                 ) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-    """``shapes`` (state-dict name -> (shape, dtype)) with the parts ``parts`` names replaced by their fused tensor,
-    in the place of its first part (the order ``save_pretrained`` writes)."""
-    out: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
-    for key, (shape, dtype) in shapes.items():
-        if key not in parts:
-            out[key] = (shape, dtype)
-            continue
-        fused = parts[key][0]
-        rows = out[fused][0][0] if fused in out else 0
-        out[fused] = ((rows + shape[0], *shape[1:]), dtype)
     return out

@@ -49,11 +49,11 @@ def test_the_units_view_applies_the_window(build, attn):
     torch.manual_seed(0)
     hf = build(attn).eval()
     x = torch.randint(0, 64, (2, 12))  # 12 tokens: four times the window
-    windowed, weights = hf(x).logits, hf.state_dict()  # (before the view holds Phi-3's fused projections as parts)
+    windowed = hf(x).logits
     torch.testing.assert_close(from_transformers(hf)(x), windowed)
     # the window matters here: the same weights under full causal attention give other logits
     full = build(attn, window=None).eval()
-    full.load_state_dict(weights)
+    full.load_state_dict(hf.state_dict())
     assert not torch.allclose(full(x).logits, windowed, atol=1e-4)
 
 

@@ -53,6 +53,28 @@ def test_the_parts_are_the_fused_rows_and_checkpoint_names_stay_fused():
     assert again.hf_source.shapes == source.shapes and again.hf_source.blocks == source.blocks
 
 
+def test_the_split_model_keeps_the_fused_state_dict(tmp_path):
+    """Its own state_dict, load_state_dict and save_pretrained see the fused tensors, as before the split."""
+    from autopar.models.hf import from_transformers
+
+    hf = phi3_model()
+    unsplit = {k: v.clone() for k, v in hf.state_dict().items()}
+    from_transformers(hf)
+    state = hf.state_dict()
+    assert list(state) == list(unsplit)  # the same names, in the same order
+    for k, v in unsplit.items():
+        torch.testing.assert_close(state[k], v, atol=0, rtol=0)
+    other = phi3_model()
+    from_transformers(other)
+    other.load_state_dict(unsplit)  # fused tensors into the parts
+    torch.testing.assert_close(other.model.layers[0].mlp.gate_up_proj.parts[1].weight,
+                               unsplit["model.layers.0.mlp.gate_up_proj.weight"][64:], atol=0, rtol=0)
+    hf.save_pretrained(tmp_path)
+    fresh = transformers.Phi3ForCausalLM.from_pretrained(tmp_path)
+    for k, v in fresh.state_dict().items():
+        torch.testing.assert_close(v, unsplit[k], atol=0, rtol=0)
+
+
 def test_phi3_with_grouped_kv_heads_trains_under_tp_like_one_process():
     from autopar.models.hf import from_transformers
 
