@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 
 class FusedLinear(nn.Module):
@@ -80,7 +81,7 @@ def _fused_state(module: FusedLinear, state_dict: dict, prefix: str, _metadata) 
     DTensors (a wrapped unit: joining them would be a collective on one rank's call)."""
     for kind in ("weight", "bias"):
         keys = [f"{prefix}parts.{i}.{kind}" for i in range(len(module.parts))]
-        if all(k in state_dict for k in keys) and not any(type(state_dict[k]).__name__ == "DTensor" for k in keys):
+        if all(k in state_dict for k in keys) and not any(isinstance(state_dict[k], DTensor) for k in keys):
             state_dict[f"{prefix}{kind}"] = torch.cat([state_dict.pop(k) for k in keys]).detach()
 
 
