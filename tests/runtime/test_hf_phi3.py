@@ -82,3 +82,19 @@ def test_phi3_with_grouped_kv_heads_trains_under_tp_like_one_process():
     plan = make_plan([(4, 2, [([0, 1, 2, 3], same(GPT_UNITS, tp=2, sp=True, zero=1))])])
     assert_matches_reference(lambda: from_transformers(phi3_model(num_key_value_heads=2).double()), plan, x, y,
                              tol=1e-6)
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_the_search_formulas_price_the_blocks_wrap_runs(kv_heads, tmp_path):
+    """`search --model config.json` reads Phi-3 by the zoo's formulas; the view wrap runs, traced, has the same
+    parameters, TP-sharded parameters, TP collectives, TP limits and FLOPs per block."""
+    from autopar.models.hf import from_transformers
+    from autopar.modelspec.hf import from_hf_config
+    from autopar.modelspec.trace import spec_from_module
+
+    hf = phi3_model(num_key_value_heads=kv_heads)
+    hf.config.save_pretrained(tmp_path)
+    formulas = from_hf_config(tmp_path / "config.json", seq_len=16, dtype_bytes=2).layers[1]
+    traced = spec_from_module(from_transformers(hf), torch.zeros(1, 16, dtype=torch.long), dtype_bytes=2).layers[1]
+    for field in ("params", "tp_params", "tp_collectives", "tp_divisors", "flops"):
+        assert getattr(traced, field) == getattr(formulas, field), field
