@@ -45,11 +45,13 @@ def hf_tensors(pm) -> list[tuple[str, str, tuple[str, ...], torch.Tensor]]:
     return [(u, n, pm.hf.names.get(n, ()), t) for u, n, t in out]
 
 
-def fused_parts_here(pm, units: set[str] | None = None) -> dict[str, tuple[str, list[tuple[int, torch.Tensor]]]]:
+def fused_parts_here(pm, tensors: list, units: set[str] | None = None
+                     ) -> dict[str, tuple[str, list[tuple[int, torch.Tensor]]]]:
     """Each fused tensor this rank holds parts of (autopar.models.hf_fused; in ``units`` only, when given) -> (the
-    unit holding it, its parts in row order: the part's first row in the fused tensor, the part as held here)."""
+    unit holding it, its parts in row order: the part's first row in the fused tensor, the part as held here).
+    ``tensors``: ``hf_tensors(pm)``."""
     out: dict[str, tuple[str, list[tuple[int, torch.Tensor]]]] = {}
-    for unit, mine, _, t in hf_tensors(pm):
+    for unit, mine, _, t in tensors:
         fused = pm.hf.blocks.get(mine)
         if fused is not None and (units is None or unit in units):
             out.setdefault(fused[0], (unit, []))[1].append((fused[1], t))
@@ -70,9 +72,9 @@ def fused_saved_names(pm, saved: dict, keys) -> tuple[dict[str, str], str]:
     return out, problem
 
 
-def _fused_load_tensors(pm, saved: dict) -> tuple[dict[str, RowBlocks], str]:
+def _fused_load_tensors(pm, saved: dict, tensors: list) -> tuple[dict[str, RowBlocks], str]:
     """This rank's blocks of each fused tensor (views of its parts' local rows), under their saved names."""
-    parts = fused_parts_here(pm)
+    parts = fused_parts_here(pm, tensors)
     names, problem = fused_saved_names(pm, saved, parts)
     out = {}
     for key, name in names.items():
@@ -105,13 +107,14 @@ def load_hf_checkpoint(pm, path: str | os.PathLike) -> None:
     saved = by_source(saved_pieces(pm.hf))  # model tensor -> what save_pretrained writes of it
     rounds: list[dict[str, torch.Tensor]] = [{}]
     packed: list[tuple[str, torch.Tensor, list[list[str]]]] = []  # (HF name, tensor, per-expert sources)
-    fused, problem = _fused_load_tensors(pm, saved)
+    tensors = hf_tensors(pm)
+    fused, problem = _fused_load_tensors(pm, saved, tensors)
     for key, t in fused.items():
         md = have.get(key)
         if not isinstance(md, TensorStorageMetadata) or tuple(md.size) != tuple(t.shape):
             problem = problem or f"{path} has no tensor {key} of shape {tuple(t.shape)}"
         rounds[0][key] = t
-    for _, mine, names, t in hf_tensors(pm):
+    for _, mine, names, t in tensors:
         if mine in pm.hf.blocks:
             continue  # read above, with the other parts of its fused tensor
         pieces = saved.get(names[0], []) if names else []

@@ -55,7 +55,8 @@ def _offered(pm, pieces: dict[str, SavedPiece], offering: dict[str, str]) -> tup
     grouped = by_source(pieces)
     out: dict[str, torch.Tensor] = {}
     fused_units = set()  # the units writing a fused tensor: those holding its first part
-    for unit, mine, names, t in hf_tensors(pm):
+    tensors = hf_tensors(pm)
+    for unit, mine, names, t in tensors:
         if mine in pm.hf.blocks:
             if offering.get(pm.hf.blocks[mine][0]) == mine and pm._places[unit][0].pipeline == pm.pipeline:
                 fused_units.add(unit)
@@ -74,16 +75,16 @@ def _offered(pm, pieces: dict[str, SavedPiece], offering: dict[str, str]) -> tup
                 out[name] = local[piece.rows[0]:piece.rows[1]]
             elif first <= piece.expert < first + local.shape[0]:
                 out[name] = local[piece.expert - first, piece.rows[0]:piece.rows[1]]
-    fused, problem = _fused_slices(pm, grouped, fused_units)
+    fused, problem = _fused_slices(pm, grouped, tensors, fused_units)
     return {**out, **fused}, problem
 
 
-def _fused_slices(pm, saved: dict, units: set[str]) -> tuple[dict[str, RowBlocks], str]:
+def _fused_slices(pm, saved: dict, tensors: list, units: set[str]) -> tuple[dict[str, RowBlocks], str]:
     """A contiguous slice of each fused tensor of ``units`` per rank holding them (in their first placement): the
     parts gathered whole (a collective over each part's mesh), concatenated and cut evenly over the placement's
     devices. One block per rank: the safetensors writer keeps one chunk of a tensor per rank and file, where under
     TP a rank holds a block of every part."""
-    parts = fused_parts_here(pm, units)
+    parts = fused_parts_here(pm, tensors, units)
     names, problem = fused_saved_names(pm, saved, parts)
     out = {}
     for key, name in names.items():

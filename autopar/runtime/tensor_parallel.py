@@ -73,9 +73,8 @@ def _style(name: str, sp: bool, logits_sharded: bool) -> ParallelStyle | None:
                                   use_local_output=True)
     raise AutoparError("tp plan", f"unknown style {name!r}",
                        "use colwise, rowwise, vocab_embed, logits, tp_norm, tp_grad_sum, local_heads, writable_output, "
-                       "head_norm_list, sp_norm, "
-                       "sp_norm_local, sp_region, sp_region_hidden_states, sp_unit or sp_unit_in (or several joined "
-                       "by '+')")
+                       "head_norm_list, sp_norm, sp_norm_local, sp_region, sp_region_hidden_states, sp_unit or "
+                       "sp_unit_in (or several joined by '+')")
 
 
 class _SplitGather(ParallelStyle):
@@ -132,9 +131,9 @@ class _LocalHeads(ParallelStyle):
         cfg = getattr(module, "config", None)
         if cfg is not None:
             module.config = cfg = copy.copy(cfg)  # the model's other modules keep the whole counts
-        for owner in (module, cfg):
+        for owner in (module,) if cfg is None else (module, cfg):
             for attr in HEAD_COUNTS:
-                n = getattr(owner, attr, None) if owner is not None else None
+                n = getattr(owner, attr, None)
                 if isinstance(n, int) and not isinstance(n, bool):
                     setattr(owner, attr, n // t)
         return module
@@ -180,13 +179,14 @@ def apply_tp(unit: nn.Module, table: dict[str, str], mesh: DeviceMesh, sp: bool,
     """
     plan: dict[str, ParallelStyle] = {}
     after: list[tuple[str, ParallelStyle]] = []  # the unit's own style, and a module's second and later styles
-    for fqn, names in table.items():
-        styles = [s for s in (_style(n, sp, logits_sharded) for n in names.split("+")) if s is not None]
-        if fqn == "":
-            after += [(fqn, s) for s in styles]
-        elif styles:
-            plan[fqn] = styles[0]
-            after += [(fqn, s) for s in styles[1:]]
+    for fqn, name in entries(table):
+        style = _style(name, sp, logits_sharded)
+        if style is None:
+            continue
+        if fqn == "" or fqn in plan:
+            after.append((fqn, style))
+        else:
+            plan[fqn] = style
     if plan:
         parallelize_module(unit, mesh, plan)
     for fqn, style in after:
