@@ -153,10 +153,13 @@ class HFSource:
 def hf_names(view: nn.Module, hf_model: nn.Module) -> dict[str, tuple[str, ...]]:
     """Each parameter and persistent buffer of ``view`` (by its name there) -> its names in ``hf_model``'s state
     dict (what ``save_pretrained`` writes; a tied tensor has two: the checkpoint holds one of them)."""
+    # Both state dicts stay alive while they are matched: a fused projection's entry is a tensor made for the call
+    # (hf_fused), whose id a freed one's could otherwise take
+    hf_state, view_state = hf_model.state_dict(keep_vars=True), view.state_dict(keep_vars=True)
     by_id: dict[int, list[str]] = {}
-    for name, t in hf_model.state_dict(keep_vars=True).items():  # tied tensors under each of their names
+    for name, t in hf_state.items():  # tied tensors under each of their names
         by_id.setdefault(id(t), []).append(name)
-    return {name: tuple(by_id[id(t)]) for name, t in view.state_dict(keep_vars=True).items() if id(t) in by_id}
+    return {name: tuple(by_id[id(t)]) for name, t in view_state.items() if id(t) in by_id}
 
 
 def _view(hf_model: nn.Module) -> HFCausalLM:
