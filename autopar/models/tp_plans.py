@@ -100,6 +100,13 @@ def entries(table: dict[str, str] | None) -> list[tuple[str, str]]:
     return [(fqn, style) for fqn, joined in (table or {}).items() for style in joined.split("+")]
 
 
+def splits_sequence(table: dict[str, str] | None) -> bool:
+    """Whether a unit with ``table`` holds only its TP rank's tokens under sequence parallelism: its input is split
+    along the sequence (``sp_unit``, ``sp_unit_in``). A unit without (an embedding) keeps its activations replicated
+    over TP."""
+    return any(fqn == "" and style in ("sp_unit", "sp_unit_in") for fqn, style in entries(table))
+
+
 def tp_norm_collectives(unit, table: dict[str, str]) -> int:
     """TP collectives per forward (and as many in backward) that the ``tp_norm`` entries of ``table`` add in
     ``unit``: one per norm with a 1-D weight, whose normalised vector spans every rank's heads (a norm with a

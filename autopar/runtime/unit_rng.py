@@ -6,7 +6,8 @@ the unit's call within it, never of the process's own RNG state (which every uni
 * A unit's stream is shared by its TP group. Without sequence parallelism the residual stream is replicated over
   TP, and a dropout mask drawn apart on each TP rank would make the replicas disagree, silently (the next
   row-parallel all-reduce sums parts computed from different activations). With sequence parallelism each rank
-  holds its own tokens, so the stream takes the TP rank too.
+  of a unit that splits the sequence (a block, the head: ``tp_plans.splits_sequence``) holds its own tokens, so the
+  stream takes the TP rank too; an embedding unit's output stays replicated, so its stream stays shared.
 * From a column-parallel projection to the row-parallel one after it, each rank holds its own heads or FFN
   features: draws there (attention-probability dropout) come from a stream of the TP rank's own, seeded by one
   draw of the unit's stream (Megatron's model-parallel RNG), so the heads of different ranks get their own masks.
@@ -69,11 +70,11 @@ class UnitRNG:
     """The hooks of one unit on one rank (module docstring): ``install`` puts them on the unit and its TP plan's
     column- and row-parallel modules."""
 
-    def __init__(self, name: str, seed: int, tp_group: tuple[int, ...], rank: int, sp: bool,
+    def __init__(self, name: str, seed: int, tp_group: tuple[int, ...], rank: int, own_tokens: bool,
                  device: torch.device, clock: RNGClock) -> None:
         self.name, self.seed, self.first, self.clock = name, seed, min(tp_group), clock
         self.tp_rank = tp_group.index(rank)
-        self.own_tokens = sp and len(tp_group) > 1
+        self.own_tokens = own_tokens and len(tp_group) > 1  # the unit runs on this TP rank's share of the sequence
         self.streams, self.tick, self.calls = _Streams(device), None, 0
         self.outer = self.shared = None  # the process's state during a call; the unit stream's, in a TP window
 

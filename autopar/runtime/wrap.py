@@ -13,7 +13,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.distributed.tensor import DTensor
 
 from autopar.errors import AutoparError
-from autopar.models.tp_plans import entries
+from autopar.models.tp_plans import entries, splits_sequence
 from autopar.plan.schema import Plan, StageLayer
 from autopar.runtime.agreement import agreed_start
 from autopar.runtime.async_tp import enable_symmetric_memory, prepare_async_tp
@@ -284,5 +284,6 @@ def _build_unit(ly: StageLayer, module: nn.Module, info: UnitTPInfo, places: lis
         zero2 = backward_reducer(shard, params, mine.zero, strat.zero_overlap, direct, options.microbatches)
         proxies = [shard.master]
     window = info.plan if lay.tp > 1 and options.compile_kwargs is None else None
-    UnitRNG(ly.name, options.seed, lay.tp_group(rank), rank, strat.sp, device, options.clock).install(module, window)
+    own_tokens = strat.sp and splits_sequence(info.plan)  # (an embedding unit's output stays replicated under sp)
+    UnitRNG(ly.name, options.seed, lay.tp_group(rank), rank, own_tokens, device, options.clock).install(module, window)
     return _UnitState(LocalUnit(ly.name, module, lay, strat), mine, sync, proxies, shard, zero2)

@@ -39,9 +39,11 @@ def _unit_outputs(rank, world, plan):
     return outs
 
 
-def test_tp_replicas_draw_the_same_masks_where_the_residual_stream_is_replicated():
-    """Without it each TP rank drops other elements of what must be one replicated tensor."""
-    first, second = run_distributed(_unit_outputs, 2, make_plan(TP2))
+@pytest.mark.parametrize("sp", [False, True])
+def test_tp_replicas_draw_the_same_masks_where_the_residual_stream_is_replicated(sp):
+    """Without it each TP rank drops other elements of what must be one replicated tensor. Under sequence
+    parallelism too: the embedding unit's output is replicated (only blocks and the head split the sequence)."""
+    first, second = run_distributed(_unit_outputs, 2, make_plan([(4, 2, [([0, 1], same(GPT_UNITS, tp=2, sp=sp))])]))
     assert len(first) == 6  # 3 units x 2 micro-batches
     for a, b in zip(first, second):
         torch.testing.assert_close(a, b, atol=0, rtol=0)
