@@ -20,7 +20,9 @@ installed; nothing here imports it.
 * Phi-3 / Phi-4 and GLM / GLM-4: their fused ``qkv_proj`` / ``gate_up_proj`` are held as parts
   (``hf_fused.FusedLinear``, in the HF model itself), each column-parallel under TP; the model's state dict and
   checkpoints keep the fused tensors (its own ``save_pretrained``, and ``load_hf`` / ``save_hf``).
-* GPT-2: tp = 1 only (its fused ``c_attn`` cannot be split by heads with a plain column split).
+* GPT-2: its ``Conv1D`` projections (weights stored transposed) are column- / row-parallel
+  (autopar.runtime.tp_linear); its fused ``c_attn`` is held as Q, K and V parts (``hf_fused``), so TP splits it
+  by heads. Context parallel is not run (its learned positions are added in the embedding unit).
 * The MoE families: tp = 1 (HF's packed / MoE TP styles are not translated); their packed experts are replicated,
   or split over ``ep`` DP ranks by a plan's ``ep`` (autopar.runtime.expert_parallel; gpt-oss's transposed,
   biased experts with their clamped gate included).
@@ -51,7 +53,7 @@ import torch
 from torch import nn
 
 from autopar.errors import AutoparError
-from autopar.models.hf_fused import part_blocks
+from autopar.models.hf_fused import part_blocks, split_fused
 from autopar.models.hf_llama import LLAMA_LIKE, HFHead, llama_like_view
 from autopar.models.hf_units import HFCausalLM, block_mask
 
@@ -127,13 +129,13 @@ def from_transformers(hf_model: nn.Module) -> HFCausalLM:
 
 class HFSource:
     """What ``ParallelModel.load_hf`` / ``save_hf`` need of the transformers model a view was made from: each view
-    tensor's names in its state dict (``names``; a part of a fused projection, ``blocks``: the fused tensor's name
-    and the part's first row there, autopar.models.hf_fused), its config (and generation config), each state-dict
+    tensor's names in its state dict (``names``; a part of a fused projection, ``blocks``: the fused tensor's name,
+    the dimension its parts are stacked along and the part's first index there, autopar.models.hf_fused), its config (and generation config), each state-dict
     tensor's shape and dtype as the unsplit model has it, and transformers' own inverse of its load-time conversions
     (``revert(state_dict)``: packed MoE experts back to the one-tensor-per-expert names ``save_pretrained`` writes),
     applied to shape-only stand-ins."""
 
-    def __init__(self, names: dict[str, tuple[str, ...]], blocks: dict[str, tuple[str, int]],
+    def __init__(self, names: dict[str, tuple[str, ...]], blocks: dict[str, tuple[str, int, int]],
                  hf_model: nn.Module) -> None:
         self.names, self.blocks, self.config = names, blocks, hf_model.config
         self.generation_config = getattr(hf_model, "generation_config", None)
@@ -178,11 +180,7 @@ def _view(hf_model: nn.Module) -> HFCausalLM:
     if kind in LLAMA_LIKE:
         return llama_like_view(hf_model)
     if kind == "gpt2":
-        base = hf_model.transformer
-        embed = HFGPT2Embed(base.wte, base.wpe, base.drop)
-        head = HFHead(base.ln_f, hf_model.lm_head)
-        return HFCausalLM(embed, [HFBlock(b) for b in base.h], head, "hf-gpt2",
-                          {"embed": None, "block": None, "head": None}, {}, {"block": ("block.attn",)})
+        return _gpt2_view(hf_model)
     if kind == "bert" and hasattr(hf_model, "bert") and hasattr(hf_model, "cls"):
         base = hf_model.bert
         layers = [HFBidirectionalBlock(b) for b in base.encoder.layer]
@@ -191,3 +189,29 @@ def _view(hf_model: nn.Module) -> HFCausalLM:
     raise AutoparError("model", f"transformers model type {kind!r} ({type(hf_model).__name__}) is not supported",
                        f"use one of {', '.join(LLAMA_LIKE + ('gpt2',))} causal LMs or BertForMaskedLM, or wrap it "
                        "as an nn.Sequential")
+
+
+# GPT-2's TP plan (Megatron's layout; transformers ships none): its Conv1D projections are column- / row-parallel
+# (autopar.runtime.tp_linear), its fused c_attn is held as Q, K and V parts (autopar.models.hf_fused), and its
+# attention splits their output at ``split_size``, which local_heads makes the rank's width
+GPT2_TP_PLAN = {
+    "embed": {"wte": "vocab_embed"},
+    "block": {"": "sp_unit", "block.ln_1": "sp_norm", "block.attn": "sp_region+local_heads",
+              **{f"block.attn.c_attn.parts.{i}": "colwise" for i in range(3)}, "block.attn.c_proj": "rowwise",
+              "block.ln_2": "sp_norm", "block.mlp": "sp_region", "block.mlp.c_fc": "colwise",
+              "block.mlp.c_proj": "rowwise"},
+    "head": {"": "sp_unit_in", "norm": "sp_norm", "proj": "logits"},
+}
+
+
+def _gpt2_view(hf_model: nn.Module) -> HFCausalLM:
+    """Units view of a ``GPT2LMHeadModel`` (shares its modules; its c_attn split into parts in place)."""
+    cfg, base = hf_model.config, hf_model.transformer
+    for block in base.h:
+        split_fused(block, {"attn.c_attn": "thirds"}, cfg)
+    embed = HFGPT2Embed(base.wte, base.wpe, base.drop)
+    head = HFHead(base.ln_f, hf_model.lm_head)
+    divisors = {"embed": (cfg.vocab_size,), "head": (cfg.vocab_size,),
+                "block": (cfg.n_head, cfg.n_inner or 4 * cfg.n_embd)}
+    return HFCausalLM(embed, [HFBlock(b) for b in base.h], head, "hf-gpt2", GPT2_TP_PLAN, divisors,
+                      {"block": ("block.attn",)})

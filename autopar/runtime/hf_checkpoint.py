@@ -9,7 +9,7 @@ regions from the files, converting dtypes. A tensor the checkpoint names as ``sa
 than as the module does (GPT-NeoX's ``embed_out``, Mixtral's ``block_sparse_moe``: autopar.models.hf_saved) is read
 under that name; packed MoE experts, which transformers saves one tensor per expert, are assembled from exactly
 the experts this rank holds (``hf_experts``); a fused projection held as parts (autopar.models.hf_fused) is read
-block by block into them (``row_blocks``). A tied tensor the checkpoint holds once (``lm_head.weight`` under
+block by block into them (``tensor_blocks``). A tied tensor the checkpoint holds once (``lm_head.weight`` under
 ``tie_word_embeddings``) is read into every unit that keeps a copy of it. ZeRO-1/2's master shards are then
 refreshed from the loaded parameters. This is how a model built on the meta device starts from pretrained
 weights without any rank holding the whole model.
@@ -30,8 +30,8 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from autopar.errors import AutoparError
 from autopar.models.hf_saved import by_source, saved_pieces
 from autopar.runtime.checkpoint_io import agree_missing, param_names, persistent_buffers, refresh_master
-from autopar.runtime.hf_experts import expert_sources, load_packed_experts, local_rows
-from autopar.runtime.row_blocks import RowBlocks
+from autopar.runtime.hf_experts import expert_sources, load_packed_experts
+from autopar.runtime.tensor_blocks import TensorBlocks, local_block
 
 
 def hf_tensors(pm) -> list[tuple[str, str, tuple[str, ...], torch.Tensor]]:
@@ -46,16 +46,16 @@ def hf_tensors(pm) -> list[tuple[str, str, tuple[str, ...], torch.Tensor]]:
 
 
 def fused_parts_here(pm, tensors: list, units: set[str] | None = None
-                     ) -> dict[str, tuple[str, list[tuple[int, torch.Tensor]]]]:
+                     ) -> dict[str, tuple[str, int, list[tuple[int, torch.Tensor]]]]:
     """Each fused tensor this rank holds parts of (autopar.models.hf_fused; in ``units`` only, when given) -> (the
-    unit holding it, its parts in row order: the part's first row in the fused tensor, the part as held here).
-    ``tensors``: ``hf_tensors(pm)``."""
-    out: dict[str, tuple[str, list[tuple[int, torch.Tensor]]]] = {}
+    unit holding it, the dimension its parts are stacked along, its parts in order: the part's first index along
+    it, the part as held here). ``tensors``: ``hf_tensors(pm)``."""
+    out: dict[str, tuple[str, int, list[tuple[int, torch.Tensor]]]] = {}
     for unit, mine, _, t in tensors:
         fused = pm.hf.blocks.get(mine)
         if fused is not None and (units is None or unit in units):
-            out.setdefault(fused[0], (unit, []))[1].append((fused[1], t))
-    return {key: (unit, sorted(parts, key=lambda p: p[0])) for key, (unit, parts) in sorted(out.items())}
+            out.setdefault(fused[0], (unit, fused[1], []))[2].append((fused[2], t))
+    return {key: (unit, dim, sorted(parts, key=lambda p: p[0])) for key, (unit, dim, parts) in sorted(out.items())}
 
 
 def fused_saved_names(pm, saved: dict, keys) -> tuple[dict[str, str], str]:
@@ -72,19 +72,20 @@ def fused_saved_names(pm, saved: dict, keys) -> tuple[dict[str, str], str]:
     return out, problem
 
 
-def _fused_load_tensors(pm, saved: dict, tensors: list) -> tuple[dict[str, RowBlocks], str]:
-    """This rank's blocks of each fused tensor (views of its parts' local rows), under their saved names."""
+def _fused_load_tensors(pm, saved: dict, tensors: list) -> tuple[dict[str, TensorBlocks], str]:
+    """This rank's blocks of each fused tensor (views of its parts' local shards), under their saved names."""
     parts = fused_parts_here(pm, tensors)
     names, problem = fused_saved_names(pm, saved, parts)
     out = {}
     for key, name in names.items():
+        _, dim, held = parts[key]
         blocks = []
-        for row, t in parts[key][1]:
-            local, first = local_rows(t, "load_hf")
-            if local.shape[0]:  # (an uneven ZeRO-3 split may leave a rank no rows of a part)
-                blocks.append((row + first, local))
+        for start, t in held:
+            local, offsets = local_block(t)
+            if local.numel():  # (an uneven ZeRO-3 split may leave a rank nothing of a part)
+                blocks.append((tuple(o + start if d == dim else o for d, o in enumerate(offsets)), local))
         if blocks:
-            out[name] = RowBlocks(pm.hf.shapes[key][0], blocks)
+            out[name] = TensorBlocks(pm.hf.shapes[key][0], blocks)
     return out, problem
 
 

@@ -31,7 +31,7 @@ from autopar.models.hf_saved import SavedPiece, by_source, saved_pieces
 from autopar.runtime.checkpoint_io import agree_missing
 from autopar.runtime.hf_checkpoint import fused_parts_here, fused_saved_names, hf_tensors
 from autopar.runtime.hf_experts import local_rows
-from autopar.runtime.row_blocks import RowBlocks
+from autopar.runtime.tensor_blocks import TensorBlocks
 
 MAX_FILE_BYTES = 5 * 10**9  # transformers' save_pretrained max_shard_size="5GB"
 _FIX = "write the full state dict on one rank (ParallelModel.full_state_dict) and call save_pretrained"
@@ -44,7 +44,7 @@ def _offering(pm) -> dict[str, str]:
     for view_name, names in pm.hf.names.items():
         if names:
             out.setdefault(names[0], view_name)
-    for view_name, (fused, _) in pm.hf.blocks.items():
+    for view_name, (fused, _, _) in pm.hf.blocks.items():
         out.setdefault(fused, view_name)
     return out
 
@@ -79,22 +79,22 @@ def _offered(pm, pieces: dict[str, SavedPiece], offering: dict[str, str]) -> tup
     return {**out, **fused}, problem
 
 
-def _fused_slices(pm, saved: dict, tensors: list, units: set[str]) -> tuple[dict[str, RowBlocks], str]:
-    """A contiguous slice of each fused tensor of ``units`` per rank holding them (in their first placement): the
-    parts gathered whole (a collective over each part's mesh), concatenated and cut evenly over the placement's
+def _fused_slices(pm, saved: dict, tensors: list, units: set[str]) -> tuple[dict[str, TensorBlocks], str]:
+    """A contiguous slice of rows of each fused tensor of ``units`` per rank holding them (in their first placement):
+    the parts gathered whole (a collective over each part's mesh), joined and cut evenly over the placement's
     devices. One block per rank: the safetensors writer keeps one chunk of a tensor per rank and file, where under
     TP a rank holds a block of every part."""
     parts = fused_parts_here(pm, tensors, units)
     names, problem = fused_saved_names(pm, saved, parts)
     out = {}
     for key, name in names.items():
-        unit, held = parts[key]
-        full = torch.cat([t.full_tensor() if isinstance(t, DTensor) else t for _, t in held])
+        unit, dim, held = parts[key]
+        full = torch.cat([t.full_tensor() if isinstance(t, DTensor) else t for _, t in held], dim)
         devices = pm._places[unit][0].devices
         i, n = devices.index(pm.rank), len(devices)
         a, b = i * full.shape[0] // n, (i + 1) * full.shape[0] // n
         if b > a:
-            out[name] = RowBlocks(tuple(full.shape), [(a, full[a:b].clone())])
+            out[name] = TensorBlocks(tuple(full.shape), [((a,) + (0,) * (full.dim() - 1), full[a:b].clone())])
     return out, problem
 
 

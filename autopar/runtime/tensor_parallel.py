@@ -14,17 +14,12 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module, distribute_tensor
-from torch.distributed.tensor.parallel import (
-    ColwiseParallel,
-    PrepareModuleInput,
-    RowwiseParallel,
-    SequenceParallel,
-    parallelize_module,
-)
+from torch.distributed.tensor.parallel import PrepareModuleInput, SequenceParallel, parallelize_module
 from torch.distributed.tensor.parallel.style import ParallelStyle
 
 from autopar.errors import AutoparError
 from autopar.models.tp_plans import entries
+from autopar.runtime.tp_linear import Colwise, Rowwise
 
 # A module that keeps its parameters whole on every TP rank but sees only the rank's share of what it
 # normalises (Qwen3's per-head Q/K norms, HF's ``replicated_with_grad_allreduce``): each rank's gradient is a
@@ -36,11 +31,11 @@ def _style(name: str, sp: bool, logits_sharded: bool) -> ParallelStyle | None:
     """The ParallelStyle for a table entry (None: leave the module as it is)."""
     seq = Shard(1)
     if name == "colwise":
-        return ColwiseParallel()
+        return Colwise()
     if name == "rowwise":
-        return RowwiseParallel(output_layouts=seq if sp else Replicate())
+        return Rowwise(output_layouts=seq if sp else Replicate())
     if name == "vocab_embed":
-        return RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+        return Rowwise(input_layouts=Replicate(), output_layouts=Replicate())
     if name == "tp_norm":
         return _HeadShardedNorm()
     if name == "local_heads":
@@ -52,7 +47,7 @@ def _style(name: str, sp: bool, logits_sharded: bool) -> ParallelStyle | None:
     if name == TP_GRAD_SUM:
         return None  # the module runs as it is on this rank's heads; the gradient sync sums its gradient over TP
     if name == "logits":
-        return ColwiseParallel(input_layouts=seq if sp else Replicate(),
+        return Colwise(input_layouts=seq if sp else Replicate(),
                                output_layouts=Shard(-1) if logits_sharded else Replicate(),
                                use_local_output=not logits_sharded)
     if not sp:
@@ -115,14 +110,16 @@ class _HeadShardedNorm(ParallelStyle):
                                  lambda _mod, out, _mesh: out.to_local())
 
 
-# The head counts an attention module may keep as attributes (and its config as fields) and size its tensors by:
-# under TP each rank runs its own heads, so ``local_heads`` divides them by the TP degree.
-HEAD_COUNTS = ("num_heads", "num_attention_heads", "num_key_value_heads", "num_kv_heads")
+# The head counts an attention module may keep as attributes (and its config as fields) and size its tensors by,
+# and the widths of its heads together (GPT-2's ``split_size``, where it splits its fused Q, K, V output): under TP
+# each rank runs its own heads, so ``local_heads`` divides them by the TP degree.
+HEAD_COUNTS = ("num_heads", "num_attention_heads", "num_key_value_heads", "num_kv_heads", "split_size")
 
 
 class _LocalHeads(ParallelStyle):
     """An attention module that reshapes its projections by its head counts rather than by ``-1`` (StableLM's and
-    Persimmon's ``view(b, s, self.num_heads, d)``, Phi-3's split of its fused QKV at ``config.num_attention_heads``):
+    Persimmon's ``view(b, s, self.num_heads, d)``, Phi-3's split of its fused QKV at ``config.num_attention_heads``,
+    GPT-2's at ``self.split_size``):
     each count it keeps (``HEAD_COUNTS``, as attributes or in its config, which it then gets a copy of) becomes the
     rank's, the whole count divided by the TP degree (the TP-limit check makes it divide)."""
 

@@ -27,6 +27,9 @@ PLANS = {
     # Phi-3's fused qkv_proj / gate_up_proj held as parts: each rank reads its rows of every part
     "phi3-pp2-tp2-zero3": ("phi3", [(2, 4, [([0, 1], same([E, L0], tp=2, sp=True, zero=3)),
                                             ([2, 3], same([L1, H], tp=2, zero=1))])]),
+    # GPT-2's transposed Conv1D weights, its fused c_attn held as parts: each rank reads its columns of every part
+    "gpt2-pp2-tp2-zero3": ("gpt2", [(2, 4, [([0, 1], same([E, L0], tp=2, sp=True, zero=3)),
+                                            ([2, 3], same([L1, H], tp=2, zero=1))])]),
     "dp2-zero2-ckpt": ("qwen3", [(4, 2, [([0, 1], same(GPT_UNITS, zero=2, ckpt="full"))])]),
     # MoE checkpoints store each expert apart: each rank assembles the packed experts of its own shard
     "olmoe-ep2-zero3": ("olmoe", [(4, 2, [([0, 1, 2, 3], [(E, {"zero": 3}), (L0, {"ep": 2, "zero": 3}),
@@ -36,11 +39,13 @@ PLANS = {
     "mixtral-pp2": ("mixtral", [(2, 4, [([0], same([E, L0])), ([1], same([L1, H]))])]),
 }
 MIXTRAL = dict(num_local_experts=4, num_experts_per_tok=2)
+# fields a family's tests set: GPT-2's dropout off (transformers' from_pretrained returns a model in eval mode)
+EXTRA = {"mixtral": MIXTRAL, "gpt2": dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)}
 
 
 def _saved(kind: str, path: str, tied: bool) -> None:
     torch.manual_seed(7)
-    model = build(kind, tie_word_embeddings=tied, **(MIXTRAL if kind == "mixtral" else {}))
+    model = build(kind, tie_word_embeddings=tied, **EXTRA.get(kind, {}))
     model.config.tie_word_embeddings = tied
     model.tie_weights()
     model.save_pretrained(path)

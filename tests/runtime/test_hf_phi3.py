@@ -48,7 +48,7 @@ def test_the_parts_are_the_fused_rows_and_checkpoint_names_stay_fused():
     source = view.hf_source
     assert {k: v[0] for k, v in source.shapes.items()} == {k: tuple(v.shape) for k, v in unsplit.items()}
     assert source.blocks["layers.0.layer.mlp.gate_up_proj.parts.1.weight"] == ("model.layers.0.mlp.gate_up_proj.weight",
-                                                                              64)
+                                                                              0, 64)
     again = from_transformers(hf)
     assert again.hf_source.shapes == source.shapes and again.hf_source.blocks == source.blocks
 

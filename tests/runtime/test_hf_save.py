@@ -20,6 +20,8 @@ pytestmark = pytest.mark.dist
 
 E, L0, L1, H = GPT_UNITS
 MIXTRAL = dict(num_local_experts=4, num_experts_per_tok=2)
+# fields a family's tests set: GPT-2's dropout off (transformers' from_pretrained returns a model in eval mode)
+EXTRA = {"mixtral": MIXTRAL, "gpt2": dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)}
 
 
 def _ep(zero: int, routed: tuple[str, ...] = (L0, L1)) -> list:
@@ -35,6 +37,8 @@ CASES = {
     "gpt_neox-tp2-sp-zero3": ("gpt_neox", False, [(4, 2, [([0, 1, 2, 3], same(GPT_UNITS, tp=2, sp=True, zero=3))])]),
     # fused qkv_proj / gate_up_proj held as parts, each column-parallel: every rank writes its blocks of each part
     "phi3-tp2-sp-zero3": ("phi3", False, [(4, 2, [([0, 1, 2, 3], same(GPT_UNITS, tp=2, sp=True, zero=3))])]),
+    "gpt2-tp2-sp-zero3": ("gpt2", False, [(4, 2, [([0, 1, 2, 3], same(GPT_UNITS, tp=2, sp=True, zero=3))])]),
+    "gpt2-tied-pp2-tp2": ("gpt2", True, [(2, 4, [([0, 1], same([E, L0], tp=2)), ([2, 3], same([L1, H], tp=2))])]),
     "glm4-pp2-tp2": ("glm4", False, [(2, 4, [([0, 1], same([E, L0], tp=2)), ([2, 3], same([L1, H], tp=2))])]),
     # two replicas laid out differently: each tensor is written from the first one only
     "qwen3-two-pipelines": ("qwen3", False, [(2, 2, [([0, 1], same(GPT_UNITS, tp=2, sp=True))]),
@@ -49,7 +53,7 @@ CASES = {
 
 def _model(kind: str, tied: bool):
     torch.manual_seed(3)
-    model = build(kind, tie_word_embeddings=tied, **(MIXTRAL if kind == "mixtral" else {}))
+    model = build(kind, tie_word_embeddings=tied, **EXTRA.get(kind, {}))
     model.config.tie_word_embeddings = tied
     model.tie_weights()
     return model
@@ -95,10 +99,10 @@ def test_save_hf_writes_what_save_pretrained_writes_with_the_trained_weights(nam
     source = from_transformers(_model(kind, tied)).hf_source
     want = {}  # the trained tensors as the files should hold them
     for view_name, tensor in trained.items():
-        if view_name in source.blocks:  # a part of a fused projection: its rows of the fused tensor
-            key, row = source.blocks[view_name]
-            want[key] = torch.cat([want[key], tensor]) if key in want else tensor
-            assert row == 0 or key in want
+        if view_name in source.blocks:  # a part of a fused projection: its block of the fused tensor
+            key, dim, start = source.blocks[view_name]
+            want[key] = torch.cat([want[key], tensor], dim) if key in want else tensor
+            assert start == 0 or key in want
         else:
             want[source.names[view_name][0]] = tensor
     state = loaded.state_dict()

@@ -76,8 +76,9 @@ def hf_tied_llama():
 
 @pytest.mark.parametrize("build,plan", [
     (hf_gpt2, PLANS["pp2"]),
+    (hf_gpt2, [(2, 4, [([0, 1], same([E, L0], tp=2, sp=True)), ([2, 3], same([L1, H], tp=2, zero=3))])]),
     (hf_tied_llama, [(2, 4, [([0, 1], same([E, L0], tp=2)), ([2, 3], same([L1, H], tp=2, sp=True))])]),
-], ids=["gpt2-pp2", "tied-llama-tp2-pp2"])
+], ids=["gpt2-pp2", "gpt2-tp2-pp2", "tied-llama-tp2-pp2"])
 def test_hf_tied_embeddings_built_on_meta(build, plan):
     """Tied input / output embeddings built on meta: the head's copy gets the embedding's HF init."""
     x, y = token_data()
