@@ -101,10 +101,10 @@ def entries(table: dict[str, str] | None) -> list[tuple[str, str]]:
 
 
 def splits_sequence(table: dict[str, str] | None) -> bool:
-    """Whether a unit with ``table`` holds only its TP rank's tokens under sequence parallelism: its input is split
-    along the sequence (``sp_unit``, ``sp_unit_in``). A unit without (an embedding) keeps its activations replicated
-    over TP."""
-    return any(fqn == "" and style in ("sp_unit", "sp_unit_in") for fqn, style in entries(table))
+    """Whether a unit with ``table`` holds only its TP rank's tokens under sequence parallelism: its input, or the
+    input of the module doing its work (a transformers decoder layer inside its wrapper), is split along the sequence
+    (``sp_unit``, ``sp_unit_in``). A unit without (an embedding) keeps its activations replicated over TP."""
+    return any(style in ("sp_unit", "sp_unit_in") for _, style in entries(table))
 
 
 def tp_norm_collectives(unit, table: dict[str, str]) -> int:

@@ -69,6 +69,13 @@ def test_tp_ranks_draw_their_own_between_column_and_row_parallel_projections_and
     assert not torch.equal(out0[0], out0[1])  # and each micro-batch its own
 
 
+def test_under_sequence_parallel_each_tp_rank_draws_its_own_in_a_block():
+    """A block's residual stream is split along the sequence under sp (inside its wrapper, on the HF layer): each
+    TP rank holds its own tokens, so draws outside the column-to-row window come from a stream of its own."""
+    (_, out0), (_, out1) = run_distributed(_draws, 2, make_plan([(4, 2, [([0, 1], same(GPT_UNITS, tp=2, sp=True))])]))
+    assert not torch.equal(out0, out1)
+
+
 def _trained(rank, world, plan):
     pm = _wrapped("starcoder2", plan, residual_dropout=0.3, attention_dropout=0.3, embedding_dropout=0.3)
     before = torch.get_rng_state()
