@@ -193,10 +193,11 @@ def _view(hf_model: nn.Module) -> HFCausalLM:
 
 # GPT-2's TP plan (Megatron's layout; transformers ships none): its Conv1D projections are column- / row-parallel
 # (autopar.runtime.tp_linear), its fused c_attn is held as Q, K and V parts (autopar.models.hf_fused), and its
-# attention splits their output at ``split_size``, which local_heads makes the rank's width
+# attention splits their output at ``split_size``, which local_heads makes the rank's width. The sequence is split
+# on the GPT-2 block inside HFBlock, which makes an eager attention's causal mask from the whole sequence
 GPT2_TP_PLAN = {
     "embed": {"wte": "vocab_embed"},
-    "block": {"": "sp_unit", "block.ln_1": "sp_norm", "block.attn": "sp_region+local_heads",
+    "block": {"block": "sp_unit", "block.ln_1": "sp_norm", "block.attn": "sp_region+local_heads",
               **{f"block.attn.c_attn.parts.{i}": "colwise" for i in range(3)}, "block.attn.c_proj": "rowwise",
               "block.ln_2": "sp_norm", "block.mlp": "sp_region", "block.mlp.c_fc": "colwise",
               "block.mlp.c_proj": "rowwise"},

@@ -88,12 +88,15 @@ def test_gpt2_under_tp_trains_like_one_process(name, tied):
                              tol=1e-6)
 
 
-def test_gpt2_reordered_upcast_eager_attention_under_tp_trains_like_one_process():
-    """``reorder_and_upcast_attn`` (eager only) reads its head count from the query, not the module (float32: its
-    scores must be float32)."""
+@pytest.mark.parametrize("upcast", [False, True])
+def test_gpt2_eager_attention_under_tp_and_sp_trains_like_one_process(upcast):
+    """Eager attention gets its causal mask over the whole sequence under sp; ``reorder_and_upcast_attn`` (eager
+    only) reads its head count from the query, not the module (float32: its scores must be float32)."""
     x, y = token_data()
-    assert_matches_reference(view(torch.float32, attn_implementation="eager", reorder_and_upcast_attn=True),
-                             make_plan(PLANS["tp2-zero3"]), x, y, tol=1e-5)
+    plan = make_plan([(4, 2, [([0, 1, 2, 3], same(GPT_UNITS, tp=2, sp=True, zero=3))])])
+    dtype, tol = (torch.float32, 1e-5) if upcast else (torch.float64, 1e-6)
+    assert_matches_reference(view(dtype, attn_implementation="eager", reorder_and_upcast_attn=upcast), plan, x, y,
+                             tol=tol)
 
 
 def _local_shapes(rank, world):
