@@ -28,6 +28,8 @@ installed; nothing here imports it.
   biased experts with their clamped gate included).
   The router's auxiliary loss is not part of wrap's loss: wrap refuses ``output_router_logits=True``, and
   ``router_jitter_noise > 0`` (random per-token noise no parallel run reproduces); tracing takes both.
+* OPT (``OPTForCausalLM``): ``autopar.models.hf_opt`` (learned positions offset by 2, OPT-350M's projections in and
+  out and its norms after each sublayer; TP as Megatron's, a head with ``project_out`` at tp 1).
 * BERT masked LM (``BertForMaskedLM``): embeddings, encoder layers attending to every position (no
   padding mask), the MLM head; tp = 1. Labels of -100 (unmasked positions) are ignored by wrap's loss,
   as in HF's MLM loss.
@@ -55,7 +57,12 @@ from torch import nn
 from autopar.errors import AutoparError
 from autopar.models.hf_fused import part_blocks, split_fused
 from autopar.models.hf_llama import LLAMA_LIKE, HFHead, llama_like_view
+from autopar.models.hf_opt import opt_view
 from autopar.models.hf_units import HFCausalLM, block_mask
+
+# Causal LM families besides the Llama-structured ones whose view is traced for search (``modelspec.hf_traced``): the
+# formulas (``modelspec.hf.HF_TYPES``) do not read them
+TRACED_OTHERS = ("opt",)
 
 
 class HFGPT2Embed(nn.Module):
@@ -181,13 +188,15 @@ def _view(hf_model: nn.Module) -> HFCausalLM:
         return llama_like_view(hf_model)
     if kind == "gpt2":
         return _gpt2_view(hf_model)
+    if kind == "opt" and type(hf_model).__name__ == "OPTForCausalLM":
+        return opt_view(hf_model)
     if kind == "bert" and hasattr(hf_model, "bert") and hasattr(hf_model, "cls"):
         base = hf_model.bert
         layers = [HFBidirectionalBlock(b) for b in base.encoder.layer]
         return HFCausalLM(HFBertEmbed(base.embeddings), layers, hf_model.cls, "hf-bert",
                           {"embed": None, "block": None, "head": None}, {}, {"block": ("block.attention",)})
     raise AutoparError("model", f"transformers model type {kind!r} ({type(hf_model).__name__}) is not supported",
-                       f"use one of {', '.join(LLAMA_LIKE + ('gpt2',))} causal LMs or BertForMaskedLM, or wrap it "
+                       f"use one of {', '.join(LLAMA_LIKE + TRACED_OTHERS + ('gpt2',))} causal LMs or BertForMaskedLM, or wrap it "
                        "as an nn.Sequential")
 
 

@@ -1,5 +1,6 @@
 """A Hugging Face ``config.json`` of a family the formulas (``modelspec.hf.HF_TYPES``) do not cover but autopar's
-units view runs (``autopar.models.hf_llama.LLAMA_LIKE``: OLMo, Granite, Cohere, GLM-4.5, gpt-oss, ...): the
+units view runs (``autopar.models.hf_llama.LLAMA_LIKE``: OLMo, Granite, Cohere, GLM-4.5, gpt-oss, ...; and
+``autopar.models.hf.TRACED_OTHERS``: OPT): the
 transformers model is built from the config on the meta device (no memory) and its units view traced, so the
 search sees that model's own parameters, FLOPs and activations, exactly what ``wrap`` would run.
 
@@ -18,9 +19,10 @@ DEFAULT_SEQ_CAP = 8192  # as the formula families: long-context maxima are rarel
 
 def traceable(model_type: object) -> bool:
     """Whether configs of ``model_type`` are traced (the units view runs that family)."""
+    from autopar.models.hf import TRACED_OTHERS
     from autopar.models.hf_llama import LLAMA_LIKE
 
-    return model_type in LLAMA_LIKE
+    return model_type in LLAMA_LIKE or model_type in TRACED_OTHERS
 
 
 def traced_from_hf_config(cfg: dict, file: Path, name: str, seq_len: int | None = None,

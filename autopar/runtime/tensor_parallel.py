@@ -28,8 +28,10 @@ TP_GRAD_SUM = "tp_grad_sum"
 
 
 def _style(name: str, sp: bool, logits_sharded: bool) -> ParallelStyle | None:
-    """The ParallelStyle for a table entry (None: leave the module as it is)."""
-    seq = Shard(1)
+    """The ParallelStyle for a table entry (None: leave the module as it is). Under sequence parallelism a rank's
+    tokens are its share of an activation's second-to-last dimension: the sequence of a ``[B, S, H]`` one, the rows of
+    one whose tokens a layer flattened to ``[B x S, H]`` (OPT's MLP)."""
+    seq = Shard(-2)
     if name == "colwise":
         return Colwise()
     if name == "rowwise":
@@ -53,9 +55,9 @@ def _style(name: str, sp: bool, logits_sharded: bool) -> ParallelStyle | None:
     if not sp:
         return None  # the remaining styles only act under sequence parallelism
     if name == "sp_norm":
-        return SequenceParallel()
+        return SequenceParallel(sequence_dim=-2)
     if name == "sp_norm_local":  # a norm whose output meets plain tensors (Gemma 2's norms on sublayer outputs)
-        return SequenceParallel(use_local_output=True)
+        return SequenceParallel(sequence_dim=-2, use_local_output=True)
     if name == "sp_region":
         return PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),))
     if name == "sp_region_hidden_states":  # the same for a module called as m(hidden_states=...) (HF attention)

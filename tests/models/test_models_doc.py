@@ -17,14 +17,16 @@ def _rows() -> dict[str, list[str]]:
 
 
 def test_the_models_page_lists_every_family_with_its_reader():
+    from autopar.models.hf import TRACED_OTHERS
     from autopar.models.hf_llama import LLAMA_LIKE, MOE, OWN_ATTENTION
     from autopar.modelspec.hf import HF_TYPES
 
     rows = _rows()
-    assert set(rows) == set(HF_TYPES) | set(LLAMA_LIKE) | {"gpt2", "bert", "t5"}
+    traced = set(LLAMA_LIKE) | set(TRACED_OTHERS)
+    assert set(rows) == set(HF_TYPES) | traced | {"gpt2", "bert", "t5"}
     for kind, (reads, runs, _tp, cp, ep) in rows.items():
-        assert reads == ("formulas" if kind in HF_TYPES else "traced" if kind in LLAMA_LIKE else "-"), kind
-        assert (runs != "-") == (kind in LLAMA_LIKE or kind in ("gpt2", "bert", "t5")), kind
+        assert reads == ("formulas" if kind in HF_TYPES else "traced" if kind in traced else "-"), kind
+        assert (runs != "-") == (kind in traced or kind in ("gpt2", "bert", "t5")), kind
         assert (ep == "yes") == (kind in MOE), kind
         assert cp.startswith("yes") == (kind in LLAMA_LIKE and kind not in OWN_ATTENTION), kind
 

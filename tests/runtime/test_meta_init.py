@@ -64,6 +64,16 @@ def hf_gpt2():
     return from_transformers(transformers.GPT2LMHeadModel(cfg))
 
 
+def hf_opt():
+    transformers = pytest.importorskip("transformers")
+    from autopar.models.hf import from_transformers
+
+    cfg = transformers.OPTConfig(vocab_size=64, hidden_size=32, ffn_dim=64, num_hidden_layers=2, num_attention_heads=4,
+                                 max_position_embeddings=16, dropout=0.0, word_embed_proj_dim=16,
+                                 do_layer_norm_before=False)
+    return from_transformers(transformers.OPTForCausalLM(cfg))
+
+
 def hf_tied_llama():
     transformers = pytest.importorskip("transformers")
     from autopar.models.hf import from_transformers
@@ -77,8 +87,9 @@ def hf_tied_llama():
 @pytest.mark.parametrize("build,plan", [
     (hf_gpt2, PLANS["pp2"]),
     (hf_gpt2, [(2, 4, [([0, 1], same([E, L0], tp=2, sp=True)), ([2, 3], same([L1, H], tp=2, zero=3))])]),
+    (hf_opt, [(2, 4, [([0, 1], same([E, L0], tp=2, sp=True)), ([2, 3], same([L1], tp=2) + same([H]))])]),
     (hf_tied_llama, [(2, 4, [([0, 1], same([E, L0], tp=2)), ([2, 3], same([L1, H], tp=2, sp=True))])]),
-], ids=["gpt2-pp2", "gpt2-tp2-pp2", "tied-llama-tp2-pp2"])
+], ids=["gpt2-pp2", "gpt2-tp2-pp2", "opt-350m-layout-tp2-pp2", "tied-llama-tp2-pp2"])
 def test_hf_tied_embeddings_built_on_meta(build, plan):
     """Tied input / output embeddings built on meta: the head's copy gets the embedding's HF init."""
     x, y = token_data()

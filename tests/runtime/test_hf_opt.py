@@ -1,0 +1,106 @@
+"""transformers' OPT through the runtime (autopar.models.hf_opt): the units view gives the HF logits (pre-norm OPT, and
+OPT-350M's layout: norms after each sublayer, projections in and out of a narrower embedding), every strategy trains
+as one process, TP with sequence parallelism on an MLP that flattens its tokens, and what cannot run is refused in one
+line. load_hf / save_hf: test_hf_checkpoint.py, test_hf_save.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autopar.plan.compact import make_plan
+from tests.runtime.cases import GPT_UNITS, same, token_data
+from tests.runtime.reference import assert_matches_reference, wrap_outcomes
+
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.dist
+
+E, L0, L1, H = GPT_UNITS
+VARIANTS = {"pre-norm": {}, "350m-layout": dict(do_layer_norm_before=False, word_embed_proj_dim=16)}
+
+
+def opt(**fields):
+    """Tiny OPT, dropout off, biases and norms drawn away from their initial values."""
+    cfg = transformers.OPTConfig(**{**dict(vocab_size=64, hidden_size=32, ffn_dim=64, num_hidden_layers=2,
+                                           num_attention_heads=4, max_position_embeddings=16, dropout=0.0,
+                                           word_embed_proj_dim=32, pad_token_id=1), **fields})
+    model = transformers.OPTForCausalLM(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                p.normal_(0.3, 0.5)
+    return model
+
+
+def view(**fields):
+    from autopar.models.hf import from_transformers
+
+    return lambda: from_transformers(opt(**fields).double())
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_the_units_view_gives_the_hf_logits(variant, attn):
+    from autopar.models.hf import from_transformers
+    from autopar.units import units
+
+    torch.manual_seed(0)
+    hf = opt(attn_implementation=attn, **VARIANTS[variant]).eval()
+    x = token_data()[0]
+    want = hf(x).logits
+    wrapped = from_transformers(hf)
+    assert [n for n, _ in units(wrapped)] == GPT_UNITS
+    torch.testing.assert_close(wrapped(x), want)
+
+
+def _plan(sp: bool, head_tp: int, zero: int = 1):
+    return make_plan([(4, 2, [([0, 1, 2, 3], [(E, {"tp": 2}), (L0, {"tp": 2, "sp": sp, "zero": zero}),
+                                             (L1, {"tp": 2, "sp": sp, "zero": 3}),
+                                             (H, {"tp": head_tp, "sp": sp and head_tp > 1})])])])
+
+
+@pytest.mark.parametrize("sp", [False, True], ids=["tp2", "tp2-sp"])
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_opt_under_tp_trains_like_one_process(variant, sp):
+    """Without sp, and with it (the MLP's flattened tokens gathered and reduce-scattered as rows); OPT-350M's head,
+    with its project_out, at tp 1."""
+    x, y = token_data()
+    head_tp = 1 if variant == "350m-layout" else 2
+    assert_matches_reference(view(**VARIANTS[variant]), _plan(sp, head_tp), x, y, tol=1e-6)
+
+
+@pytest.mark.parametrize("plan", [
+    [(2, 4, [([0, 1], same([E, L0], tp=2, sp=True, ckpt="full")), ([2, 3], same([L1, H], tp=2, ckpt="full"))])],
+    [(4, 2, [([0, 1, 2, 3], same(GPT_UNITS, zero=3, ckpt="selective"))])],
+    [(4, 2, [([0], same([E, L0], zero=0)), ([1], same([L1, H], ckpt="op"))])],
+], ids=["pp2-tp2-sp-full-ckpt", "dp4-zero3-selective", "pp2-op-ckpt"])
+def test_opt_trains_like_one_process_untied(plan):
+    x, y = token_data()
+    assert_matches_reference(view(tie_word_embeddings=False, attn_implementation="eager"), make_plan(plan), x, y,
+                             tol=1e-6)
+
+
+def test_a_project_out_head_under_tp_is_refused_in_one_line():
+    outcomes = wrap_outcomes(view(**VARIANTS["350m-layout"]), _plan(False, 2))
+    assert all("head" in o and "tp" in o and o.count("\n") == 0 for o in outcomes), outcomes
+
+
+def test_layerdrop_is_refused_naming_the_field():
+    from autopar.errors import AutoparError
+    from autopar.models.hf import from_transformers
+
+    with pytest.raises(AutoparError, match=r"model.config.layerdrop: is 0.1.*set layerdrop to 0.0"):
+        from_transformers(opt(layerdrop=0.1))
+
+
+def test_search_traces_what_wrap_runs(tmp_path):
+    """`search --model config.json` traces OPT's units view: the transformers model's parameters, and no TP for
+    OPT-350M's head (its project_out), the blocks' TP limits from heads and ffn_dim."""
+    from autopar.modelspec.hf import from_hf_config
+
+    hf = opt(**VARIANTS["350m-layout"], num_attention_heads=8, ffn_dim=48)
+    hf.config.save_pretrained(tmp_path)
+    spec = from_hf_config(tmp_path / "config.json", seq_len=16)
+    assert sum(ly.params for ly in spec.layers) == sum(p.numel() for p in hf.parameters())  # the tied one once
+    embed, block, head = spec.layers[0], spec.layers[1], spec.layers[-1]
+    assert block.tp_divisors == (8, 48) and embed.tp_divisors == (64,) and not head.tp_divisors
