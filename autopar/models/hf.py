@@ -28,6 +28,8 @@ installed; nothing here imports it.
   biased experts with their clamped gate included).
   The router's auxiliary loss is not part of wrap's loss: wrap refuses ``output_router_logits=True``, and
   ``router_jitter_noise > 0`` (random per-token noise no parallel run reproduces); tracing takes both.
+* GPT-BigCode (SantaCoder, StarCoder 1): GPT-2's view with its nn.Linear projections, c_attn per head (plain
+  colwise); its multi-query attention (one K and V head) runs at tp 1.
 * OPT (``OPTForCausalLM``): ``autopar.models.hf_opt`` (learned positions offset by 2, OPT-350M's projections in and
   out and its norms after each sublayer; TP as Megatron's, a head with ``project_out`` at tp 1).
 * BERT masked LM (``BertForMaskedLM``): embeddings, encoder layers attending to every position (no
@@ -62,7 +64,7 @@ from autopar.models.hf_units import HFCausalLM, block_mask
 
 # Causal LM families besides the Llama-structured ones whose view is traced for search (``modelspec.hf_traced``): the
 # formulas (``modelspec.hf.HF_TYPES``) do not read them
-TRACED_OTHERS = ("opt",)
+TRACED_OTHERS = ("opt", "gpt_bigcode")
 
 
 class HFGPT2Embed(nn.Module):
@@ -186,7 +188,7 @@ def _view(hf_model: nn.Module) -> HFCausalLM:
                            "model as a chain of units that pass (encoder states, decoder states) tuples")
     if kind in LLAMA_LIKE:
         return llama_like_view(hf_model)
-    if kind == "gpt2":
+    if kind in ("gpt2", "gpt_bigcode"):
         return _gpt2_view(hf_model)
     if kind == "opt" and type(hf_model).__name__ == "OPTForCausalLM":
         return opt_view(hf_model)
@@ -203,25 +205,32 @@ def _view(hf_model: nn.Module) -> HFCausalLM:
 # GPT-2's TP plan (Megatron's layout; transformers ships none): its Conv1D projections are column- / row-parallel
 # (autopar.runtime.tp_linear), its fused c_attn is held as Q, K and V parts (autopar.models.hf_fused), and its
 # attention splits their output at ``split_size``, which local_heads makes the rank's width. The sequence is split
-# on the GPT-2 block inside HFBlock, which makes an eager attention's causal mask from the whole sequence
+# on the GPT-2 block inside HFBlock, which makes an eager attention's causal mask from the whole sequence.
+# GPT-BigCode (SantaCoder, StarCoder) has GPT-2's structure with nn.Linear projections and, with multi-head
+# attention, a c_attn laid out per head (a plain column split gives each rank its heads' Q, K and V)
+_GPT2_BLOCK = {"block": "sp_unit", "block.ln_1": "sp_norm", "block.attn": "sp_region+local_heads",
+               "block.attn.c_proj": "rowwise", "block.ln_2": "sp_norm", "block.mlp": "sp_region",
+               "block.mlp.c_fc": "colwise", "block.mlp.c_proj": "rowwise"}
 GPT2_TP_PLAN = {
     "embed": {"wte": "vocab_embed"},
-    "block": {"block": "sp_unit", "block.ln_1": "sp_norm", "block.attn": "sp_region+local_heads",
-              **{f"block.attn.c_attn.parts.{i}": "colwise" for i in range(3)}, "block.attn.c_proj": "rowwise",
-              "block.ln_2": "sp_norm", "block.mlp": "sp_region", "block.mlp.c_fc": "colwise",
-              "block.mlp.c_proj": "rowwise"},
+    "block": {**_GPT2_BLOCK, **{f"block.attn.c_attn.parts.{i}": "colwise" for i in range(3)}},
     "head": {"": "sp_unit_in", "norm": "sp_norm", "proj": "logits"},
 }
+BIGCODE_TP_PLAN = {**GPT2_TP_PLAN, "block": {**_GPT2_BLOCK, "block.attn.c_attn": "colwise"}}
 
 
 def _gpt2_view(hf_model: nn.Module) -> HFCausalLM:
-    """Units view of a ``GPT2LMHeadModel`` (shares its modules; its c_attn split into parts in place)."""
+    """Units view of a ``GPT2LMHeadModel`` (its c_attn split into parts in place) or a ``GPTBigCodeForCausalLM``
+    (shares their modules). GPT-BigCode's multi-query attention keeps one K and V head: a TP limit of 1."""
     cfg, base = hf_model.config, hf_model.transformer
-    for block in base.h:
-        split_fused(block, {"attn.c_attn": "thirds"}, cfg)
+    bigcode = cfg.model_type == "gpt_bigcode"
+    if not bigcode:
+        for block in base.h:
+            split_fused(block, {"attn.c_attn": "thirds"}, cfg)
     embed = HFGPT2Embed(base.wte, base.wpe, base.drop)
     head = HFHead(base.ln_f, hf_model.lm_head)
+    kv = (1 if cfg.multi_query else cfg.n_head,) if bigcode else ()
     divisors = {"embed": (cfg.vocab_size,), "head": (cfg.vocab_size,),
-                "block": (cfg.n_head, cfg.n_inner or 4 * cfg.n_embd)}
-    return HFCausalLM(embed, [HFBlock(b) for b in base.h], head, "hf-gpt2", GPT2_TP_PLAN, divisors,
-                      {"block": ("block.attn",)})
+                "block": (cfg.n_head, *kv, cfg.n_inner or 4 * cfg.n_embd)}
+    return HFCausalLM(embed, [HFBlock(b) for b in base.h], head, f"hf-{cfg.model_type}",
+                      BIGCODE_TP_PLAN if bigcode else GPT2_TP_PLAN, divisors, {"block": ("block.attn",)})

@@ -23,7 +23,8 @@ MIXTRAL = dict(num_local_experts=4, num_experts_per_tok=2)
 # fields a family's tests set: GPT-2's dropout off (transformers' from_pretrained returns a model in eval mode)
 EXTRA = {"mixtral": MIXTRAL, "gpt2": dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
          # OPT-350M's layout: norms after each sublayer, projections in and out of a narrower embedding
-         "opt": dict(ffn_dim=64, dropout=0.0, word_embed_proj_dim=16, do_layer_norm_before=False)}
+         "opt": dict(ffn_dim=64, dropout=0.0, word_embed_proj_dim=16, do_layer_norm_before=False),
+         "gpt_bigcode": dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, multi_query=False)}
 
 
 def _ep(zero: int, routed: tuple[str, ...] = (L0, L1)) -> list:
@@ -43,6 +44,8 @@ CASES = {
     "gpt2-tied-pp2-tp2": ("gpt2", True, [(2, 4, [([0, 1], same([E, L0], tp=2)), ([2, 3], same([L1, H], tp=2))])]),
     "opt-tp2-sp-zero3": ("opt", False, [(4, 2, [([0, 1, 2, 3], same([E, L0, L1], tp=2, sp=True, zero=3)
                                                           + [(H, {"zero": 3})])])]),
+    "gpt_bigcode-tied-pp2-tp2-sp": ("gpt_bigcode", True, [(2, 4, [([0, 1], same([E, L0], tp=2, sp=True)),
+                                                                  ([2, 3], same([L1, H], tp=2, zero=3))])]),
     "glm4-pp2-tp2": ("glm4", False, [(2, 4, [([0, 1], same([E, L0], tp=2)), ([2, 3], same([L1, H], tp=2))])]),
     # two replicas laid out differently: each tensor is written from the first one only
     "qwen3-two-pipelines": ("qwen3", False, [(2, 2, [([0, 1], same(GPT_UNITS, tp=2, sp=True))]),

@@ -1,0 +1,86 @@
+"""transformers' GPT-BigCode (SantaCoder, StarCoder 1) through the runtime: GPT-2's structure with nn.Linear
+projections; with multi-head attention its c_attn is laid out per head, so TP splits it by plain columns; multi-query
+attention (one K and V head) runs at tp 1 and is refused above it in one line. Checkpoints: test_hf_save.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autopar.plan.compact import make_plan
+from tests.runtime.cases import GPT_UNITS, same, token_data
+from tests.runtime.reference import assert_matches_reference, wrap_outcomes
+
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.dist
+
+E, L0, L1, H = GPT_UNITS
+
+
+def bigcode(**fields):
+    """Tiny GPT-BigCode, dropout off, biases and norms drawn away from their initial values."""
+    cfg = transformers.GPTBigCodeConfig(**{**dict(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=16,
+                                                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0), **fields})
+    model = transformers.GPTBigCodeForCausalLM(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or ".ln_" in name:
+                p.normal_(0.3, 0.5)
+    return model
+
+
+def view(**fields):
+    from autopar.models.hf import from_transformers
+
+    return lambda: from_transformers(bigcode(**fields).double())
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+@pytest.mark.parametrize("multi_query", [True, False], ids=["multi-query", "multi-head"])
+def test_the_units_view_gives_the_hf_logits(multi_query, attn):
+    from autopar.models.hf import from_transformers
+
+    torch.manual_seed(0)
+    hf = bigcode(multi_query=multi_query, attn_implementation=attn).eval()
+    x = token_data()[0]
+    want = hf(x).logits
+    torch.testing.assert_close(from_transformers(hf)(x), want)
+
+
+TP_PLANS = {
+    "tp2-sp-zero3": [(4, 2, [([0, 1, 2, 3], same(GPT_UNITS, tp=2, sp=True, zero=3))])],
+    "pp2-tp2-full-ckpt": [(2, 4, [([0, 1], same([E, L0], tp=2, sp=True, ckpt="full")),
+                                  ([2, 3], same([L1, H], tp=2, ckpt="full"))])],
+}
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+@pytest.mark.parametrize("name", sorted(TP_PLANS))
+def test_multi_head_bigcode_under_tp_trains_like_one_process(name, attn):
+    x, y = token_data()
+    assert_matches_reference(view(multi_query=False, attn_implementation=attn), make_plan(TP_PLANS[name]), x, y,
+                             tol=1e-6)
+
+
+def test_multi_query_bigcode_trains_like_one_process_without_tp():
+    x, y = token_data()
+    plan = make_plan([(2, 4, [([0, 1], same([E, L0], zero=3)), ([2, 3], same([L1, H], zero=1, ckpt="selective"))])])
+    assert_matches_reference(view(multi_query=True), plan, x, y, tol=1e-6)
+
+
+def test_multi_query_bigcode_under_tp_is_refused_in_one_line():
+    outcomes = wrap_outcomes(view(multi_query=True), make_plan(TP_PLANS["tp2-sp-zero3"]))
+    assert all("tp" in o and o.count("\n") == 0 and o != "wrapped" for o in outcomes), outcomes
+
+
+def test_search_traces_what_wrap_runs(tmp_path):
+    """`search --model config.json` traces GPT-BigCode's view: the model's parameters, and TP limits from heads,
+    the one K/V head of multi-query attention and the MLP width."""
+    from autopar.modelspec.hf import from_hf_config
+
+    for multi_query, kv in ((True, 1), (False, 4)):
+        hf = bigcode(multi_query=multi_query, n_inner=48)
+        hf.config.save_pretrained(tmp_path)
+        spec = from_hf_config(tmp_path / "config.json", seq_len=16)
+        assert sum(ly.params for ly in spec.layers) == sum(p.numel() for p in hf.parameters())
+        assert spec.layers[1].tp_divisors == (4, kv, 48)
