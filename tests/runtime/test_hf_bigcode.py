@@ -84,3 +84,11 @@ def test_search_traces_what_wrap_runs(tmp_path):
         spec = from_hf_config(tmp_path / "config.json", seq_len=16)
         assert sum(ly.params for ly in spec.layers) == sum(p.numel() for p in hf.parameters())
         assert spec.layers[1].tp_divisors == (4, kv, 48)
+
+
+@pytest.mark.parametrize("multi_query", [True, False], ids=["multi-query", "multi-head"])
+def test_bigcode_built_on_the_meta_device_trains_like_one_process(multi_query):
+    x, y = token_data()
+    tp = 1 if multi_query else 2
+    plan = make_plan([(2, 4, [([0, 1], same([E, L0], tp=tp, zero=3)), ([2, 3], same([L1, H], tp=tp))])])
+    assert_matches_reference(view(multi_query=multi_query), plan, x, y, tol=1e-6, meta=True)
