@@ -60,7 +60,7 @@ from autopar.errors import AutoparError
 from autopar.models.hf_fused import part_blocks, split_fused
 from autopar.models.hf_llama import LLAMA_LIKE, HFHead, llama_like_view
 from autopar.models.hf_opt import opt_view
-from autopar.models.hf_units import HFCausalLM, block_mask
+from autopar.models.hf_units import HFBlock, HFCausalLM
 
 # Causal LM families besides the Llama-structured ones whose view is traced for search (``modelspec.hf_traced``): the
 # formulas (``modelspec.hf.HF_TYPES``) do not read them
@@ -75,16 +75,6 @@ class HFGPT2Embed(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         positions = torch.arange(tokens.shape[1], device=tokens.device)
         return self.drop(self.wte(tokens) + self.wpe(positions))
-
-
-class HFBlock(nn.Module):
-    def __init__(self, block: nn.Module) -> None:
-        super().__init__()
-        self.block = block
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.block(x, attention_mask=block_mask(self.block.attn, x))
-        return out[0] if isinstance(out, tuple) else out
 
 
 class HFBertEmbed(nn.Module):

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from autopar.errors import AutoparError
-from autopar.models.hf_units import HFCausalLM, block_mask
+from autopar.models.hf_units import HFBlock, HFCausalLM
 
 
 class HFOPTEmbed(nn.Module):
@@ -40,18 +40,6 @@ class HFOPTEmbed(nn.Module):
             x = self.project_in(x)
         position_ids = torch.arange(tokens.shape[1], device=tokens.device).expand(tokens.shape[0], -1)
         return x + self.positions(None, position_ids=position_ids)
-
-
-class HFOPTBlock(nn.Module):
-    """One OPT decoder layer; its causal mask (where its attention needs one) from the whole sequence."""
-
-    def __init__(self, layer: nn.Module) -> None:
-        super().__init__()
-        self.layer = layer
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.layer(x, attention_mask=block_mask(self.layer.self_attn, x))
-        return out[0] if isinstance(out, tuple) else out
 
 
 class HFOPTHead(nn.Module):
@@ -71,10 +59,10 @@ class HFOPTHead(nn.Module):
 
 # The TP table of an OPT block. Its norms run on the rank's tokens in either layout (after the residual add, or before
 # the MLP on the flattened tokens: the second-to-last dimension both times)
-BLOCK_PLAN = {"layer": "sp_unit", "layer.self_attn_layer_norm": "sp_norm_local",
-              "layer.self_attn": "sp_region_hidden_states+local_heads",
-              **{f"layer.self_attn.{p}_proj": "colwise" for p in "qkv"}, "layer.self_attn.out_proj": "rowwise",
-              "layer.final_layer_norm": "sp_norm_local", "layer.fc1": "sp_region+colwise", "layer.fc2": "rowwise"}
+BLOCK_PLAN = {"block": "sp_unit", "block.self_attn_layer_norm": "sp_norm_local",
+              "block.self_attn": "sp_region_hidden_states+local_heads",
+              **{f"block.self_attn.{p}_proj": "colwise" for p in "qkv"}, "block.self_attn.out_proj": "rowwise",
+              "block.final_layer_norm": "sp_norm_local", "block.fc1": "sp_region+colwise", "block.fc2": "rowwise"}
 
 
 def opt_view(hf_model: nn.Module) -> HFCausalLM:
@@ -85,11 +73,11 @@ def opt_view(hf_model: nn.Module) -> HFCausalLM:
                            "training, which no parallel run reproduces", "set layerdrop to 0.0")
     embed = HFOPTEmbed(decoder.embed_tokens, decoder.embed_positions, decoder.project_in)
     head = HFOPTHead(decoder.final_layer_norm, decoder.project_out, hf_model.lm_head)
-    layers = [HFOPTBlock(layer) for layer in decoder.layers]
+    layers = [HFBlock(layer, "self_attn") for layer in decoder.layers]
     head_plan = None
     if decoder.project_out is None:
         head_plan = {"": "sp_unit_in", **({"norm": "sp_norm"} if head.norm is not None else {}), "proj": "logits"}
     plans = {"embed": {"tok": "vocab_embed"}, "block": BLOCK_PLAN, "head": head_plan}
     divisors = {"embed": (cfg.vocab_size,), "head": (cfg.vocab_size,),
                 "block": (cfg.num_attention_heads, cfg.ffn_dim)}
-    return HFCausalLM(embed, layers, head, "hf-opt", plans, divisors, {"block": ("layer.self_attn",)})
+    return HFCausalLM(embed, layers, head, "hf-opt", plans, divisors, {"block": ("block.self_attn",)})

@@ -50,6 +50,16 @@ MODELS = {
 }
 
 
+def drawn_away(model: nn.Module, norms: tuple[str, ...] = ("norm", ".ln_")) -> nn.Module:
+    """``model`` with its biases and norms (parameters whose names hold one of ``norms``) drawn away from their
+    initial zeros and ones, so a bias a TP split put in the wrong place, or added on every rank, shows."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or any(n in name for n in norms):
+                p.normal_(0.3, 0.5)
+    return model
+
+
 def same(units: list[str], **strategy) -> list[tuple[str, dict]]:
     """Every unit with the same strategy."""
     return [(u, dict(strategy)) for u in units]

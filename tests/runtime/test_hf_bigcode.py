@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from autopar.plan.compact import make_plan
-from tests.runtime.cases import GPT_UNITS, same, token_data
+from tests.runtime.cases import GPT_UNITS, drawn_away, same, token_data
 from tests.runtime.reference import assert_matches_reference, wrap_outcomes
 
 transformers = pytest.importorskip("transformers")
@@ -21,12 +21,7 @@ def bigcode(**fields):
     """Tiny GPT-BigCode, dropout off, biases and norms drawn away from their initial values."""
     cfg = transformers.GPTBigCodeConfig(**{**dict(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=16,
                                                   resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0), **fields})
-    model = transformers.GPTBigCodeForCausalLM(cfg)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("bias") or ".ln_" in name:
-                p.normal_(0.3, 0.5)
-    return model
+    return drawn_away(transformers.GPTBigCodeForCausalLM(cfg))
 
 
 def view(**fields):

@@ -10,7 +10,7 @@ import torch
 
 from autopar.plan.compact import make_plan
 from autopar.runtime.local_ranks import run_distributed
-from tests.runtime.cases import GPT_UNITS, same, token_data
+from tests.runtime.cases import GPT_UNITS, drawn_away, same, token_data
 from tests.runtime.reference import assert_matches_reference
 
 transformers = pytest.importorskip("transformers")
@@ -24,12 +24,7 @@ def gpt2(**fields):
     the wrong place, or added on every rank, shows)."""
     cfg = transformers.GPT2Config(**{**dict(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=16,
                                             resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0), **fields})
-    model = transformers.GPT2LMHeadModel(cfg)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("bias") or ".ln_" in name:
-                p.normal_(0.3, 0.5)
-    return model
+    return drawn_away(transformers.GPT2LMHeadModel(cfg))
 
 
 def view(dtype=torch.float64, **fields):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from autopar.plan.compact import make_plan
-from tests.runtime.cases import GPT_UNITS, same, token_data
+from tests.runtime.cases import GPT_UNITS, drawn_away, same, token_data
 from tests.runtime.reference import assert_matches_reference, wrap_outcomes
 
 transformers = pytest.importorskip("transformers")
@@ -24,12 +24,7 @@ def opt(**fields):
     cfg = transformers.OPTConfig(**{**dict(vocab_size=64, hidden_size=32, ffn_dim=64, num_hidden_layers=2,
                                            num_attention_heads=4, max_position_embeddings=16, dropout=0.0,
                                            word_embed_proj_dim=32, pad_token_id=1), **fields})
-    model = transformers.OPTForCausalLM(cfg)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("bias") or "norm" in name:
-                p.normal_(0.3, 0.5)
-    return model
+    return drawn_away(transformers.OPTForCausalLM(cfg))
 
 
 def view(**fields):
