@@ -1,4 +1,5 @@
-"""Hugging Face ``transformers`` LMs (the Llama-structured families, GPT-2, BERT MLM, T5) as units.
+"""Hugging Face ``transformers`` LMs (the Llama-structured families, GPT-2 and its relatives, OPT, BERT MLM, T5) as
+units.
 
 ``from_transformers(hf_model)`` returns a module whose children are the plan's units and which
 shares the HF model's submodules (no copies of weights). Only needed when ``transformers`` is
@@ -20,16 +21,13 @@ installed; nothing here imports it.
 * Phi-3 / Phi-4 and GLM / GLM-4: their fused ``qkv_proj`` / ``gate_up_proj`` are held as parts
   (``hf_fused.FusedLinear``, in the HF model itself), each column-parallel under TP; the model's state dict and
   checkpoints keep the fused tensors (its own ``save_pretrained``, and ``load_hf`` / ``save_hf``).
-* GPT-2: its ``Conv1D`` projections (weights stored transposed) are column- / row-parallel
-  (autopar.runtime.tp_linear); its fused ``c_attn`` is held as Q, K and V parts (``hf_fused``), so TP splits it
-  by heads. Context parallel is not run (its learned positions are added in the embedding unit).
+* GPT-2, GPT-BigCode (SantaCoder, StarCoder 1) and GPT-Neo: ``autopar.models.hf_gpt2`` (GPT-2's fused, transposed
+  ``c_attn`` held as Q, K and V parts; BigCode's multi-query attention at tp 1; GPT-Neo's local attention layers).
 * The MoE families: tp = 1 (HF's packed / MoE TP styles are not translated); their packed experts are replicated,
   or split over ``ep`` DP ranks by a plan's ``ep`` (autopar.runtime.expert_parallel; gpt-oss's transposed,
   biased experts with their clamped gate included).
   The router's auxiliary loss is not part of wrap's loss: wrap refuses ``output_router_logits=True``, and
   ``router_jitter_noise > 0`` (random per-token noise no parallel run reproduces); tracing takes both.
-* GPT-BigCode (SantaCoder, StarCoder 1): GPT-2's view with its nn.Linear projections, c_attn per head (plain
-  colwise); its multi-query attention (one K and V head) runs at tp 1.
 * OPT (``OPTForCausalLM``): ``autopar.models.hf_opt`` (learned positions offset by 2, OPT-350M's projections in and
   out and its norms after each sublayer; TP as Megatron's, a head with ``project_out`` at tp 1).
 * BERT masked LM (``BertForMaskedLM``): embeddings, encoder layers attending to every position (no
@@ -57,24 +55,15 @@ import torch
 from torch import nn
 
 from autopar.errors import AutoparError
-from autopar.models.hf_fused import part_blocks, split_fused
-from autopar.models.hf_llama import LLAMA_LIKE, HFHead, llama_like_view
+from autopar.models.hf_fused import part_blocks
+from autopar.models.hf_gpt2 import GPT2_LIKE, gpt2_like_view
+from autopar.models.hf_llama import LLAMA_LIKE, llama_like_view
 from autopar.models.hf_opt import opt_view
-from autopar.models.hf_units import HFBlock, HFCausalLM
+from autopar.models.hf_units import HFCausalLM
 
 # Causal LM families besides the Llama-structured ones whose view is traced for search (``modelspec.hf_traced``): the
 # formulas (``modelspec.hf.HF_TYPES``) do not read them
-TRACED_OTHERS = ("opt", "gpt_bigcode")
-
-
-class HFGPT2Embed(nn.Module):
-    def __init__(self, wte: nn.Embedding, wpe: nn.Embedding, drop: nn.Module) -> None:
-        super().__init__()
-        self.wte, self.wpe, self.drop = wte, wpe, drop
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(tokens.shape[1], device=tokens.device)
-        return self.drop(self.wte(tokens) + self.wpe(positions))
+TRACED_OTHERS = ("opt", "gpt_bigcode", "gpt_neo")
 
 
 class HFBertEmbed(nn.Module):
@@ -178,8 +167,8 @@ def _view(hf_model: nn.Module) -> HFCausalLM:
                            "model as a chain of units that pass (encoder states, decoder states) tuples")
     if kind in LLAMA_LIKE:
         return llama_like_view(hf_model)
-    if kind in ("gpt2", "gpt_bigcode"):
-        return _gpt2_view(hf_model)
+    if kind in GPT2_LIKE:
+        return gpt2_like_view(hf_model)
     if kind == "opt" and type(hf_model).__name__ == "OPTForCausalLM":
         return opt_view(hf_model)
     if kind == "bert" and hasattr(hf_model, "bert") and hasattr(hf_model, "cls"):
@@ -190,37 +179,3 @@ def _view(hf_model: nn.Module) -> HFCausalLM:
     raise AutoparError("model", f"transformers model type {kind!r} ({type(hf_model).__name__}) is not supported",
                        f"use one of {', '.join(LLAMA_LIKE + TRACED_OTHERS + ('gpt2',))} causal LMs or BertForMaskedLM, or wrap it "
                        "as an nn.Sequential")
-
-
-# GPT-2's TP plan (Megatron's layout; transformers ships none): its Conv1D projections are column- / row-parallel
-# (autopar.runtime.tp_linear), its fused c_attn is held as Q, K and V parts (autopar.models.hf_fused), and its
-# attention splits their output at ``split_size``, which local_heads makes the rank's width. The sequence is split
-# on the GPT-2 block inside HFBlock, which makes an eager attention's causal mask from the whole sequence.
-# GPT-BigCode (SantaCoder, StarCoder) has GPT-2's structure with nn.Linear projections and, with multi-head
-# attention, a c_attn laid out per head (a plain column split gives each rank its heads' Q, K and V)
-_GPT2_BLOCK = {"block": "sp_unit", "block.ln_1": "sp_norm", "block.attn": "sp_region+local_heads",
-               "block.attn.c_proj": "rowwise", "block.ln_2": "sp_norm", "block.mlp": "sp_region",
-               "block.mlp.c_fc": "colwise", "block.mlp.c_proj": "rowwise"}
-GPT2_TP_PLAN = {
-    "embed": {"wte": "vocab_embed"},
-    "block": {**_GPT2_BLOCK, **{f"block.attn.c_attn.parts.{i}": "colwise" for i in range(3)}},
-    "head": {"": "sp_unit_in", "norm": "sp_norm", "proj": "logits"},
-}
-BIGCODE_TP_PLAN = {**GPT2_TP_PLAN, "block": {**_GPT2_BLOCK, "block.attn.c_attn": "colwise"}}
-
-
-def _gpt2_view(hf_model: nn.Module) -> HFCausalLM:
-    """Units view of a ``GPT2LMHeadModel`` (its c_attn split into parts in place) or a ``GPTBigCodeForCausalLM``
-    (shares their modules). GPT-BigCode's multi-query attention keeps one K and V head: a TP limit of 1."""
-    cfg, base = hf_model.config, hf_model.transformer
-    bigcode = cfg.model_type == "gpt_bigcode"
-    if not bigcode:
-        for block in base.h:
-            split_fused(block, {"attn.c_attn": "thirds"}, cfg)
-    embed = HFGPT2Embed(base.wte, base.wpe, base.drop)
-    head = HFHead(base.ln_f, hf_model.lm_head)
-    kv = (1 if cfg.multi_query else cfg.n_head,) if bigcode else ()
-    divisors = {"embed": (cfg.vocab_size,), "head": (cfg.vocab_size,),
-                "block": (cfg.n_head, *kv, cfg.n_inner or 4 * cfg.n_embd)}
-    return HFCausalLM(embed, [HFBlock(b) for b in base.h], head, f"hf-{cfg.model_type}",
-                      BIGCODE_TP_PLAN if bigcode else GPT2_TP_PLAN, divisors, {"block": ("block.attn",)})

@@ -72,15 +72,15 @@ def block_mask(attn: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
 
 
 class HFBlock(nn.Module):
-    """A transformers decoder layer taking ``(hidden_states, attention_mask=...)`` (GPT-2's, GPT-BigCode's, OPT's),
-    given the mask its attention (the layer's ``attn`` submodule) needs, made from the whole sequence."""
+    """A transformers decoder layer taking ``(hidden_states, attention_mask=...)`` (GPT-2's, GPT-BigCode's, GPT-Neo's,
+    OPT's), given the mask its attention (the layer's submodule ``attn``) needs, made from the whole sequence."""
 
     def __init__(self, block: nn.Module, attn: str = "attn") -> None:
         super().__init__()
         self.block, self.attn = block, attn
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.block(x, attention_mask=block_mask(getattr(self.block, self.attn), x))
+        out = self.block(x, attention_mask=block_mask(self.block.get_submodule(self.attn), x))
         return out[0] if isinstance(out, tuple) else out
 
 
