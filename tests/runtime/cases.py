@@ -60,6 +60,17 @@ def drawn_away(model: nn.Module, norms: tuple[str, ...] = ("norm", ".ln_")) -> n
     return model
 
 
+def view_logits(hf_model: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the units view's logits, the transformers model's own) on ``token_data``'s tokens, in eval mode. The view
+    is made after the model's forward (making it splits fused projections in place)."""
+    from autopar.models.hf import from_transformers
+
+    hf_model.eval()
+    x = token_data()[0]
+    want = hf_model(x).logits
+    return from_transformers(hf_model)(x), want
+
+
 def same(units: list[str], **strategy) -> list[tuple[str, dict]]:
     """Every unit with the same strategy."""
     return [(u, dict(strategy)) for u in units]

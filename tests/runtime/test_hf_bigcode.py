@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from autopar.plan.compact import make_plan
-from tests.runtime.cases import GPT_UNITS, drawn_away, same, token_data
+from tests.runtime.cases import GPT_UNITS, drawn_away, same, token_data, view_logits
 from tests.runtime.reference import assert_matches_reference, wrap_outcomes
 
 transformers = pytest.importorskip("transformers")
@@ -33,13 +33,8 @@ def view(**fields):
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
 @pytest.mark.parametrize("multi_query", [True, False], ids=["multi-query", "multi-head"])
 def test_the_units_view_gives_the_hf_logits(multi_query, attn):
-    from autopar.models.hf import from_transformers
-
     torch.manual_seed(0)
-    hf = bigcode(multi_query=multi_query, attn_implementation=attn).eval()
-    x = token_data()[0]
-    want = hf(x).logits
-    torch.testing.assert_close(from_transformers(hf)(x), want)
+    torch.testing.assert_close(*view_logits(bigcode(multi_query=multi_query, attn_implementation=attn)))
 
 
 TP_PLANS = {

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from autopar.plan.compact import make_plan
-from tests.runtime.cases import GPT_UNITS, drawn_away, same, token_data
+from tests.runtime.cases import GPT_UNITS, drawn_away, same, token_data, view_logits
 from tests.runtime.reference import assert_matches_reference, wrap_outcomes
 
 transformers = pytest.importorskip("transformers")
@@ -36,16 +36,8 @@ def view(**fields):
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_the_units_view_gives_the_hf_logits(variant, attn):
-    from autopar.models.hf import from_transformers
-    from autopar.units import units
-
     torch.manual_seed(0)
-    hf = opt(attn_implementation=attn, **VARIANTS[variant]).eval()
-    x = token_data()[0]
-    want = hf(x).logits
-    wrapped = from_transformers(hf)
-    assert [n for n, _ in units(wrapped)] == GPT_UNITS
-    torch.testing.assert_close(wrapped(x), want)
+    torch.testing.assert_close(*view_logits(opt(attn_implementation=attn, **VARIANTS[variant])))
 
 
 def _plan(sp: bool, head_tp: int, zero: int = 1):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from autopar.plan.compact import make_plan
-from tests.runtime.cases import GPT_UNITS, HF_TINY, same, token_data
+from tests.runtime.cases import GPT_UNITS, HF_TINY, same, token_data, view_logits
 from tests.runtime.reference import assert_matches_reference
 
 transformers = pytest.importorskip("transformers")
@@ -24,13 +24,8 @@ def phi3_model(**fields):
 
 
 def test_the_units_view_equals_the_unsplit_hf_model():
-    from autopar.models.hf import from_transformers
-
     torch.manual_seed(0)
-    hf = phi3_model().eval()
-    x = token_data()[0]
-    want = hf(x).logits
-    torch.testing.assert_close(from_transformers(hf)(x), want)
+    torch.testing.assert_close(*view_logits(phi3_model()))
 
 
 def test_the_parts_are_the_fused_rows_and_checkpoint_names_stay_fused():
