@@ -30,6 +30,7 @@ installed; nothing here imports it.
   ``router_jitter_noise > 0`` (random per-token noise no parallel run reproduces); tracing takes both.
 * OPT (``OPTForCausalLM``): ``autopar.models.hf_opt`` (learned positions offset by 2, OPT-350M's projections in and
   out and its norms after each sublayer; TP as Megatron's, a head with ``project_out`` at tp 1).
+* BLOOM (``BloomForCausalLM``): ``autopar.models.hf_bloom`` (each block's ALiBi biases built for its rank's heads).
 * BERT masked LM (``BertForMaskedLM``): embeddings, encoder layers attending to every position (no
   padding mask), the MLM head; tp = 1. Labels of -100 (unmasked positions) are ignored by wrap's loss,
   as in HF's MLM loss.
@@ -55,6 +56,7 @@ import torch
 from torch import nn
 
 from autopar.errors import AutoparError
+from autopar.models.hf_bloom import bloom_view
 from autopar.models.hf_fused import part_blocks
 from autopar.models.hf_gpt2 import GPT2_LIKE, gpt2_like_view
 from autopar.models.hf_llama import LLAMA_LIKE, llama_like_view
@@ -63,7 +65,7 @@ from autopar.models.hf_units import HFCausalLM
 
 # Causal LM families besides the Llama-structured ones whose view is traced for search (``modelspec.hf_traced``): the
 # formulas (``modelspec.hf.HF_TYPES``) do not read them
-TRACED_OTHERS = ("opt", "gpt_bigcode", "gpt_neo")
+TRACED_OTHERS = ("opt", "gpt_bigcode", "gpt_neo", "bloom")
 
 
 class HFBertEmbed(nn.Module):
@@ -171,6 +173,8 @@ def _view(hf_model: nn.Module) -> HFCausalLM:
         return gpt2_like_view(hf_model)
     if kind == "opt" and type(hf_model).__name__ == "OPTForCausalLM":
         return opt_view(hf_model)
+    if kind == "bloom" and type(hf_model).__name__ == "BloomForCausalLM":
+        return bloom_view(hf_model)
     if kind == "bert" and hasattr(hf_model, "bert") and hasattr(hf_model, "cls"):
         base = hf_model.bert
         layers = [HFBidirectionalBlock(b) for b in base.encoder.layer]

@@ -20,6 +20,8 @@ when the layer runs with sequence parallelism. Style names:
                 ``self.num_heads``): they become the rank's share of the heads
   head_norm_list  a module keeping one norm per head in its ``norms`` list (StableLM's qk_layernorm): under TP it
                 runs the slice of the rank's heads (with tp_grad_sum, each norm's gradient comes from its rank)
+  local_head_range  a module keeping the range of heads it computes something for (``first_head``, ``heads``:
+                BLOOM's block wrapper building their ALiBi biases): under TP the rank's range
   writable_output  a module whose caller modifies its output in place (Falcon's MLP, OLMo's clamped
                 projections): under TP it returns a copy, as a parallel projection's output is a view autograd
                 forbids writing to
@@ -28,6 +30,8 @@ when the layer runs with sequence parallelism. Style names:
                 (Gemma 2's norms of the attention and MLP outputs), where sp_norm's DTensor would meet a plain one
   sp_region     the module's input is gathered from sequence shards (attention / MLP need the full sequence)
   sp_region_hidden_states   the same for a module called with ``hidden_states=`` (HF attention)
+  sp_region_with_residual   the same for a module called as ``m(x, residual, ...)`` that adds the residual to its
+                row-parallel output itself (BLOOM's attention and MLP): ``x`` gathered, the residual left sharded
   sp_unit       the unit's input is split along the sequence and its output gathered back, so unit
                 boundaries (what pipeline stages exchange) always hold the full sequence
   sp_unit_in    the unit's input is split along the sequence (its output is not sequence-shaped)

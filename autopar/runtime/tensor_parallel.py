@@ -46,6 +46,8 @@ def _style(name: str, sp: bool, logits_sharded: bool) -> ParallelStyle | None:
         return _WritableOutput()
     if name == "head_norm_list":
         return _HeadNormList()
+    if name == "local_head_range":
+        return _LocalHeadRange()
     if name == TP_GRAD_SUM:
         return None  # the module runs as it is on this rank's heads; the gradient sync sums its gradient over TP
     if name == "logits":
@@ -63,15 +65,17 @@ def _style(name: str, sp: bool, logits_sharded: bool) -> ParallelStyle | None:
     if name == "sp_region_hidden_states":  # the same for a module called as m(hidden_states=...) (HF attention)
         return PrepareModuleInput(input_kwarg_layouts={"hidden_states": seq},
                                   desired_input_kwarg_layouts={"hidden_states": Replicate()})
+    if name == "sp_region_with_residual":  # called as m(x, residual, ...): x gathered, the residual left sharded
+        return PrepareModuleInput(input_layouts=(seq, None), desired_input_layouts=(Replicate(), None))
     if name == "sp_unit":
         return _SplitGather()
     if name == "sp_unit_in":
         return PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(seq,),
                                   use_local_output=True)
     raise AutoparError("tp plan", f"unknown style {name!r}",
-                       "use colwise, rowwise, vocab_embed, logits, tp_norm, tp_grad_sum, local_heads, writable_output, "
-                       "head_norm_list, sp_norm, sp_norm_local, sp_region, sp_region_hidden_states, sp_unit or "
-                       "sp_unit_in (or several joined by '+')")
+                       "use colwise, rowwise, vocab_embed, logits, tp_norm, tp_grad_sum, local_heads, local_head_range, "
+                       "writable_output, head_norm_list, sp_norm, sp_norm_local, sp_region, sp_region_hidden_states, "
+                       "sp_region_with_residual, sp_unit or sp_unit_in (or several joined by '+')")
 
 
 class _SplitGather(ParallelStyle):
@@ -135,6 +139,16 @@ class _LocalHeads(ParallelStyle):
                 n = getattr(owner, attr, None)
                 if isinstance(n, int) and not isinstance(n, bool):
                     setattr(owner, attr, n // t)
+        return module
+
+
+class _LocalHeadRange(ParallelStyle):
+    """A module that computes something per head for the heads ``[first_head, first_head + heads)`` it keeps (BLOOM's
+    block wrapper builds their ALiBi biases): under TP, the rank's range of the whole count."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        module.heads //= device_mesh.size()
+        module.first_head = device_mesh.get_local_rank() * module.heads
         return module
 
 

@@ -26,7 +26,8 @@ EXTRA = {"mixtral": MIXTRAL, "gpt2": dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_
          "opt": dict(ffn_dim=64, dropout=0.0, word_embed_proj_dim=16, do_layer_norm_before=False),
          "gpt_bigcode": dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, multi_query=False),
          "gpt_neo": dict(attention_types=[[["global", "local"], 1]], window_size=4, embed_dropout=0.0,
-                         attention_dropout=0.0, resid_dropout=0.0)}
+                         attention_dropout=0.0, resid_dropout=0.0),
+         "bloom": dict(hidden_dropout=0.0, attention_dropout=0.0)}
 
 
 def _ep(zero: int, routed: tuple[str, ...] = (L0, L1)) -> list:
@@ -49,6 +50,8 @@ CASES = {
     "gpt_bigcode-tied-pp2-tp2-sp": ("gpt_bigcode", True, [(2, 4, [([0, 1], same([E, L0], tp=2, sp=True)),
                                                                   ([2, 3], same([L1, H], tp=2, zero=3))])]),
     "gpt_neo-tp2-sp-zero3": ("gpt_neo", False, [(4, 2, [([0, 1, 2, 3], same(GPT_UNITS, tp=2, sp=True, zero=3))])]),
+    "bloom-tied-pp2-tp2-sp": ("bloom", True, [(2, 4, [([0, 1], same([E, L0], tp=2, sp=True)),
+                                                      ([2, 3], same([L1, H], tp=2, zero=3))])]),
     "glm4-pp2-tp2": ("glm4", False, [(2, 4, [([0, 1], same([E, L0], tp=2)), ([2, 3], same([L1, H], tp=2))])]),
     # two replicas laid out differently: each tensor is written from the first one only
     "qwen3-two-pipelines": ("qwen3", False, [(2, 2, [([0, 1], same(GPT_UNITS, tp=2, sp=True))]),
