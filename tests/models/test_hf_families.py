@@ -147,8 +147,8 @@ def test_a_family_not_checked_is_refused_in_one_line():
     from autopar.errors import AutoparError
     from autopar.models.hf import from_transformers
 
-    cfg = transformers.AutoConfig.for_model("bloom", vocab_size=64, hidden_size=32, n_layer=2, n_head=4)
-    with pytest.raises(AutoparError, match="bloom.*not supported") as err:
+    cfg = transformers.AutoConfig.for_model("mpt", vocab_size=64, d_model=32, n_layers=2, n_heads=4)
+    with pytest.raises(AutoparError, match="mpt.*not supported") as err:
         from_transformers(transformers.AutoModelForCausalLM.from_config(cfg))
     assert "\n" not in str(err.value)
 
