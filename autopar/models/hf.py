@@ -120,8 +120,8 @@ def from_transformers(hf_model: nn.Module) -> HFCausalLM:
 class HFSource:
     """What ``ParallelModel.load_hf`` / ``save_hf`` need of the transformers model a view was made from: each view
     tensor's names in its state dict (``names``; a part of a fused projection, ``blocks``: the fused tensor's name,
-    the dimension its parts are stacked along and the part's first index there, autopar.models.hf_fused), its config (and generation config), each state-dict
-    tensor's shape and dtype as the unsplit model has it, and transformers' own inverse of its load-time conversions
+    the dimension its parts are stacked along and the part's first index there, autopar.models.hf_fused), its config
+    (and generation config), each state-dict tensor's shape and dtype as the unsplit model has it, and transformers' own inverse of its load-time conversions
     (``revert(state_dict)``: packed MoE experts back to the one-tensor-per-expert names ``save_pretrained`` writes),
     applied to shape-only stand-ins."""
 
@@ -181,5 +181,5 @@ def _view(hf_model: nn.Module) -> HFCausalLM:
         return HFCausalLM(HFBertEmbed(base.embeddings), layers, hf_model.cls, "hf-bert",
                           {"embed": None, "block": None, "head": None}, {}, {"block": ("block.attention",)})
     raise AutoparError("model", f"transformers model type {kind!r} ({type(hf_model).__name__}) is not supported",
-                       f"use one of {', '.join(LLAMA_LIKE + TRACED_OTHERS + ('gpt2',))} causal LMs or BertForMaskedLM, or wrap it "
-                       "as an nn.Sequential")
+                       f"use one of {', '.join(LLAMA_LIKE + TRACED_OTHERS + ('gpt2',))} causal LMs or "
+                       "BertForMaskedLM, or wrap it as an nn.Sequential")

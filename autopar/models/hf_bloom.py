@@ -22,6 +22,7 @@ from torch import nn
 from autopar.errors import AutoparError
 from autopar.models.hf_llama import HFHead
 from autopar.models.hf_units import HFCausalLM, block_mask
+from autopar.models.tp_plans import HEAD_PLAN
 
 
 class HFBloomEmbed(nn.Module):
@@ -68,8 +69,7 @@ def bloom_view(hf_model: nn.Module) -> HFCausalLM:
                            "do not reproduce", "set slow_but_exact to false (the default)")
     embed = HFBloomEmbed(base.word_embeddings, base.word_embeddings_layernorm)
     layers = [HFBloomBlock(block, cfg.n_head) for block in base.h]
-    plans = {"embed": {"tok": "vocab_embed"}, "block": BLOCK_PLAN,
-             "head": {"": "sp_unit_in", "norm": "sp_norm", "proj": "logits"}}
+    plans = {"embed": {"tok": "vocab_embed"}, "block": BLOCK_PLAN, "head": HEAD_PLAN}
     divisors = {"embed": (cfg.vocab_size,), "head": (cfg.vocab_size,), "block": (cfg.n_head, 4 * cfg.hidden_size)}
     return HFCausalLM(embed, layers, HFHead(base.ln_f, hf_model.lm_head), "hf-bloom", plans, divisors,
                       {"block": ("block.self_attention",)})

@@ -41,11 +41,11 @@ class FusedLinear(nn.Module):
 
     def __init__(self, linear: nn.Module, sizes: tuple[int, ...]) -> None:
         super().__init__()
-        if sum(sizes) != out_features(linear):
-            raise ValueError(f"parts {sizes} do not add up to the {out_features(linear)} output features")
         self.dim = 1 if is_conv1d(linear) else 0
         self.in_features, self.out_features, self.sizes = linear.weight.shape[1 - self.dim], out_features(linear), \
             tuple(sizes)
+        if sum(sizes) != self.out_features:
+            raise ValueError(f"parts {sizes} do not add up to the {self.out_features} output features")
         w, b = linear.weight, linear.bias
         self.parts = nn.ModuleList()
         start = 0

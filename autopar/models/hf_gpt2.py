@@ -24,6 +24,7 @@ from torch import nn
 from autopar.models.hf_fused import split_fused
 from autopar.models.hf_llama import HFHead
 from autopar.models.hf_units import HFBlock, HFCausalLM
+from autopar.models.tp_plans import HEAD_PLAN
 
 
 class HFGPT2Embed(nn.Module):
@@ -68,8 +69,7 @@ def gpt2_like_view(hf_model: nn.Module) -> HFCausalLM:
     block = _block(attn, projections)
     kv = (1 if cfg.multi_query else cfg.num_attention_heads,) if cfg.model_type == "gpt_bigcode" else ()
     ffn = getattr(cfg, "n_inner", None) or getattr(cfg, "intermediate_size", None) or 4 * cfg.hidden_size
-    plans = {"embed": {"wte": "vocab_embed"}, "block": block, "head": {"": "sp_unit_in", "norm": "sp_norm",
-                                                                       "proj": "logits"}}
+    plans = {"embed": {"wte": "vocab_embed"}, "block": block, "head": HEAD_PLAN}
     divisors = {"embed": (cfg.vocab_size,), "head": (cfg.vocab_size,), "block": (cfg.num_attention_heads, *kv, ffn)}
     return HFCausalLM(HFGPT2Embed(base.wte, base.wpe, base.drop), [HFBlock(b, attn) for b in base.h],
                       HFHead(base.ln_f, hf_model.lm_head), f"hf-{cfg.model_type}", plans, divisors,

@@ -25,7 +25,7 @@ from torch import nn
 from autopar.errors import AutoparError
 from autopar.models.hf_fused import FusedLinear, split_fused
 from autopar.models.hf_units import HFCausalLM, block_mask, sliding_window
-from autopar.models.tp_plans import entries
+from autopar.models.tp_plans import HEAD_PLAN, entries
 
 DENSE = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "olmo", "olmo2", "olmo3",
          "granite", "cohere", "cohere2", "starcoder2", "glm", "glm4", "smollm3", "seed_oss", "exaone4", "apertus",
@@ -268,7 +268,7 @@ def llama_like_view(hf_model: nn.Module) -> HFCausalLM:
                   _extra(cfg, kind, "logit_scale"), _extra(cfg, kind, "logit_divisor"))
     block = block_plan(cfg, hf_layers, names)
     plans = {"embed": {"tok": "vocab_embed"} if block else None, "block": block,
-             "head": {"": "sp_unit_in", "norm": "sp_norm", "proj": "logits"} if block else None}
+             "head": HEAD_PLAN if block else None}
     attn0 = getattr(hf_layers[0], names["attn"])  # Falcon keeps its effective KV head count (1: multi-query) here
     kv = getattr(attn0, "num_kv_heads", None) or getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
     ffn = (getattr(cfg, "ffn_hidden_size", None) or getattr(cfg, "intermediate_size", None)  # Falcon: ffn_hidden_size

@@ -43,6 +43,10 @@ TP_DIVISORS names, per unit kind, the config fields a TP degree must divide.
 
 from __future__ import annotations
 
+# The head of a model whose head unit holds ``norm`` then ``proj`` (the LM head): its input split along the sequence,
+# the norm on the rank's tokens, the logits vocabulary-parallel
+HEAD_PLAN: dict[str, str] = {"": "sp_unit_in", "norm": "sp_norm", "proj": "logits"}
+
 GPT_TP_PLAN: dict[str, dict[str, str]] = {
     "embed": {"tok": "vocab_embed"},
     "block": {
@@ -58,7 +62,7 @@ GPT_TP_PLAN: dict[str, dict[str, str]] = {
         "mlp.up": "colwise",
         "mlp.down": "rowwise",
     },
-    "head": {"": "sp_unit_in", "norm": "sp_norm", "proj": "logits"},
+    "head": HEAD_PLAN,
 }
 
 LLAMA_TP_PLAN: dict[str, dict[str, str]] = {
@@ -77,7 +81,7 @@ LLAMA_TP_PLAN: dict[str, dict[str, str]] = {
         "mlp.up": "colwise",
         "mlp.down": "rowwise",
     },
-    "head": {"": "sp_unit_in", "norm": "sp_norm", "proj": "logits"},
+    "head": HEAD_PLAN,
 }
 
 GPT_TP_DIVISORS: dict[str, tuple[str, ...]] = {

@@ -1,6 +1,6 @@
 """A Hugging Face ``config.json`` of a family the formulas (``modelspec.hf.HF_TYPES``) do not cover but autopar's
 units view runs (``autopar.models.hf_llama.LLAMA_LIKE``: OLMo, Granite, Cohere, GLM-4.5, gpt-oss, ...; and
-``autopar.models.hf.TRACED_OTHERS``: OPT): the
+``autopar.models.hf.TRACED_OTHERS``: OPT, GPT-BigCode, GPT-Neo, BLOOM): the
 transformers model is built from the config on the meta device (no memory) and its units view traced, so the
 search sees that model's own parameters, FLOPs and activations, exactly what ``wrap`` would run.
 

@@ -52,8 +52,8 @@ def _style(name: str, sp: bool, logits_sharded: bool) -> ParallelStyle | None:
         return None  # the module runs as it is on this rank's heads; the gradient sync sums its gradient over TP
     if name == "logits":
         return Colwise(input_layouts=seq if sp else Replicate(),
-                               output_layouts=Shard(-1) if logits_sharded else Replicate(),
-                               use_local_output=not logits_sharded)
+                       output_layouts=Shard(-1) if logits_sharded else Replicate(),
+                       use_local_output=not logits_sharded)
     if not sp:
         return None  # the remaining styles only act under sequence parallelism
     if name == "sp_norm":

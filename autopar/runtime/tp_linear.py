@@ -18,10 +18,7 @@ from torch.distributed.tensor import Replicate, Shard, distribute_module, distri
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 from torch.distributed.tensor.placement_types import Placement
 
-
-def is_conv1d(module: nn.Module) -> bool:
-    """Whether ``module`` is transformers' ``Conv1D`` (checked without importing transformers)."""
-    return type(module).__name__ == "Conv1D" and type(module).__module__.startswith("transformers.")
+from autopar.models.hf_fused import is_conv1d
 
 
 def _shard_params(placements: dict[str, Placement]):
