@@ -19,6 +19,7 @@ model has no NVLS term, so they show what it leaves out.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -56,11 +57,15 @@ def rows_of(table: dict) -> list[dict]:
     return out
 
 
-def price_us(gpu: str, row: dict, params: CostParams) -> float:
+def price_us(gpu: str, row: dict, params: CostParams, inter_bw_gbps: float | None = None) -> float:
     """What the cost model charges ``row``'s collective over ``row['gpus']`` GPUs on each of ``row['nodes']``
-    catalogue nodes of ``gpu`` (its node class's network), the group's share of each node's network its own."""
+    catalogue nodes of ``gpu`` (its node class's network, or ``inter_bw_gbps`` GB/s per node where the source
+    states its own), the group's share of each node's network its own."""
     n, k = row["gpus"], row["nodes"]
-    stage = StageContext(load_cluster(f"{k}x{n}x{gpu}"), tuple(range(n * k)), 1, 1, params)  # the whole group
+    cluster = load_cluster(f"{k}x{n}x{gpu}")
+    if inter_bw_gbps is not None:
+        cluster = dataclasses.replace(cluster, inter_bw_gbps=float(inter_bw_gbps))
+    stage = StageContext(cluster, tuple(range(n * k)), 1, 1, params)  # the whole group
     return float(stage.collectives.time(row["collective"], row["bytes"], stage.stage_links)) * 1e6
 
 
@@ -73,9 +78,10 @@ def score(table: dict) -> dict:
     """The table's rows priced both ways, with MAPE per payload band (NVLS rows apart)."""
     line = CostParams(link_efficiency=1.0)
     rows = rows_of(table)
+    net = table.get("inter_bw_gbps")
     for r in rows:
-        r["predicted_us"] = price_us(table["gpu"], r, CostParams())
-        r["line_rate_us"] = price_us(table["gpu"], r, line)
+        r["predicted_us"] = price_us(table["gpu"], r, CostParams(), net)
+        r["line_rate_us"] = price_us(table["gpu"], r, line, net)
     out = {"id": table["id"], "gpu": table["gpu"], "section": table["section"], "algo": table["algo"], "rows": rows,
            "bands": {}}
     for name, lo, hi in BANDS:
@@ -91,10 +97,10 @@ def score(table: dict) -> dict:
 
 
 def table_text(results: list[dict]) -> str:
-    lines = [f"{'table':28s} {'gpu':5s} {'band':20s} {'rows':>4s} {'MAPE':>7s} {'line-rate MAPE':>15s}"]
+    lines = [f"{'table':28s} {'gpu':8s} {'band':20s} {'rows':>4s} {'MAPE':>7s} {'line-rate MAPE':>15s}"]
     for t in results:
         for band, b in t["bands"].items():
-            lines.append(f"{t['id']:28s} {t['gpu']:5s} {band:20s} {b['rows']:4d} {b['mape_pct']:6.1f}% "
+            lines.append(f"{t['id']:28s} {t['gpu']:8s} {band:20s} {b['rows']:4d} {b['mape_pct']:6.1f}% "
                          f"{b['line_rate_mape_pct']:14.1f}%")
     return "\n".join(lines)
 

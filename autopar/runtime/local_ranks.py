@@ -5,14 +5,17 @@ file store: ranks forked from a parent that has already imported
 ``torch.distributed`` start in milliseconds, where torchrun / spawn pay seconds of imports per rank;
 ``file://`` rendezvous needs no free port. Each rank gets a short collective timeout so a rank that
 raises makes its peers fail fast instead of hanging, and the parent kills the rest as soon as one
-rank reports an error, re-raising that rank's traceback.
+rank reports an error, re-raising that rank's traceback with the Python stacks of the ranks still
+running (faulthandler on SIGUSR1): where the others were is what explains a timeout or a hang.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import multiprocessing as mp
 import os
 import pickle
+import signal
 import tempfile
 import time
 import traceback
@@ -34,9 +37,15 @@ class RankError(RuntimeError):
     """A rank raised: the message holds its rank and traceback (the first rank to fail)."""
 
 
+def _stack_file(store_path: str, rank: int) -> str:
+    return f"{store_path}.stack{rank}"
+
+
 def _child(rank: int, world_size: int, store_path: str, timeout_s: float, conn, fn: Callable,
            args: tuple, kwargs: dict) -> None:
     status, payload = "ok", None
+    stacks = open(_stack_file(store_path, rank), "w")  # noqa: SIM115  (open until os._exit)
+    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)  # the signal may land on any thread
     try:
         torch.set_num_threads(1)
         dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world_size,
@@ -67,6 +76,29 @@ def _dead_rank(procs: list, readers: dict, grace_s: float = 0.5) -> int | None:
         time.sleep(0.02)
 
 
+def _stacks_of_the_rest(procs: list, waiting: list[int], store_path: str, settle_s: float = 0.5) -> str:
+    """The Python stacks of the ranks in ``waiting`` still alive, each dumped by its faulthandler on SIGUSR1
+    (read once it stops growing, within ``settle_s``); empty when none is alive."""
+    pending = [rank for rank in waiting if procs[rank].is_alive()]
+    for rank in pending:
+        os.kill(procs[rank].pid, signal.SIGUSR1)
+    seen: dict[int, str] = {}
+    done: dict[int, str] = {}
+    end = time.monotonic() + settle_s
+    while pending and time.monotonic() < end:
+        time.sleep(0.01)
+        for rank in list(pending):
+            with open(_stack_file(store_path, rank)) as f:
+                text = f.read().strip()
+            if text and text == seen.get(rank):  # written, and unchanged for one poll
+                done[rank] = text
+                pending.remove(rank)
+            elif not text and not procs[rank].is_alive():  # it finished before the signal came
+                pending.remove(rank)
+            seen[rank] = text
+    return "".join(f"\nrank {rank} (still running) was at:\n{text}" for rank, text in sorted(done.items()))
+
+
 def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 30.0,
                     **kwargs: Any) -> list[Any]:
     """Run ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` gloo ranks; return the results by rank.
@@ -95,7 +127,9 @@ def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, timeout
         while readers:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise RankError(f"ranks {sorted(readers.values())} did not finish within {timeout_s + 10:.0f} s")
+                late = sorted(readers.values())
+                raise RankError(f"ranks {late} did not finish within {timeout_s + 10:.0f} s"
+                                + _stacks_of_the_rest(procs, late, store_path))
             for r in wait(list(readers), timeout=left):
                 rank = readers.pop(r)
                 try:
@@ -108,7 +142,8 @@ def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, timeout
                     if dead is not None:
                         raise RankError(f"rank {dead} died without a result (exit code {procs[dead].exitcode}); "
                                         f"rank {rank} of {world_size} then failed:\n{payload}")
-                    raise RankError(f"rank {rank} of {world_size} failed:\n{payload}")
+                    raise RankError(f"rank {rank} of {world_size} failed:\n{payload}"
+                                    + _stacks_of_the_rest(procs, sorted(readers.values()), store_path))
                 results[rank] = payload
         return [results[i] for i in range(world_size)]
     finally:

@@ -52,5 +52,24 @@ def test_the_default_model_prices_large_ring_collectives_as_measured():
     assert len(one) >= 10
     assert all(abs(r["predicted_us"] / r["measured_us"] - 1) < 0.10 for r in one)
     assert all(r["line_rate_us"] / r["measured_us"] < 0.85 for r in one)
-    many = [r for r in big if r["nodes"] > 1]
+    big_catalogue = [r for t, s in zip(TABLES, scored) if "inter_bw_gbps" not in t for r in s["rows"]
+                     if r["bytes"] >= 1 << 30 and not r["nvls"]]  # priced at the catalogue node's network
+    many = [r for r in big_catalogue if r["nodes"] > 1]
     assert len(many) >= 5 and all(abs(r["predicted_us"] / r["measured_us"] - 1) < 0.25 for r in many)
+
+
+def test_a_table_priced_at_the_node_network_its_source_states():
+    """Jean Zay's 4-node all-reduce: the kept median time gives back the busbw the script printed (40.55 Gbps),
+    and the table's own inter_bw_gbps (the BLOOM files' 4 x 100 Gb/s Omni-Path) prices it, not the catalogue's
+    A100 network: half that network, 1.5-2 times the time (the node network carries most of this payload's time,
+    the NVLink phases inside each node the rest)."""
+    (jz,) = [t for t in TABLES if t["id"] == "jz-a100-4node-allreduce-4gb"]
+    (row,) = cf.rows_of(jz)
+    busbw = row["bytes"] / (row["measured_us"] * 1e-6) * cf.bus_factor("allreduce", 32) * 8 / 1e9
+    assert busbw == pytest.approx(40.55, rel=1e-3)
+    from cost_models import CostParams
+
+    at = {bw: cf.price_us(jz["gpu"], row, CostParams(), bw) for bw in (jz["inter_bw_gbps"], jz["inter_bw_gbps"] / 2)}
+    assert 1.5 < at[jz["inter_bw_gbps"] / 2] / at[jz["inter_bw_gbps"]] <= 2.0
+    assert cf.score(jz)["rows"][0]["predicted_us"] == pytest.approx(at[jz["inter_bw_gbps"]])
+    assert cf.price_us(jz["gpu"], row, CostParams()) < 0.5 * at[jz["inter_bw_gbps"]]  # the catalogue's 200 GB/s

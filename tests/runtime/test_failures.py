@@ -55,6 +55,31 @@ def test_failing_rank_stops_the_job_with_its_error():
     assert time.monotonic() - start < 5, "the launcher must not wait for the collective timeout"
 
 
+def _waits_in_a_named_place(seconds):
+    time.sleep(seconds)
+
+
+def _one_rank_raises_while_another_waits(rank, world):
+    if rank == 1:
+        raise ValueError("rank 1 broke on purpose")
+    if rank == 0:
+        _waits_in_a_named_place(20.0)  # not in a collective: it would time out only after 20 s
+    return rank
+
+
+def test_the_error_shows_where_the_ranks_still_running_were():
+    """A timeout or a hang is explained by the other ranks' stacks: the parent has each rank still alive dump
+    its Python stack (faulthandler) before killing it, and puts them under the failing rank's traceback."""
+    start = time.monotonic()
+    with pytest.raises(RankError) as err:
+        run_distributed(_one_rank_raises_while_another_waits, 3, timeout_s=20)
+    assert time.monotonic() - start < 5
+    message = str(err.value)
+    assert "rank 1 broke on purpose" in message
+    head, _, stacks = message.partition("rank 0 (still running) was at:")
+    assert "_waits_in_a_named_place" in stacks and "_one_rank_raises_while_another_waits" in stacks
+
+
 def _results(rank, world, scale):
     t = torch.full((2,), float(rank + 1))
     dist.all_reduce(t)
