@@ -13,8 +13,8 @@ Tensor parallel, Megatron's layout (transformers ships no OPT plan): Q, K, V and
 MLP on tokens flattened to ``(batch x sequence, hidden)``; under sequence parallelism the rank's tokens are rows
 there, which the styles reach as the second-to-last dimension (the sequence's, in a ``[B, S, H]`` activation):
 the rank's rows are gathered before ``fc1`` and reduce-scattered after ``fc2``, and its norms normalise its own
-rows. A head with ``project_out`` (OPT-350M) runs at tp 1: that projection would see each rank's own tokens under
-sequence parallelism, a gradient part the plan has no style to sum only then. Context parallel is not run (the
+rows. A head with ``project_out`` (OPT-350M) keeps it whole on every rank; under sequence parallelism it projects the
+rank's own tokens, so its gradient is a part, summed over TP (``sp_grad_sum``). Context parallel is not run (the
 positions are added in the embedding unit); ``layerdrop`` (layers skipped at random in training) is refused.
 """
 
@@ -74,9 +74,9 @@ def opt_view(hf_model: nn.Module) -> HFCausalLM:
     embed = HFOPTEmbed(decoder.embed_tokens, decoder.embed_positions, decoder.project_in)
     head = HFOPTHead(decoder.final_layer_norm, decoder.project_out, hf_model.lm_head)
     layers = [HFBlock(layer, "self_attn") for layer in decoder.layers]
-    head_plan = None
-    if decoder.project_out is None:
-        head_plan = {"": "sp_unit_in", **({"norm": "sp_norm"} if head.norm is not None else {}), "proj": "logits"}
+    projected = decoder.project_out is not None  # the norm's output then meets a plain linear layer: a local tensor
+    norm = {"norm": "sp_norm_local" if projected else "sp_norm"} if head.norm is not None else {}
+    head_plan = {"": "sp_unit_in", **norm, **({"project_out": "sp_grad_sum"} if projected else {}), "proj": "logits"}
     plans = {"embed": {"tok": "vocab_embed"}, "block": BLOCK_PLAN, "head": head_plan}
     divisors = {"embed": (cfg.vocab_size,), "head": (cfg.vocab_size,),
                 "block": (cfg.num_attention_heads, cfg.ffn_dim)}

@@ -16,6 +16,8 @@ when the layer runs with sequence parallelism. Style names:
   tp_grad_sum   left whole on every rank, but it sees only the rank's heads (Qwen3's Q/K norms): its
                 gradient is summed over the TP group by the unit's gradient sync (HF's
                 replicated_with_grad_allreduce)
+  sp_grad_sum   the same under sequence parallelism only: a replicated module that sees the rank's own tokens
+                when the unit splits the sequence and every token otherwise (OPT-350M's project_out)
   local_heads   an attention module that sizes its reshapes by head counts it keeps (StableLM's, Persimmon's
                 ``self.num_heads``): they become the rank's share of the heads
   head_norm_list  a module keeping one norm per head in its ``norms`` list (StableLM's qk_layernorm): under TP it

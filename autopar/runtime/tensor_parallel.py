@@ -25,6 +25,10 @@ from autopar.runtime.tp_linear import Colwise, Rowwise
 # normalises (Qwen3's per-head Q/K norms, HF's ``replicated_with_grad_allreduce``): each rank's gradient is a
 # part of the whole, so the unit's gradient sync sums it over the TP group (``tp_partial_params``).
 TP_GRAD_SUM = "tp_grad_sum"
+# The same only under sequence parallelism: a replicated module that sees the rank's own tokens when the unit splits
+# the sequence and every token otherwise (OPT-350M's project_out in the head): a part of its gradient with sp, the
+# whole without.
+SP_GRAD_SUM = "sp_grad_sum"
 
 
 def _style(name: str, sp: bool, logits_sharded: bool) -> ParallelStyle | None:
@@ -48,7 +52,7 @@ def _style(name: str, sp: bool, logits_sharded: bool) -> ParallelStyle | None:
         return _HeadNormList()
     if name == "local_head_range":
         return _LocalHeadRange()
-    if name == TP_GRAD_SUM:
+    if name in (TP_GRAD_SUM, SP_GRAD_SUM):
         return None  # the module runs as it is on this rank's heads; the gradient sync sums its gradient over TP
     if name == "logits":
         return Colwise(input_layouts=seq if sp else Replicate(),
@@ -73,7 +77,7 @@ def _style(name: str, sp: bool, logits_sharded: bool) -> ParallelStyle | None:
         return PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(seq,),
                                   use_local_output=True)
     raise AutoparError("tp plan", f"unknown style {name!r}",
-                       "use colwise, rowwise, vocab_embed, logits, tp_norm, tp_grad_sum, local_heads, local_head_range, "
+                       "use colwise, rowwise, vocab_embed, logits, tp_norm, tp_grad_sum, sp_grad_sum, local_heads, local_head_range, "
                        "writable_output, head_norm_list, sp_norm, sp_norm_local, sp_region, sp_region_hidden_states, "
                        "sp_region_with_residual, sp_unit or sp_unit_in (or several joined by '+')")
 
@@ -206,9 +210,10 @@ def apply_tp(unit: nn.Module, table: dict[str, str], mesh: DeviceMesh, sp: bool,
         style._apply(unit.get_submodule(fqn) if fqn else unit, mesh)
 
 
-def tp_partial_params(unit: nn.Module, table: dict[str, str]) -> set[str]:
+def tp_partial_params(unit: nn.Module, table: dict[str, str], sp: bool = False) -> set[str]:
     """Names (in ``unit``) of the parameters whose gradient each TP rank holds only a part of: those of the
-    modules ``table`` marks ``tp_grad_sum`` (theirs and their children's). Names, not tensors: ZeRO-3 replaces the
-    parameter objects."""
-    return {f"{fqn}.{name}" if fqn else name for fqn, style in entries(table) if style == TP_GRAD_SUM
+    modules ``table`` marks ``tp_grad_sum`` (theirs and their children's), and under sequence parallelism (``sp``)
+    those it marks ``sp_grad_sum``. Names, not tensors: ZeRO-3 replaces the parameter objects."""
+    summed = (TP_GRAD_SUM, SP_GRAD_SUM) if sp else (TP_GRAD_SUM,)
+    return {f"{fqn}.{name}" if fqn else name for fqn, style in entries(table) if style in summed
             for name, _ in unit.get_submodule(fqn).named_parameters()}

@@ -271,7 +271,8 @@ def _build_unit(ly: StageLayer, module: nn.Module, info: UnitTPInfo, places: lis
     if strat.ep > 1:
         sync = ExpertGradSync(module, places, mine, rank, groups)
     else:  # tp > 1: the gradients each TP rank holds a part of are summed over TP too
-        sync = UnitGradSync(module, places, mine, rank, groups, tp_partial_params(module, info.plan or {}))
+        sync = UnitGradSync(module, places, mine, rank, groups,
+                            tp_partial_params(module, info.plan or {}, strat.sp))
     shard, proxies, zero2 = None, [_local(p) for p in params], None
     # ZeRO-1/2 of an expert-parallel unit: sliced over its expert-DP group (all its tensors are equal there).
     shard_ranks = zero_group(mine, rank) if strat.ep > 1 else lay.dp_group(rank)

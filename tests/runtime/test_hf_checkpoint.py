@@ -30,7 +30,8 @@ PLANS = {
     # GPT-2's transposed Conv1D weights, its fused c_attn held as parts: each rank reads its columns of every part
     "gpt2-pp2-tp2-zero3": ("gpt2", [(2, 4, [([0, 1], same([E, L0], tp=2, sp=True, zero=3)),
                                             ([2, 3], same([L1, H], tp=2, zero=1))])]),
-    # OPT: learned positions (offset by 2) in the embedding unit, its MLP on flattened tokens
+    # OPT: learned positions (offset by 2) in the embedding unit, its MLP on flattened tokens; OPT-350M's layout
+    # (projections in and out, its head's project_out whole under TP)
     "opt-pp2-tp2-sp-zero3": ("opt", [(2, 4, [([0, 1], same([E, L0], tp=2, zero=3)),
                                               ([2, 3], same([L1, H], tp=2, sp=True))])]),
     "bloom-tp2-sp-zero3": ("bloom", [(4, 2, [([0, 1, 2, 3], same(GPT_UNITS, tp=2, sp=True, zero=3))])]),
@@ -45,8 +46,8 @@ PLANS = {
 MIXTRAL = dict(num_local_experts=4, num_experts_per_tok=2)
 # fields a family's tests set: GPT-2's dropout off (transformers' from_pretrained returns a model in eval mode)
 EXTRA = {"mixtral": MIXTRAL, "gpt2": dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
-         "opt": dict(ffn_dim=64, dropout=0.0, word_embed_proj_dim=32), "bloom": dict(hidden_dropout=0.0,
-                                                                                      attention_dropout=0.0)}
+         "opt": dict(ffn_dim=64, dropout=0.0, word_embed_proj_dim=16, do_layer_norm_before=False),
+         "bloom": dict(hidden_dropout=0.0, attention_dropout=0.0)}
 
 
 def _saved(kind: str, path: str, tied: bool) -> None:

@@ -10,13 +10,14 @@ import torch
 
 from autopar.plan.compact import make_plan
 from tests.runtime.cases import GPT_UNITS, drawn_away, same, token_data, view_logits
-from tests.runtime.reference import assert_matches_reference, wrap_outcomes
+from tests.runtime.reference import assert_matches_reference
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.dist
 
 E, L0, L1, H = GPT_UNITS
-VARIANTS = {"pre-norm": {}, "350m-layout": dict(do_layer_norm_before=False, word_embed_proj_dim=16)}
+VARIANTS = {"pre-norm": {}, "350m-layout": dict(do_layer_norm_before=False, word_embed_proj_dim=16),
+            "pre-norm-projected": dict(word_embed_proj_dim=16)}
 
 
 def opt(**fields):
@@ -49,11 +50,10 @@ def _plan(sp: bool, head_tp: int, zero: int = 1):
 @pytest.mark.parametrize("sp", [False, True], ids=["tp2", "tp2-sp"])
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_opt_under_tp_trains_like_one_process(variant, sp):
-    """Without sp, and with it (the MLP's flattened tokens gathered and reduce-scattered as rows); OPT-350M's head,
-    with its project_out, at tp 1."""
+    """Without sp, and with it (the MLP's flattened tokens gathered and reduce-scattered as rows; a head's
+    project_out, whole on every rank, projecting the rank's own tokens: its gradient summed over TP)."""
     x, y = token_data()
-    head_tp = 1 if variant == "350m-layout" else 2
-    assert_matches_reference(view(**VARIANTS[variant]), _plan(sp, head_tp), x, y, tol=1e-6)
+    assert_matches_reference(view(**VARIANTS[variant]), _plan(sp, 2), x, y, tol=1e-6)
 
 
 @pytest.mark.parametrize("plan", [
@@ -67,9 +67,17 @@ def test_opt_trains_like_one_process_untied(plan):
                              tol=1e-6)
 
 
-def test_a_project_out_head_under_tp_is_refused_in_one_line():
-    outcomes = wrap_outcomes(view(**VARIANTS["350m-layout"]), _plan(False, 2))
-    assert all("head" in o and "tp" in o and o.count("\n") == 0 for o in outcomes), outcomes
+def test_a_project_out_gradient_is_summed_over_tp_only_under_sp():
+    """Its gradient is a part with sp (the rank's tokens) and whole without: tp_partial_params names it only then."""
+    from autopar.models.hf import from_transformers
+    from autopar.runtime.tensor_parallel import tp_partial_params
+    from autopar.units import unit_tp_info
+
+    model = from_transformers(opt(**VARIANTS["350m-layout"]))
+    table = unit_tp_info(model, "head", model.head).plan
+    assert table["project_out"] == "sp_grad_sum"
+    assert tp_partial_params(model.head, table, sp=True) == {"project_out.weight"}
+    assert tp_partial_params(model.head, table, sp=False) == set()
 
 
 def test_layerdrop_is_refused_naming_the_field():
@@ -81,8 +89,8 @@ def test_layerdrop_is_refused_naming_the_field():
 
 
 def test_search_traces_what_wrap_runs(tmp_path):
-    """`search --model config.json` traces OPT's units view: the transformers model's parameters, and no TP for
-    OPT-350M's head (its project_out), the blocks' TP limits from heads and ffn_dim."""
+    """`search --model config.json` traces OPT's units view: the transformers model's parameters, OPT-350M's head
+    vocabulary-parallel (its project_out whole), the blocks' TP limits from heads and ffn_dim."""
     from autopar.modelspec.hf import from_hf_config
 
     hf = opt(**VARIANTS["350m-layout"], num_attention_heads=8, ffn_dim=48)
@@ -90,4 +98,5 @@ def test_search_traces_what_wrap_runs(tmp_path):
     spec = from_hf_config(tmp_path / "config.json", seq_len=16)
     assert sum(ly.params for ly in spec.layers) == sum(p.numel() for p in hf.parameters())  # the tied one once
     embed, block, head = spec.layers[0], spec.layers[1], spec.layers[-1]
-    assert block.tp_divisors == (8, 48) and embed.tp_divisors == (64,) and not head.tp_divisors
+    assert block.tp_divisors == (8, 48) and embed.tp_divisors == (64,) and head.tp_divisors == (64,)
+    assert head.params == 32 * 16 and head.tp_params == 0  # project_out whole (the tied head weight: the embed's)
