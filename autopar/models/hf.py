@@ -31,9 +31,9 @@ installed; nothing here imports it.
 * OPT (``OPTForCausalLM``): ``autopar.models.hf_opt`` (learned positions offset by 2, OPT-350M's projections in and
   out and its norms after each sublayer; TP as Megatron's, a head with ``project_out`` at tp 1).
 * BLOOM (``BloomForCausalLM``): ``autopar.models.hf_bloom`` (each block's ALiBi biases built for its rank's heads).
-* BERT masked LM (``BertForMaskedLM``): embeddings, encoder layers attending to every position (no
-  padding mask), the MLM head; tp = 1. Labels of -100 (unmasked positions) are ignored by wrap's loss,
-  as in HF's MLM loss.
+* BERT masked LM (``BertForMaskedLM``): ``autopar.models.hf_bert`` (embeddings, encoder layers attending to every
+  position (no padding mask), the MLM head; TP as Megatron's BERT). Labels of -100 (unmasked positions) are ignored
+  by wrap's loss, as in HF's MLM loss.
 * T5 (``T5ForConditionalGeneration``): encoder and decoder blocks passing (encoder, decoder) state
   pairs, inputs ``[B, 2, S]`` (autopar.models.hf_seq2seq); other encoder-decoder families are refused.
 
@@ -52,10 +52,10 @@ a tied head gets the embedding's value).
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 
 from autopar.errors import AutoparError
+from autopar.models.hf_bert import bert_view
 from autopar.models.hf_bloom import bloom_view
 from autopar.models.hf_fused import part_blocks
 from autopar.models.hf_gpt2 import GPT2_LIKE, gpt2_like_view
@@ -66,29 +66,6 @@ from autopar.models.hf_units import HFCausalLM
 # Causal LM families besides the Llama-structured ones whose view is traced for search (``modelspec.hf_traced``): the
 # formulas (``modelspec.hf.HF_TYPES``) do not read them
 TRACED_OTHERS = ("opt", "gpt_bigcode", "gpt_neo", "bloom")
-
-
-class HFBertEmbed(nn.Module):
-    """BERT's embeddings (word + position + token type 0, LayerNorm, dropout) of token ids."""
-
-    def __init__(self, embeddings: nn.Module) -> None:
-        super().__init__()
-        self.embeddings = embeddings
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.embeddings(input_ids=tokens)
-
-
-class HFBidirectionalBlock(nn.Module):
-    """An encoder layer attending to every position (no mask: as the HF model without padding)."""
-
-    def __init__(self, block: nn.Module) -> None:
-        super().__init__()
-        self.block = block
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.block(x)
-        return out[0] if isinstance(out, tuple) else out
 
 
 def is_transformers_model(model: nn.Module) -> bool:
@@ -176,10 +153,7 @@ def _view(hf_model: nn.Module) -> HFCausalLM:
     if kind == "bloom" and type(hf_model).__name__ == "BloomForCausalLM":
         return bloom_view(hf_model)
     if kind == "bert" and hasattr(hf_model, "bert") and hasattr(hf_model, "cls"):
-        base = hf_model.bert
-        layers = [HFBidirectionalBlock(b) for b in base.encoder.layer]
-        return HFCausalLM(HFBertEmbed(base.embeddings), layers, hf_model.cls, "hf-bert",
-                          {"embed": None, "block": None, "head": None}, {}, {"block": ("block.attention",)})
+        return bert_view(hf_model)
     raise AutoparError("model", f"transformers model type {kind!r} ({type(hf_model).__name__}) is not supported",
                        f"use one of {', '.join(LLAMA_LIKE + TRACED_OTHERS + ('gpt2',))} causal LMs or "
                        "BertForMaskedLM, or wrap it as an nn.Sequential")
