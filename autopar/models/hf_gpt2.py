@@ -6,8 +6,9 @@ dropout), ``layers.i`` (the HF block), ``head`` (final norm, LM head).
   so it is held as three Conv1D parts (autopar.models.hf_fused), each column-parallel; the attention splits their
   output at ``split_size``, which ``local_heads`` makes the rank's width.
 * GPT-BigCode (SantaCoder, StarCoder 1): nn.Linear projections. With multi-head attention its ``c_attn`` is laid
-  out per head, so a plain column split gives each rank its heads' Q, K and V; multi-query attention keeps one K and
-  V head, a TP limit of 1.
+  out per head, so a plain column split gives each rank its heads' Q, K and V; with multi-query attention it is held
+  as the queries, split by columns, and the one K and V head, whole on every rank (``kv_replicated``: every rank's
+  heads read them, so the gradients of their input and weights are summed over TP), as Megatron runs multi-query.
 * GPT-Neo (GPT-Neo 125M-2.7B, TinyStories): separate Q, K, V projections in an ``attention`` module inside the
   block's ``attn``, which masks its local-attention layers to their window itself.
 
@@ -39,12 +40,12 @@ class HFGPT2Embed(nn.Module):
         return self.drop(self.wte(tokens) + self.wpe(positions))
 
 
-def _block(attn: str, projections: dict[str, str]) -> dict[str, str]:
+def _block(attn: str, projections: dict[str, str], local: str = "local_heads") -> dict[str, str]:
     """A block's TP table: its attention module ``attn`` (relative to the block: the block's ``attn`` or a module in
-    it) with ``projections``, and the MLP's c_fc / c_proj."""
+    it) with ``projections`` and the styles ``local`` sizing it to the rank's heads, and the MLP's c_fc / c_proj."""
     return {"block": "sp_unit", "block.ln_1": "sp_norm",
-            **({"block.attn": "sp_region+local_heads"} if attn == "attn" else
-               {"block.attn": "sp_region", f"block.{attn}": "local_heads"}),
+            **({"block.attn": f"sp_region+{local}"} if attn == "attn" else
+               {"block.attn": "sp_region", f"block.{attn}": local}),
             **{f"block.{attn}.{fqn}": style for fqn, style in projections.items()},
             "block.ln_2": "sp_norm", "block.mlp": "sp_region", "block.mlp.c_fc": "colwise",
             "block.mlp.c_proj": "rowwise"}
@@ -58,19 +59,23 @@ GPT2_LIKE = {
     "gpt_neo": ("attn.attention", {"q_proj": "colwise", "k_proj": "colwise", "v_proj": "colwise",
                                    "out_proj": "rowwise"}, {}),
 }
+# GPT-BigCode with multi-query attention: c_attn held as the queries (column-parallel) and the one K and V head, whole
+# on every rank, which all the rank's heads read (local_queries sizes the attention to the rank's query heads)
+MULTI_QUERY = ("attn", {"c_attn.parts.0": "colwise", "c_attn.parts.1": "kv_replicated",
+                        "c_attn.parts.2": "kv_replicated", "c_proj": "rowwise"}, {"attn.c_attn": "query_then_kv"})
 
 
 def gpt2_like_view(hf_model: nn.Module) -> HFCausalLM:
     """Units view of a ``GPT2_LIKE`` family's causal LM (shares its modules; fused projections split in place)."""
     cfg, base = hf_model.config, hf_model.transformer
-    attn, projections, fused = GPT2_LIKE[cfg.model_type]
+    multi_query = cfg.model_type == "gpt_bigcode" and cfg.multi_query
+    attn, projections, fused = MULTI_QUERY if multi_query else GPT2_LIKE[cfg.model_type]
     for block in base.h:
         split_fused(block, fused, cfg)
-    block = _block(attn, projections)
-    kv = (1 if cfg.multi_query else cfg.num_attention_heads,) if cfg.model_type == "gpt_bigcode" else ()
+    block = _block(attn, projections, "local_heads+local_queries" if multi_query else "local_heads")
     ffn = getattr(cfg, "n_inner", None) or getattr(cfg, "intermediate_size", None) or 4 * cfg.hidden_size
     plans = {"embed": {"wte": "vocab_embed"}, "block": block, "head": HEAD_PLAN}
-    divisors = {"embed": (cfg.vocab_size,), "head": (cfg.vocab_size,), "block": (cfg.num_attention_heads, *kv, ffn)}
+    divisors = {"embed": (cfg.vocab_size,), "head": (cfg.vocab_size,), "block": (cfg.num_attention_heads, ffn)}
     return HFCausalLM(HFGPT2Embed(base.wte, base.wpe, base.drop), [HFBlock(b, attn) for b in base.h],
                       HFHead(base.ln_f, hf_model.lm_head), f"hf-{cfg.model_type}", plans, divisors,
                       {"block": (f"block.{attn}",)})

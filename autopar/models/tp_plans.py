@@ -18,6 +18,10 @@ when the layer runs with sequence parallelism. Style names:
                 replicated_with_grad_allreduce)
   sp_grad_sum   the same under sequence parallelism only: a replicated module that sees the rank's own tokens
                 when the unit splits the sequence and every token otherwise (OPT-350M's project_out)
+  kv_replicated a projection left whole on every rank whose output each rank's heads read (multi-query
+                attention's K and V): the gradients of its input and its parameters are summed over TP
+  local_queries a multi-query attention module (its K and V kv_replicated): the counts that follow its query heads
+                only (``embed_dim``, ``num_key_value_groups``) become the rank's share
   local_heads   an attention module that sizes its reshapes by head counts it keeps (StableLM's, Persimmon's
                 ``self.num_heads``): they become the rank's share of the heads
   head_norm_list  a module keeping one norm per head in its ``norms`` list (StableLM's qk_layernorm): under TP it

@@ -13,7 +13,7 @@ import copy
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module, distribute_tensor
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_module, distribute_tensor
 from torch.distributed.tensor.parallel import PrepareModuleInput, SequenceParallel, parallelize_module
 from torch.distributed.tensor.parallel.style import ParallelStyle
 
@@ -29,6 +29,9 @@ TP_GRAD_SUM = "tp_grad_sum"
 # the sequence and every token otherwise (OPT-350M's project_out in the head): a part of its gradient with sp, the
 # whole without.
 SP_GRAD_SUM = "sp_grad_sum"
+# A projection kept whole on every TP rank whose output every rank's heads read (multi-query attention's one K and V
+# head): the gradients of its input and of its parameters are each the part of the rank's heads, summed over TP.
+KV_REPLICATED = "kv_replicated"
 
 
 def _style(name: str, sp: bool, logits_sharded: bool) -> ParallelStyle | None:
@@ -53,7 +56,11 @@ def _style(name: str, sp: bool, logits_sharded: bool) -> ParallelStyle | None:
     if name == "local_head_range":
         return _LocalHeadRange()
     if name in (TP_GRAD_SUM, SP_GRAD_SUM):
-        return None  # the module runs as it is on this rank's heads; the gradient sync sums its gradient over TP
+        return None
+    if name == KV_REPLICATED:
+        return _ReadByEveryHead()
+    if name == "local_queries":
+        return _LocalQueries()  # the module runs as it is on this rank's heads; the gradient sync sums its gradient over TP
     if name == "logits":
         return Colwise(input_layouts=seq if sp else Replicate(),
                        output_layouts=Shard(-1) if logits_sharded else Replicate(),
@@ -77,7 +84,7 @@ def _style(name: str, sp: bool, logits_sharded: bool) -> ParallelStyle | None:
         return PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(seq,),
                                   use_local_output=True)
     raise AutoparError("tp plan", f"unknown style {name!r}",
-                       "use colwise, rowwise, vocab_embed, logits, tp_norm, tp_grad_sum, sp_grad_sum, local_heads, local_head_range, "
+                       "use colwise, rowwise, vocab_embed, logits, tp_norm, tp_grad_sum, sp_grad_sum, kv_replicated, local_queries, local_heads, local_head_range, "
                        "writable_output, head_norm_list, sp_norm, sp_norm_local, sp_region, sp_region_hidden_states, "
                        "sp_region_with_residual, sp_unit or sp_unit_in (or several joined by '+')")
 
@@ -143,6 +150,34 @@ class _LocalHeads(ParallelStyle):
                 n = getattr(owner, attr, None)
                 if isinstance(n, int) and not isinstance(n, bool):
                     setattr(owner, attr, n // t)
+        return module
+
+
+class _LocalQueries(ParallelStyle):
+    """A multi-query attention module, whose one K and V head every rank keeps whole (``kv_replicated``), sized by
+    the counts that follow its query heads only (GPT-BigCode's: the width ``embed_dim`` it splits its fused
+    projection's output at, ``num_key_value_groups`` query heads per K/V head): under TP the rank's share."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        for attr in ("embed_dim", "num_key_value_groups"):
+            setattr(module, attr, getattr(module, attr) // device_mesh.size())
+        return module
+
+
+class _ReadByEveryHead(ParallelStyle):
+    """A projection kept whole on every TP rank whose output each rank's heads read (multi-query attention's K and V):
+    its input enters as a local tensor whose gradient is marked a part (``Partial``), so the gradient reaching the
+    activation is summed over TP (all-reduced from a replicated input; reduce-scattered by the gather of a sequence-
+    parallel one). Its parameters' gradients are parts too: ``tp_partial_params`` names them."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        def local_input(_module: nn.Module, args: tuple) -> tuple:
+            x = args[0]
+            if not isinstance(x, DTensor):
+                x = DTensor.from_local(x, device_mesh, [Replicate()], run_check=False)
+            return (x.to_local(grad_placements=[Partial()]), *args[1:])
+
+        module.register_forward_pre_hook(local_input)
         return module
 
 
@@ -212,8 +247,8 @@ def apply_tp(unit: nn.Module, table: dict[str, str], mesh: DeviceMesh, sp: bool,
 
 def tp_partial_params(unit: nn.Module, table: dict[str, str], sp: bool = False) -> set[str]:
     """Names (in ``unit``) of the parameters whose gradient each TP rank holds only a part of: those of the
-    modules ``table`` marks ``tp_grad_sum`` (theirs and their children's), and under sequence parallelism (``sp``)
-    those it marks ``sp_grad_sum``. Names, not tensors: ZeRO-3 replaces the parameter objects."""
-    summed = (TP_GRAD_SUM, SP_GRAD_SUM) if sp else (TP_GRAD_SUM,)
+    modules ``table`` marks ``tp_grad_sum`` or ``kv_replicated`` (theirs and their children's), and under sequence
+    parallelism (``sp``) those it marks ``sp_grad_sum``. Names, not tensors: ZeRO-3 replaces the parameter objects."""
+    summed = (TP_GRAD_SUM, KV_REPLICATED, SP_GRAD_SUM) if sp else (TP_GRAD_SUM, KV_REPLICATED)
     return {f"{fqn}.{name}" if fqn else name for fqn, style in entries(table) if style in summed
             for name, _ in unit.get_submodule(fqn).named_parameters()}

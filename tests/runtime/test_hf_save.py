@@ -24,7 +24,8 @@ MIXTRAL = dict(num_local_experts=4, num_experts_per_tok=2)
 EXTRA = {"mixtral": MIXTRAL, "gpt2": dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
          # OPT-350M's layout: norms after each sublayer, projections in and out of a narrower embedding
          "opt": dict(ffn_dim=64, dropout=0.0, word_embed_proj_dim=16, do_layer_norm_before=False),
-         "gpt_bigcode": dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, multi_query=False),
+         # multi-query: c_attn held as the column-parallel queries and the K / V head whole on every rank
+         "gpt_bigcode": dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, multi_query=True),
          "gpt_neo": dict(attention_types=[[["global", "local"], 1]], window_size=4, embed_dropout=0.0,
                          attention_dropout=0.0, resid_dropout=0.0),
          "bloom": dict(hidden_dropout=0.0, attention_dropout=0.0)}
