@@ -35,6 +35,8 @@ PLANS = {
     "opt-pp2-tp2-sp-zero3": ("opt", [(2, 4, [([0, 1], same([E, L0], tp=2, zero=3)),
                                               ([2, 3], same([L1, H], tp=2, sp=True))])]),
     "bloom-tp2-sp-zero3": ("bloom", [(4, 2, [([0, 1, 2, 3], same(GPT_UNITS, tp=2, sp=True, zero=3))])]),
+    # GPT-BigCode's multi-query c_attn: the queries' columns per rank, the K / V head whole on every rank
+    "gpt_bigcode-mq-tp2-sp-zero3": ("gpt_bigcode", [(4, 2, [([0, 1, 2, 3], same(GPT_UNITS, tp=2, sp=True, zero=3))])]),
     "dp2-zero2-ckpt": ("qwen3", [(4, 2, [([0, 1], same(GPT_UNITS, zero=2, ckpt="full"))])]),
     # MoE checkpoints store each expert apart: each rank assembles the packed experts of its own shard
     "olmoe-ep2-zero3": ("olmoe", [(4, 2, [([0, 1, 2, 3], [(E, {"zero": 3}), (L0, {"ep": 2, "zero": 3}),
@@ -47,7 +49,8 @@ MIXTRAL = dict(num_local_experts=4, num_experts_per_tok=2)
 # fields a family's tests set: GPT-2's dropout off (transformers' from_pretrained returns a model in eval mode)
 EXTRA = {"mixtral": MIXTRAL, "gpt2": dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
          "opt": dict(ffn_dim=64, dropout=0.0, word_embed_proj_dim=16, do_layer_norm_before=False),
-         "bloom": dict(hidden_dropout=0.0, attention_dropout=0.0)}
+         "bloom": dict(hidden_dropout=0.0, attention_dropout=0.0),
+         "gpt_bigcode": dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, multi_query=True)}
 
 
 def _saved(kind: str, path: str, tied: bool) -> None:
