@@ -87,8 +87,8 @@ LAYOUTS = {
     "qkv": lambda parent, linear, cfg: qkv_sizes(parent, cfg),
     "halves": lambda parent, linear, cfg: (out_features(linear) // 2,) * 2,
     "thirds": lambda parent, linear, cfg: (out_features(linear) // 3,) * 3,  # GPT-2's c_attn: Q, K, V alike
-    # GPT-BigCode's multi-query c_attn: the queries of every head, then one K and one V head
-    "query_then_kv": lambda parent, linear, cfg: (parent.embed_dim, parent.kv_dim, parent.kv_dim),
+    # a multi-query QKV (GPT-BigCode's c_attn, Falcon-7B's query_key_value): every query head, then one K and one V
+    "query_then_kv": lambda parent, linear, cfg: (out_features(linear) - 2 * parent.head_dim,) + (parent.head_dim,) * 2,
 }
 
 

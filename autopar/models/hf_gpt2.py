@@ -72,7 +72,7 @@ def gpt2_like_view(hf_model: nn.Module) -> HFCausalLM:
     attn, projections, fused = MULTI_QUERY if multi_query else GPT2_LIKE[cfg.model_type]
     for block in base.h:
         split_fused(block, fused, cfg)
-    block = _block(attn, projections, "local_heads+local_queries" if multi_query else "local_heads")
+    block = _block(attn, projections, "local_queries" if multi_query else "local_heads")
     ffn = getattr(cfg, "n_inner", None) or getattr(cfg, "intermediate_size", None) or 4 * cfg.hidden_size
     plans = {"embed": {"wte": "vocab_embed"}, "block": block, "head": HEAD_PLAN}
     divisors = {"embed": (cfg.vocab_size,), "head": (cfg.vocab_size,), "block": (cfg.num_attention_heads, ffn)}

@@ -86,7 +86,7 @@ REFUSED_WHEN = {"falcon": ("alibi", "adds ALiBi position biases through the mask
 # its gradient. StableLM's qk_layernorm keeps one norm per head in a list: each rank runs its heads' slice and sums
 # the gradients (head_norm_list). Persimmon's fused query_key_value is laid out per head ([heads, 3, head_dim] rows), as GPT-NeoX's;
 # Falcon's per KV group ([kv heads, queries per group + 2, head_dim] rows; 40B / 180B's new decoder architecture),
-# or per head, or (Falcon-7B's multi-query) with one K and V every rank needs: its KV count 1 keeps it at tp 1.
+# or per head, or (Falcon-7B's multi-query: MULTI_QUERY) as every query then one K and one V head every rank needs.
 # Phi-3's and GLM's fused projections are held as parts (FUSED), so the projections after them are plain rowwise
 # where HF's plan gathers the fused outputs and splits them again (colwise_gather_output / rowwise_split_input).
 _QKVO = {**{f"layer.self_attn.{m}_proj": "colwise" for m in "qkv"}, "layer.self_attn.o_proj": "rowwise"}
@@ -111,6 +111,12 @@ TP_EXTRAS = {"olmo2": _QK_NORMED_ATTENTION, "olmo3": _QK_NORMED_ATTENTION, "cohe
 # part is column-parallel, and the row-parallel projection after it takes the rank's share as any other
 FUSED = {"phi3": {"self_attn.qkv_proj": "qkv", "mlp.gate_up_proj": "halves"}, "glm": {"mlp.gate_up_proj": "halves"},
          "glm4": {"mlp.gate_up_proj": "halves"}}
+# Multi-query variants (one K and V head which every rank's query heads read): family -> (whether a config is one,
+# the fused QKV). The fused projection is held as the queries, column-parallel, and the K and V head, whole on every
+# rank with their gradients summed over TP (kv_replicated); the attention gets the rank's query heads (local_queries)
+MULTI_QUERY = {"falcon": (lambda cfg: cfg.multi_query and not cfg.new_decoder_architecture,
+                          "self_attention.query_key_value")}
+MQ_PARTS = ("colwise", "kv_replicated", "kv_replicated")
 # Modules whose output their layer modifies in place (Falcon's mlp_output += attention_output; OLMo's clip_qkv clamps
 # the projections with clamp_): under TP they give a copy (the writable_output style), as a row- or column-parallel
 # output is a view autograd forbids writing to. Family -> (the config field that makes it so, None: always; modules)
@@ -209,22 +215,30 @@ def block_plan(cfg, layers: list[nn.Module], names: dict[str, str] = _LLAMA_NAME
     present = dict(layers[0].named_modules(prefix="layer"))
     prefix = f"{names['layers']}.*."
     fused = {fqn: len(m.parts) for fqn, m in present.items() if isinstance(m, FusedLinear)}
+    mq = multi_query_path(cfg)
+    part_styles = {fqn: MQ_PARTS if fqn == f"layer.{mq}" else ("colwise",) * n for fqn, n in fused.items()}
     plan = {**{"layer." + key[len(prefix):]: _HF_STYLES.get(style) for key, style in raw.items()
                if key.startswith(prefix) and "layer." + key[len(prefix):] not in fused},  # HF styles the fused whole
-            **{f"{fqn}.parts.{i}": "colwise" for fqn, n in fused.items() for i in range(n)},
-            **{fqn: style for fqn, style in TP_EXTRAS.get(kind, {}).items() if fqn in present}}
+            **{f"{fqn}.parts.{i}": style for fqn, styles in part_styles.items() for i, style in enumerate(styles)},
+            **{fqn: style for fqn, style in TP_EXTRAS.get(kind, {}).items() if fqn in present and fqn not in fused}}
     if None in plan.values():
         return None  # a style autopar does not translate: run this architecture with tp = 1
     attn = f"layer.{names['attn']}"
     if not all(_covered(plan, layer, attn) for layer in layers):
         return None
     norms = {f"layer.{name}": "sp_norm_local" for name, m in layers[0].named_children() if "Norm" in type(m).__name__}
-    attn_style = names["attn_input"] + ("+local_heads" if kind in LOCAL_HEADS else "")
+    attn_style = names["attn_input"] + ("+local_queries" if mq else "+local_heads" if kind in LOCAL_HEADS else "")
     styles = {"layer": "sp_unit", attn: attn_style, "layer.mlp": "sp_region", **norms, **plan}
     when, modules = WRITABLE_OUTPUT.get(kind, (None, ()))
     for name in modules if when is None or getattr(cfg, when, None) is not None else ():
         styles[f"layer.{name}"] = f"{styles[f'layer.{name}']}+writable_output"
     return styles
+
+
+def multi_query_path(cfg) -> str | None:
+    """The fused QKV (relative to the HF layer) of a ``MULTI_QUERY`` family's multi-query config; None otherwise."""
+    when, path = MULTI_QUERY.get(cfg.model_type, (None, None))
+    return path if when is not None and when(cfg) else None
 
 
 def _covered(plan: dict[str, str], layer: nn.Module, attn: str) -> bool:
@@ -258,8 +272,9 @@ def llama_like_view(hf_model: nn.Module) -> HFCausalLM:
     embed = HFTokenEmbed(getattr(base, names["embed"]), _extra(cfg, kind, "embed_multiplier"),
                          _extra(cfg, kind, "embed_dropout") or 0.0)
     hf_layers = list(getattr(base, names["layers"]))
+    mq = multi_query_path(cfg)
     for layer in hf_layers:
-        split_fused(layer, FUSED.get(kind, {}), cfg)
+        split_fused(layer, {mq: "query_then_kv"} if mq else FUSED.get(kind, {}), cfg)
     per_type = "layer_type" in inspect.signature(base.rotary_emb.forward).parameters
     types = cfg.layer_types if per_type else None
     layers = [HFRotaryBlock(layer, copy.deepcopy(base.rotary_emb), types[i] if types else None, names["attn"],
@@ -271,10 +286,11 @@ def llama_like_view(hf_model: nn.Module) -> HFCausalLM:
              "head": HEAD_PLAN if block else None}
     attn0 = getattr(hf_layers[0], names["attn"])  # Falcon keeps its effective KV head count (1: multi-query) here
     kv = getattr(attn0, "num_kv_heads", None) or getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    kv = () if mq else (kv,)  # a multi-query K / V head is whole on every rank: no limit
     ffn = (getattr(cfg, "ffn_hidden_size", None) or getattr(cfg, "intermediate_size", None)  # Falcon: ffn_hidden_size
            or getattr(cfg, "n_inner", None) or 4 * cfg.hidden_size)  # GPT-J / CodeGen: n_inner
     divisors = {"embed": (cfg.vocab_size,), "head": (cfg.vocab_size,),
-                "block": (cfg.num_attention_heads, kv, ffn, *TP_DIVIDES.get(kind, ()))}
+                "block": (cfg.num_attention_heads, *kv, ffn, *TP_DIVIDES.get(kind, ()))}
     view = HFCausalLM(embed, layers, head, f"hf-{kind}", plans, divisors, {"block": (f"layer.{names['attn']}",)})
     # MoE blocks too (their routed experts run on the rank's tokens, ep 1 under CP); not a family whose attention is
     # its own code rather than transformers' attention interface, through which CP runs (Falcon)

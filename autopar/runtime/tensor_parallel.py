@@ -154,13 +154,15 @@ class _LocalHeads(ParallelStyle):
 
 
 class _LocalQueries(ParallelStyle):
-    """A multi-query attention module, whose one K and V head every rank keeps whole (``kv_replicated``), sized by
-    the counts that follow its query heads only (GPT-BigCode's: the width ``embed_dim`` it splits its fused
-    projection's output at, ``num_key_value_groups`` query heads per K/V head): under TP the rank's share."""
+    """A multi-query attention module, whose one K and V head every rank keeps whole (``kv_replicated``): the counts it
+    keeps that follow its query heads only become the rank's share (``num_heads``; GPT-BigCode's width ``embed_dim``
+    it splits its fused projection's output at and ``num_key_value_groups``, query heads per K/V head). Its K/V head
+    count stays."""
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        for attr in ("embed_dim", "num_key_value_groups"):
-            setattr(module, attr, getattr(module, attr) // device_mesh.size())
+        for attr in ("num_heads", "embed_dim", "num_key_value_groups"):
+            if isinstance(getattr(module, attr, None), int):
+                setattr(module, attr, getattr(module, attr) // device_mesh.size())
         return module
 
 

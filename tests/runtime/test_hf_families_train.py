@@ -84,22 +84,15 @@ def test_family_under_context_parallel_trains_like_one_process(kind):
     assert_matches_reference(view(kind), _cp_plan(), x, y, tol=1e-6)
 
 
-def test_falcon_multi_query_under_tp_is_refused_in_one_line():
-    """Its one K and V head cannot be split: tp 2 is refused by the TP limits (heads, KV heads 1, FFN width)."""
-    from tests.models.test_hf_families import FALCON_VARIANTS
-    from tests.runtime.reference import wrap_outcomes
-
-    outcomes = wrap_outcomes(view("falcon", **FALCON_VARIANTS["multi-query"]), make_plan(TP_PLANS["tp2-sp-zero1"]))
-    assert outcomes and all("tp 2 is not legal" in o and "\n" not in o for o in outcomes), outcomes
-
-
-def test_falcon_multi_query_trains_like_one_process():
-    """Falcon-7B's layout: its one K and V head keeps it at tp 1 (the KV count is a TP limit)."""
+@pytest.mark.parametrize("plan", ["tp2-sp-zero1", "pp2-dp2-zero3"])
+def test_falcon_multi_query_trains_like_one_process(plan):
+    """Falcon-7B's layout: its fused QKV held as the queries (column-parallel) and its one K and V head, whole on every
+    rank (kv_replicated: their input's and weights' gradients summed over TP), the attention on the rank's queries."""
     from tests.models.test_hf_families import FALCON_VARIANTS
 
     x, y = token_data()
-    assert_matches_reference(view("falcon", **FALCON_VARIANTS["multi-query"]), make_plan(NO_TP_PLANS["pp2-dp2-zero3"]),
-                             x, y, tol=1e-6)
+    assert_matches_reference(view("falcon", **FALCON_VARIANTS["multi-query"]),
+                             make_plan({**TP_PLANS, **NO_TP_PLANS}[plan]), x, y, tol=1e-6)
 
 
 # The MoE families run tp 1 (their experts' HF styles are not translated), with expert parallel on the routed
