@@ -22,7 +22,7 @@ installed; nothing here imports it.
   (``hf_fused.FusedLinear``, in the HF model itself), each column-parallel under TP; the model's state dict and
   checkpoints keep the fused tensors (its own ``save_pretrained``, and ``load_hf`` / ``save_hf``).
 * GPT-2, GPT-BigCode (SantaCoder, StarCoder 1) and GPT-Neo: ``autopar.models.hf_gpt2`` (GPT-2's fused, transposed
-  ``c_attn`` held as Q, K and V parts; BigCode's multi-query attention at tp 1; GPT-Neo's local attention layers).
+  ``c_attn`` held as Q, K and V parts; BigCode's multi-query K / V head whole on every TP rank; GPT-Neo's local attention layers).
 * The MoE families: tp = 1 (HF's packed / MoE TP styles are not translated); their packed experts are replicated,
   or split over ``ep`` DP ranks by a plan's ``ep`` (autopar.runtime.expert_parallel; gpt-oss's transposed,
   biased experts with their clamped gate included).
