@@ -56,11 +56,11 @@ def _style(name: str, sp: bool, logits_sharded: bool) -> ParallelStyle | None:
     if name == "local_head_range":
         return _LocalHeadRange()
     if name in (TP_GRAD_SUM, SP_GRAD_SUM):
-        return None
+        return None  # the module runs as it is on this rank's heads or tokens; the gradient sync sums its gradient
     if name == KV_REPLICATED:
         return _ReadByEveryHead()
     if name == "local_queries":
-        return _LocalQueries()  # the module runs as it is on this rank's heads; the gradient sync sums its gradient over TP
+        return _LocalQueries()
     if name == "logits":
         return Colwise(input_layouts=seq if sp else Replicate(),
                        output_layouts=Shard(-1) if logits_sharded else Replicate(),
@@ -84,9 +84,10 @@ def _style(name: str, sp: bool, logits_sharded: bool) -> ParallelStyle | None:
         return PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(seq,),
                                   use_local_output=True)
     raise AutoparError("tp plan", f"unknown style {name!r}",
-                       "use colwise, rowwise, vocab_embed, logits, tp_norm, tp_grad_sum, sp_grad_sum, kv_replicated, local_queries, local_heads, local_head_range, "
-                       "writable_output, head_norm_list, sp_norm, sp_norm_local, sp_region, sp_region_hidden_states, "
-                       "sp_region_with_residual, sp_unit or sp_unit_in (or several joined by '+')")
+                       "use colwise, rowwise, vocab_embed, logits, tp_norm, tp_grad_sum, sp_grad_sum, kv_replicated, "
+                       "local_queries, local_heads, local_head_range, writable_output, head_norm_list, sp_norm, "
+                       "sp_norm_local, sp_region, sp_region_hidden_states, sp_region_with_residual, sp_unit or "
+                       "sp_unit_in (or several joined by '+')")
 
 
 class _SplitGather(ParallelStyle):
