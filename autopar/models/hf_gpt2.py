@@ -25,7 +25,7 @@ from torch import nn
 from autopar.models.hf_fused import split_fused
 from autopar.models.hf_llama import HFHead
 from autopar.models.hf_units import HFBlock, HFCausalLM
-from autopar.models.tp_plans import HEAD_PLAN
+from autopar.models.tp_plans import HEAD_PLAN, MULTI_QUERY_PARTS
 
 
 class HFGPT2Embed(nn.Module):
@@ -59,17 +59,17 @@ GPT2_LIKE = {
     "gpt_neo": ("attn.attention", {"q_proj": "colwise", "k_proj": "colwise", "v_proj": "colwise",
                                    "out_proj": "rowwise"}, {}),
 }
-# GPT-BigCode with multi-query attention: c_attn held as the queries (column-parallel) and the one K and V head, whole
-# on every rank, which all the rank's heads read (local_queries sizes the attention to the rank's query heads)
-MULTI_QUERY = ("attn", {"c_attn.parts.0": "colwise", "c_attn.parts.1": "kv_replicated",
-                        "c_attn.parts.2": "kv_replicated", "c_proj": "rowwise"}, {"attn.c_attn": "query_then_kv"})
+# GPT-BigCode with multi-query attention: c_attn held as the queries and the one K and V head (MULTI_QUERY_PARTS;
+# local_queries sizes the attention to the rank's query heads)
+BIGCODE_MULTI_QUERY = ("attn", {**{f"c_attn.parts.{i}": style for i, style in enumerate(MULTI_QUERY_PARTS)},
+                                "c_proj": "rowwise"}, {"attn.c_attn": "query_then_kv"})
 
 
 def gpt2_like_view(hf_model: nn.Module) -> HFCausalLM:
     """Units view of a ``GPT2_LIKE`` family's causal LM (shares its modules; fused projections split in place)."""
     cfg, base = hf_model.config, hf_model.transformer
     multi_query = cfg.model_type == "gpt_bigcode" and cfg.multi_query
-    attn, projections, fused = MULTI_QUERY if multi_query else GPT2_LIKE[cfg.model_type]
+    attn, projections, fused = BIGCODE_MULTI_QUERY if multi_query else GPT2_LIKE[cfg.model_type]
     for block in base.h:
         split_fused(block, fused, cfg)
     block = _block(attn, projections, "local_queries" if multi_query else "local_heads")

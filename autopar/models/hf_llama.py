@@ -25,7 +25,7 @@ from torch import nn
 from autopar.errors import AutoparError
 from autopar.models.hf_fused import FusedLinear, split_fused
 from autopar.models.hf_units import HFCausalLM, block_mask, sliding_window
-from autopar.models.tp_plans import HEAD_PLAN, entries
+from autopar.models.tp_plans import HEAD_PLAN, MULTI_QUERY_PARTS, entries
 
 DENSE = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "olmo", "olmo2", "olmo3",
          "granite", "cohere", "cohere2", "starcoder2", "glm", "glm4", "smollm3", "seed_oss", "exaone4", "apertus",
@@ -112,11 +112,10 @@ TP_EXTRAS = {"olmo2": _QK_NORMED_ATTENTION, "olmo3": _QK_NORMED_ATTENTION, "cohe
 FUSED = {"phi3": {"self_attn.qkv_proj": "qkv", "mlp.gate_up_proj": "halves"}, "glm": {"mlp.gate_up_proj": "halves"},
          "glm4": {"mlp.gate_up_proj": "halves"}}
 # Multi-query variants (one K and V head which every rank's query heads read): family -> (whether a config is one,
-# the fused QKV). The fused projection is held as the queries, column-parallel, and the K and V head, whole on every
-# rank with their gradients summed over TP (kv_replicated); the attention gets the rank's query heads (local_queries)
+# the fused QKV). The fused projection is held as the queries and the K and V head (tp_plans.MULTI_QUERY_PARTS); the
+# attention gets the rank's query heads (local_queries)
 MULTI_QUERY = {"falcon": (lambda cfg: cfg.multi_query and not cfg.new_decoder_architecture,
                           "self_attention.query_key_value")}
-MQ_PARTS = ("colwise", "kv_replicated", "kv_replicated")
 # Modules whose output their layer modifies in place (Falcon's mlp_output += attention_output; OLMo's clip_qkv clamps
 # the projections with clamp_): under TP they give a copy (the writable_output style), as a row- or column-parallel
 # output is a view autograd forbids writing to. Family -> (the config field that makes it so, None: always; modules)
@@ -216,7 +215,7 @@ def block_plan(cfg, layers: list[nn.Module], names: dict[str, str] = _LLAMA_NAME
     prefix = f"{names['layers']}.*."
     fused = {fqn: len(m.parts) for fqn, m in present.items() if isinstance(m, FusedLinear)}
     mq = multi_query_path(cfg)
-    part_styles = {fqn: MQ_PARTS if fqn == f"layer.{mq}" else ("colwise",) * n for fqn, n in fused.items()}
+    part_styles = {fqn: MULTI_QUERY_PARTS if fqn == f"layer.{mq}" else ("colwise",) * n for fqn, n in fused.items()}
     plan = {**{"layer." + key[len(prefix):]: _HF_STYLES.get(style) for key, style in raw.items()
                if key.startswith(prefix) and "layer." + key[len(prefix):] not in fused},  # HF styles the fused whole
             **{f"{fqn}.parts.{i}": style for fqn, styles in part_styles.items() for i, style in enumerate(styles)},

@@ -21,7 +21,7 @@ when the layer runs with sequence parallelism. Style names:
   kv_replicated a projection left whole on every rank whose output each rank's heads read (multi-query
                 attention's K and V): the gradients of its input and its parameters are summed over TP
   local_queries a multi-query attention module (its K and V kv_replicated): the counts that follow its query heads
-                only (``embed_dim``, ``num_key_value_groups``) become the rank's share
+                only (``num_heads``, ``embed_dim``, ``num_key_value_groups``) become the rank's share
   local_heads   an attention module that sizes its reshapes by head counts it keeps (StableLM's, Persimmon's
                 ``self.num_heads``): they become the rank's share of the heads
   head_norm_list  a module keeping one norm per head in its ``norms`` list (StableLM's qk_layernorm): under TP it
@@ -49,6 +49,9 @@ TP_DIVISORS names, per unit kind, the config fields a TP degree must divide.
 
 from __future__ import annotations
 
+# A multi-query QKV held as its parts (autopar.models.hf_fused's query_then_kv layout): the queries column-parallel,
+# the one K and one V head whole on every rank, which all the rank's query heads read
+MULTI_QUERY_PARTS = ("colwise", "kv_replicated", "kv_replicated")
 # The head of a model whose head unit holds ``norm`` then ``proj`` (the LM head): its input split along the sequence,
 # the norm on the rank's tokens, the logits vocabulary-parallel
 HEAD_PLAN: dict[str, str] = {"": "sp_unit_in", "norm": "sp_norm", "proj": "logits"}

@@ -60,7 +60,7 @@ def _style(name: str, sp: bool, logits_sharded: bool) -> ParallelStyle | None:
     if name == KV_REPLICATED:
         return _ReadByEveryHead()
     if name == "local_queries":
-        return _LocalQueries()
+        return _LocalHeads(QUERY_COUNTS, in_config=False)
     if name == "logits":
         return Colwise(input_layouts=seq if sp else Replicate(),
                        output_layouts=Shard(-1) if logits_sharded else Replicate(),
@@ -132,38 +132,33 @@ class _HeadShardedNorm(ParallelStyle):
 # and the widths of its heads together (GPT-2's ``split_size``, where it splits its fused Q, K, V output): under TP
 # each rank runs its own heads, so ``local_heads`` divides them by the TP degree.
 HEAD_COUNTS = ("num_heads", "num_attention_heads", "num_key_value_heads", "num_kv_heads", "split_size")
+# The counts of a multi-query attention module (its one K and V head whole on every rank: kv_replicated) that follow
+# its query heads only, which ``local_queries`` divides: GPT-BigCode's width ``embed_dim``, where it splits its fused
+# projection's output, and ``num_key_value_groups``, query heads per K/V head. Its K/V head count stays.
+QUERY_COUNTS = ("num_heads", "embed_dim", "num_key_value_groups")
 
 
 class _LocalHeads(ParallelStyle):
     """An attention module that reshapes its projections by its head counts rather than by ``-1`` (StableLM's and
     Persimmon's ``view(b, s, self.num_heads, d)``, Phi-3's split of its fused QKV at ``config.num_attention_heads``,
     GPT-2's at ``self.split_size``):
-    each count it keeps (``HEAD_COUNTS``, as attributes or in its config, which it then gets a copy of) becomes the
-    rank's, the whole count divided by the TP degree (the TP-limit check makes it divide)."""
+    each of ``counts`` it keeps (as attributes, and with ``in_config`` in its config, which it then gets a copy of)
+    becomes the rank's, the whole count divided by the TP degree (the TP-limit check makes it divide)."""
+
+    def __init__(self, counts: tuple[str, ...] = HEAD_COUNTS, in_config: bool = True) -> None:
+        super().__init__()
+        self.counts, self.in_config = counts, in_config
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         t = device_mesh.size()
-        cfg = getattr(module, "config", None)
+        cfg = getattr(module, "config", None) if self.in_config else None
         if cfg is not None:
             module.config = cfg = copy.copy(cfg)  # the model's other modules keep the whole counts
         for owner in (module,) if cfg is None else (module, cfg):
-            for attr in HEAD_COUNTS:
+            for attr in self.counts:
                 n = getattr(owner, attr, None)
                 if isinstance(n, int) and not isinstance(n, bool):
                     setattr(owner, attr, n // t)
-        return module
-
-
-class _LocalQueries(ParallelStyle):
-    """A multi-query attention module, whose one K and V head every rank keeps whole (``kv_replicated``): the counts it
-    keeps that follow its query heads only become the rank's share (``num_heads``; GPT-BigCode's width ``embed_dim``
-    it splits its fused projection's output at and ``num_key_value_groups``, query heads per K/V head). Its K/V head
-    count stays."""
-
-    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        for attr in ("num_heads", "embed_dim", "num_key_value_groups"):
-            if isinstance(getattr(module, attr, None), int):
-                setattr(module, attr, getattr(module, attr) // device_mesh.size())
         return module
 
 
