@@ -84,7 +84,7 @@ def test_family_under_context_parallel_trains_like_one_process(kind):
     assert_matches_reference(view(kind), _cp_plan(), x, y, tol=1e-6)
 
 
-@pytest.mark.parametrize("plan", ["tp2-sp-zero1", "pp2-dp2-zero3"])
+@pytest.mark.parametrize("plan", ["tp2-sp-zero1", "pp2-tp2-ckpt", "pp2-dp2-zero3"])
 def test_falcon_multi_query_trains_like_one_process(plan):
     """Falcon-7B's layout: its fused QKV held as the queries (column-parallel) and its one K and V head, whole on every
     rank (kv_replicated: their input's and weights' gradients summed over TP), the attention on the rank's queries."""
