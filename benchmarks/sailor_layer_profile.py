@@ -15,6 +15,15 @@ Two readings come out of the table:
 * how the gap moves with the micro-batch and the TP degree: a ratio that falls at small micro-batches under TP is a
   per-call cost the GPU time does not hold (the host launching kernels, the collectives' latency).
 
+The OPT rows are priced a second time with the memory-bound traffic counted from Megatron-DeepSpeed's fp32 OPT block
+(``benchmarks/megatron_opt_traffic.py``: its softmax path is unfused at fp32), the ``act_traffic`` the step-time
+file of these runs states for its framework.
+
+Last, Sailor's 15 GH200 step times (``benchmarks/data/sailor_gh200_opt350_clariden.yaml``) are priced twice: as the
+file stands, and with the GH200 OPT-350 profile fitted into per-unit compute curves the way ``autopar profile`` fits
+its own timings (``CostParams.eff_by_kind``; TP collectives, pipeline, data parallelism and the optimizer stay the
+model's). No step time enters either; the gap between the two is what the per-layer compute model misses.
+
     python benchmarks/sailor_layer_profile.py    # prints the tables, writes results/sailor_layer_profile.json
 """
 
@@ -23,21 +32,30 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
+import megatron_opt_traffic
+import numpy as np
 import yaml
 
+from autopar.calibrate import scores
 from autopar.cluster.catalogue import gpu as gpu_type
 from autopar.cluster.parse import load_cluster
+from autopar.estimate import estimate_plan, plan_cost_params
 from autopar.estimate.context import StageContext
+from autopar.measured import load_runs
 from autopar.measured.model import model_from_config
 from autopar.modelspec.spec import LayerSpec
 from autopar.plan.schema import Strategy
-from cost_models.layer import one_layer_cost
+from autopar.profile.fit import fit_efficiency
+from cost_models.layer import one_layer_cost, tp_comm_times
 from cost_models.params import CostParams
 
 HERE = Path(__file__).resolve().parent
 PROFILE = HERE / "data" / "layer_profiles" / "sailor_megatron_deepspeed.yaml"
+RUNS = HERE / "data" / "sailor_gh200_opt350_clariden.yaml"  # the step times of OPT-350 on these GH200 nodes
+UNIT_TIMES = {"embedding": "embed_s", "block": "block_s", "head": "head_s"}  # the profile's figure of each unit kind
 FP32_BYTES = 4
 
 
@@ -51,27 +69,39 @@ def block_of(shape: dict, cache: dict) -> LayerSpec:
     return next(layer for layer in model.layers if layer.kind == "block")
 
 
-def predicted(block: LayerSpec, gpu: str, node_gpus: int, tp: int, mbs: int, precision: str) -> tuple[float, float]:
-    """(forward, backward) seconds the defaults give one block on ``tp`` GPUs of one ``gpu`` node."""
+def predicted(block: LayerSpec, gpu: str, node_gpus: int, tp: int, mbs: int, precision: str,
+              params: CostParams) -> tuple[float, float]:
+    """(forward, backward) seconds ``params`` give one block on ``tp`` GPUs of one ``gpu`` node."""
     cluster = load_cluster(f"1x{node_gpus}x{gpu}").at_precision(precision)
     ctx = StageContext(cluster, tuple(cluster.node_devices(0))[:tp], micro_batch_size=mbs, num_microbatches=1,
-                       params=CostParams())
+                       params=params)
     cost = one_layer_cost(block, Strategy(tp=tp), ctx)
     return cost.fwd, cost.bwd
 
 
+def counted_traffic() -> dict[str, float]:
+    """The counted ``act_traffic`` of each model whose block ``megatron_opt_traffic.py`` transcribes."""
+    return {r["model"]: r["act_traffic"] for r in megatron_opt_traffic.rows()}
+
+
 def rows(doc: dict) -> list[dict]:
     cache: dict = {}
+    traffic = counted_traffic()
     out = []
     for prof in doc["profiles"]:
         block = block_of(doc["models"][prof["model"]], cache)
+        framework = CostParams(act_traffic=traffic[prof["model"]]) if prof["model"] in traffic else None
         for r in prof["rows"]:
             precision = "tf32" if r["gpu"] in doc["tf32"][prof["model"]] else "fp32"
-            fwd, bwd = predicted(block, r["gpu"], doc["node_gpus"][r["gpu"]], r["tp"], r["mbs"], precision)
+            where = (block, r["gpu"], doc["node_gpus"][r["gpu"]], r["tp"], r["mbs"], precision)
+            fwd, bwd = predicted(*where, CostParams())
+            counted = sum(predicted(*where, framework)) if framework else None
             mf, mb = r["block_s"]
             out.append({"model": prof["model"], "gpu": r["gpu"], "tp": r["tp"], "mbs": r["mbs"], "precision": precision,
                         "measured_ms": [1e3 * mf, 1e3 * mb], "predicted_ms": [1e3 * fwd, 1e3 * bwd],
                         "ratio": [fwd / mf, bwd / mb],
+                        # forward + backward with the framework's counted act_traffic (the OPT blocks)
+                        "ratio_counted": counted / (mf + mb) if counted else None,
                         # model FLOPs of the measured forward, per GPU (TP splits them)
                         "fwd_tflops": block.flops * r["mbs"] / r["tp"] / mf / 1e12})
     return out
@@ -96,9 +126,58 @@ def by_gpu(table: list[dict]) -> list[dict]:
     for key in sorted({(r["model"], r["gpu"], r["tp"]) for r in table}):
         rs = sorted((r for r in table if (r["model"], r["gpu"], r["tp"]) == key), key=lambda r: r["mbs"])
         both = [sum(r["predicted_ms"]) / sum(r["measured_ms"]) for r in rs]
+        counted = [r["ratio_counted"] for r in rs if r["ratio_counted"] is not None]
         out.append({"model": key[0], "gpu": key[1], "tp": key[2], "mbs": [rs[0]["mbs"], rs[-1]["mbs"]],
-                    "ratio_small": both[0], "ratio_large": both[-1], "ratio_median": statistics.median(both)})
+                    "ratio_small": both[0], "ratio_large": both[-1], "ratio_median": statistics.median(both),
+                    "counted_median": statistics.median(counted) if counted else None})
     return out
+
+
+def profile_curves(doc: dict, run) -> tuple:
+    """``CostParams.eff_by_kind`` rows fitted to the GH200 OPT-350 profile as ``autopar profile`` fits its own
+    timings (``autopar.profile.fit.fit_efficiency``: forward + backward minus the TP collectives the model charges,
+    linear in the unit's FLOPs with a per-call cost), one row per unit kind and TP degree profiled."""
+    plan, model = run.plan, run.model
+    cluster = plan.cluster
+    params = plan_cost_params(plan)
+    rows = next(p["rows"] for p in doc["profiles"] if p["model"] == "OPT-350")
+    out = []
+    for tp in sorted({r["tp"] for r in rows if r["gpu"] == "GH200"}):
+        for kind, field in UNIT_TIMES.items():
+            layer = next(u for u in model.layers if u.kind == kind)
+            samples = []
+            for r in (r for r in rows if r["gpu"] == "GH200" and r["tp"] == tp):
+                ctx = StageContext(cluster, tuple(cluster.node_devices(0))[:tp], micro_batch_size=r["mbs"],
+                                   num_microbatches=1, params=params)
+                one = np.array([tp], dtype=float)
+                comm = tp_comm_times(layer, one, np.array([False]), np.array([0]), np.array([float(r["mbs"])]),
+                                     ctx.tp_links, ctx.collectives)
+                samples.append({"flops": layer.flops * r["mbs"], "flops_per_rank": layer.flops * r["mbs"] / tp,
+                                "fwd_s": r[field][0], "bwd_s": r[field][1], "tp_comm_s": float(comm[0][0] + comm[1][0])})
+            fit = fit_efficiency(samples, ctx.peak_flops)
+            if fit:
+                out.append((kind, tp, 0, fit["eff_max"], fit["layer_overhead_s"]))
+    return tuple(out)
+
+
+def step_scores(doc: dict) -> dict:
+    """Sailor's GH200 step times three ways: the file as it stands (TF32, its framework's counted traffic), and
+    the same with the profile's fitted unit curves in place of the compute model (no step time enters the fit)."""
+    runs = [r for r in load_runs(RUNS).runs if r.measured_s is not None]
+    curves = profile_curves(doc, runs[0])
+    groups, measured = [r.group for r in runs], [r.measured_s for r in runs]
+    figures = {}
+    for how in ("the file's framework", "with the layer profile"):
+        pred = []
+        for r in runs:
+            p = plan_cost_params(r.plan)
+            if how != "the file's framework":
+                p = replace(p, eff_by_kind=curves, act_traffic=0.0)
+            pred.append(estimate_plan(r.plan, r.model, p).step_time_s)
+        figures[how] = {**scores(groups, pred, measured),
+                        "ratio_range": [min(a / b for a, b in zip(pred, measured)),
+                                        max(a / b for a, b in zip(pred, measured))]}
+    return {"runs": len(runs), "curves": [list(c) for c in curves], "figures": figures}
 
 
 def main() -> None:
@@ -113,15 +192,32 @@ def main() -> None:
         print(f"{a['model']:12s} {a['gpu']:9s} {a['fwd_tflops']:17.1f} {a['fp32_peak']:10.1f} {a['tf32_peak']:10.1f}  "
               f"{a['read_as']}{'  (above the FP32 peak)' if a['above_fp32_peak'] else ''}")
     summary = by_gpu(table)
-    print(f"\n{'model':12s} {'gpu':9s} {'tp':>3s} {'mbs':>8s} {'pred/meas small':>16s} {'large':>7s} {'median':>7s}")
+    print(f"\n{'model':12s} {'gpu':9s} {'tp':>3s} {'mbs':>8s} {'pred/meas small':>16s} {'large':>7s} {'median':>7s} "
+          f"{'counted traffic':>16s}")
     for s in summary:
+        counted = f"{s['counted_median']:16.2f}" if s["counted_median"] is not None else f"{'-':>16s}"
         print(f"{s['model']:12s} {s['gpu']:9s} {s['tp']:3d} {s['mbs'][0]:3d}-{s['mbs'][1]:<4d} {s['ratio_small']:16.2f} "
-              f"{s['ratio_large']:7.2f} {s['ratio_median']:7.2f}")
+              f"{s['ratio_large']:7.2f} {s['ratio_median']:7.2f} {counted}")
     ratios = [sum(r["predicted_ms"]) / sum(r["measured_ms"]) for r in table]
     print(f"\n{len(table)} rows: predicted / measured block forward + backward {min(ratios):.2f}-{max(ratios):.2f}, "
           f"median {statistics.median(ratios):.2f}")
+    for model in sorted({r["model"] for r in table if r["ratio_counted"] is not None}):
+        gpus = {}
+        for r in table:
+            if r["model"] == model:
+                gpus.setdefault(r["gpu"], []).append(r["ratio_counted"])
+        print(f"{model} with its counted act_traffic, median per GPU: "
+              + ", ".join(f"{g} {statistics.median(v):.2f}" for g, v in gpus.items()))
+    steps = step_scores(doc)
+    print(f"\nSailor's {steps['runs']} GH200 step times: {'cost model':26s} {'MAPE%':>6s} {'rho':>5s} {'regret':>7s} "
+          f"{'pred/meas':>10s}")
+    for how, f in steps["figures"].items():
+        lo, hi = f["ratio_range"]
+        print(f"{'':31s}{how:26s} {100 * f['mape']:6.1f} {f['spearman']:5.2f} {f['regret']:7.3f} {lo:5.2f}-{hi:.2f}")
+    print("  profile curves (kind, tp, zero, eff_max, overhead s): "
+          + "; ".join(f"{k} tp{t} {e:.3f} {1e3 * o:.2f} ms" for k, t, _, e, o in steps["curves"]))
     out = {"what": __doc__.splitlines()[0], "source": str(PROFILE.relative_to(HERE.parent)), "precision": reads,
-           "rows": table, "summary": summary, "median_ratio": statistics.median(ratios)}
+           "rows": table, "summary": summary, "median_ratio": statistics.median(ratios), "step_times": steps}
     Path(args.output).write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {args.output}")
 

@@ -49,11 +49,11 @@ def test_step_times_from_tokens_per_gpu_reproduce_the_published_throughput(path)
     assert checked
 
 
-def _eager_traffic():
-    """benchmarks/eager_traffic.py as a module (benchmarks/ is not a package)."""
+def _benchmark(name: str = "eager_traffic"):
+    """benchmarks/<name>.py as a module (benchmarks/ is not a package)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("eager_traffic", DATA.parent / "eager_traffic.py")
+    spec = importlib.util.spec_from_file_location(name, DATA.parent / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -62,7 +62,7 @@ def _eager_traffic():
 def test_the_eager_traffic_a_file_states_is_the_count_of_its_framework_s_block():
     """act_traffic stated for an eager framework is counted (benchmarks/eager_traffic.py), never fitted: each
     stated figure is the count for the case's own shape under that framework's transcribed block."""
-    bench = _eager_traffic()
+    bench = _benchmark()
     checked = 0
     for path, block in ((DATA / "torchtitan_h100_llama3_202412.yaml", bench.torchtitan_block),
                         (DATA / "fms_fsdp_a100_llama2_202403.yaml", bench.fms_block),
@@ -89,7 +89,7 @@ def test_transformers_llama_block_moves_what_torchtitan_s_does():
     """The module autopar's runtime trains (transformers' LlamaDecoderLayer, a tiny config on meta) and
     torchtitan's transcribed block are both eager Llama blocks: their counted traffic agrees within a few per
     cent, several times the fused kernels' 3."""
-    bench = _eager_traffic()
+    bench = _benchmark()
     shape = (256, 4, 2, 512, 64)
     saved = bench.saved_bytes(*shape)
     hf, titan = (f(*shape) for f in (bench.hf_block, bench.torchtitan_block))
@@ -97,3 +97,18 @@ def test_transformers_llama_block_moves_what_torchtitan_s_does():
     assert ratios[0] == pytest.approx(ratios[1], rel=0.05)
     assert min(ratios) > 3 * 3
     assert hf["kernels"][0] >= 30 and hf["kernels"][1] > hf["kernels"][0]
+
+
+def test_the_sailor_file_states_the_counted_traffic_of_megatron_s_fp32_opt_block():
+    """Sailor's OPT-350 runs (Megatron-DeepSpeed at fp32, whose fused softmax steps aside for fp32 scores) state the
+    act_traffic benchmarks/megatron_opt_traffic.py counts for the transcribed block at the runs' shape: more than the
+    fused kernels' 3, and the backward moves more than the forward."""
+    bench = _benchmark("megatron_opt_traffic")
+    doc = yaml.safe_load((DATA / "sailor_gh200_opt350_clariden.yaml").read_text())
+    cfg = doc["model"]["hf_config"]
+    shape = (cfg["n_embd"], cfg["n_head"], cfg["n_inner"], doc["model"]["seq_len"])
+    fwd, bwd, kernels = bench.counted(*shape)
+    assert doc["framework"]["cost_params"]["act_traffic"] == pytest.approx((fwd + bwd) / bench.saved_bytes(*shape),
+                                                                            abs=0.006)
+    assert doc["framework"]["cost_params"]["act_traffic"] > 2 * 3 and bwd > 2 * fwd
+    assert doc["model"]["precision_mode"] == "tf32"  # NGC's image: TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1
