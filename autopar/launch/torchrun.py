@@ -39,7 +39,26 @@ ENV = (
 )
 
 
-def _env_block(nproc: int) -> list[str]:
+# What a plan's precision asks of fp32 matmuls, set whatever the environment holds (the plan was priced at that rate):
+# NGC's PyTorch images turn TF32 on for every fp32 matmul (ENV TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1), and
+# NVIDIA_TF32_OVERRIDE=0 turns it off in cuBLAS whatever PyTorch asks. (lines, why) per precision; others leave both.
+PRECISION_ENV = {
+    "fp32": (["export TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=0", "export NVIDIA_TF32_OVERRIDE=0"],
+             "the plan was priced at plain FP32 matmuls: TF32 off, even in NGC images (search with --precision tf32 "
+             "to run TF32)"),
+    "tf32": (["export TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1", "unset NVIDIA_TF32_OVERRIDE"],
+             "the plan was priced at TF32 matmuls: on for fp32 tensors, whatever the training script sets"),
+}
+
+
+def _precision_lines(precision: str) -> list[str]:
+    if precision not in PRECISION_ENV:
+        return []
+    lines, why = PRECISION_ENV[precision]
+    return [f"# {why}"] + lines
+
+
+def _env_block(nproc: int, precision: str) -> list[str]:
     lines = [
         "# Threads per rank: the node's cores shared among its ranks (torchrun would force 1).",
         'if [ -z "${OMP_NUM_THREADS:-}" ]; then',
@@ -55,7 +74,7 @@ def _env_block(nproc: int) -> list[str]:
               "  TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${rank}]: '",
               "fi",
               "export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"]
-    return lines
+    return lines + _precision_lines(precision)
 
 
 def render(lines: list[str]) -> str:
@@ -207,7 +226,7 @@ def node_script(plan: Plan, node: int, script: str, script_args: list[str], rend
         lines += ["# c10d rendezvous: nodes are ordered by hostname; on this homogeneous cluster any order is an",
                   "# equivalent plan, and c10d tolerates nodes joining in any order."]
     lines += ["set -euo pipefail", ""] + _paths_block(script, script_args, res) + [""]
-    lines += _rendezvous_block(node, res, cluster.num_nodes) + [""] + _env_block(nproc) + [""]
+    lines += _rendezvous_block(node, res, cluster.num_nodes) + [""] + _env_block(nproc, plan.precision) + [""]
     args = [f"--nnodes {cluster.num_nodes}", f"--nproc-per-node {nproc}"]
     if rendezvous == "static":
         args += [f"--node-rank {node}", "--rdzv-backend static", '--master-addr "$MASTER_ADDR"',
@@ -229,7 +248,8 @@ def local_script(plan: Plan, script: str, script_args: list[str], res: Resolved 
     nproc = cluster.nodes[0].count
     lines = _header(f"autopar: all {nproc} ranks of cluster {cluster.describe()} on this machine", res)
     lines += ["# Usage: bash run_local.sh [extra script args]"] + rank_map_lines(plan)
-    lines += ["set -euo pipefail", ""] + _paths_block(script, script_args, res) + [""] + _env_block(nproc) + [""]
+    lines += ["set -euo pipefail", ""] + _paths_block(script, script_args, res) + [""]
+    lines += _env_block(nproc, plan.precision) + [""]
     args = ["--standalone", "--nnodes 1", f"--nproc-per-node {nproc}", "--max-restarts 0"] + _log_args(0)
     return render(lines + _run_line(args))
 

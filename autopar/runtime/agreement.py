@@ -27,6 +27,7 @@ import json
 import os
 from dataclasses import asdict
 
+import torch
 import torch.distributed as dist
 from torch import nn
 
@@ -34,7 +35,14 @@ from autopar.errors import AutoparError
 from autopar.models.hf import units_view
 from autopar.plan.rules import id_ranges
 from autopar.plan.schema import Plan
-from autopar.runtime.checks import check_batchnorm, check_plan, check_precision, unit_experts
+from autopar.runtime.checks import (
+    check_batchnorm,
+    check_plan,
+    check_precision,
+    check_tf32,
+    tf32_matmuls,
+    unit_experts,
+)
 from autopar.runtime.context_parallel import check_cp_model
 from autopar.runtime.expert_parallel import check_moe_units
 from autopar.runtime.ties import Tie, check_ties, untie
@@ -138,7 +146,7 @@ def agree(doc: dict | None, error: BaseException | None) -> None:
                        f"see the traceback of {where}") from error
 
 
-def agreed_start(model: nn.Module, plan: Plan | str | os.PathLike, world_size: int, settings: dict,
+def agreed_start(model: nn.Module, plan: Plan | str | os.PathLike, world_size: int, settings: dict, device: torch.device
                  ) -> tuple[Plan, list[tuple[str, nn.Module]], dict[str, UnitTPInfo], list[Tie], object | None]:
     """Load the plan, read the model's units and check them on this rank, then ``agree`` (a collective).
 
@@ -164,6 +172,7 @@ def agreed_start(model: nn.Module, plan: Plan | str | os.PathLike, world_size: i
         check_ties(ties, plan)
         check_batchnorm(plan, named)
         check_precision(plan, named)
+        check_tf32(plan.precision, tf32_matmuls(device))  # the rate the plan was priced at
         check_cp_model(plan, model)
         check_moe_units(plan, named)
     except Exception as e:  # noqa: BLE001  (every rank must hear of it before anyone waits on a peer)

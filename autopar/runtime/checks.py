@@ -9,6 +9,9 @@ every rank raises the same one-line AutoparError and nobody waits on a peer that
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
+
 import torch
 from torch import nn
 
@@ -109,3 +112,34 @@ def check_precision(plan: Plan, named_units: list[tuple[str, nn.Module]]) -> Non
         raise AutoparError("plan.precision", "is fp8 but the model has no Float8Linear layers (wrap converts none)",
                            "convert the linear layers with torchao (convert_to_float8_training) first, or "
                            "search the plan with --precision bf16")
+
+
+def tf32_switch(allow_tf32: bool, env: Mapping[str, str]) -> bool:
+    """Whether fp32 matmuls run as TF32 on a GPU that has it: PyTorch's switch (which NGC's images force on with
+    TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1) unless NVIDIA_TF32_OVERRIDE=0 turns TF32 off inside cuBLAS."""
+    return bool(allow_tf32) and env.get("NVIDIA_TF32_OVERRIDE") != "0"
+
+
+def tf32_matmuls(device: torch.device) -> bool | None:
+    """Whether this process runs fp32 matmuls on ``device`` as TF32; None where there is no TF32 (the CPU, GPUs
+    before Ampere), so fp32 is plain FP32 whatever the switches say."""
+    if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] < 8:
+        return None
+    return tf32_switch(torch.backends.cuda.matmul.allow_tf32, os.environ)
+
+
+def check_tf32(precision: str, tf32: bool | None) -> None:
+    """Refuse an fp32 plan where fp32 matmuls run as TF32 and a tf32 plan where they do not (one line): its estimate
+    was priced at the other rate, several times apart. ``tf32``: ``tf32_matmuls`` of this rank's device."""
+    if tf32 is None or precision not in ("fp32", "tf32") or tf32 == (precision == "tf32"):
+        return
+    if tf32:
+        raise AutoparError("plan.precision", "is fp32 but this process runs fp32 matmuls as TF32 "
+                           "(torch.backends.cuda.matmul.allow_tf32 is on; NGC's PyTorch images turn it on with "
+                           "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1), several times faster than the plan was priced",
+                           "set torch.backends.cuda.matmul.allow_tf32 = False (or NVIDIA_TF32_OVERRIDE=0; autopar "
+                           "launch scripts do), or search the plan with --precision tf32")
+    raise AutoparError("plan.precision", "is tf32 but this process runs fp32 matmuls in plain FP32 "
+                       "(torch.backends.cuda.matmul.allow_tf32 is off, or NVIDIA_TF32_OVERRIDE=0), several times "
+                       "slower than the plan was priced", "set torch.backends.cuda.matmul.allow_tf32 = True "
+                       "(autopar launch scripts do), or search the plan with --precision fp32")

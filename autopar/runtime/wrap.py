@@ -137,7 +137,8 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
     settings = {"seed": seed, "loss_parallel": loss_parallel, "on_nonfinite": on_nonfinite,
                 "max_grad_norm": max_grad_norm, "mixed_precision": repr(mixed_precision),
                 "compile": repr(compile_kwargs), "meta_device": any(t.is_meta for t in model.parameters())}
-    plan, named, infos, ties, hf_source = agreed_start(model, plan, world, settings)
+    device = device or runtime_device()
+    plan, named, infos, ties, hf_source = agreed_start(model, plan, world, settings, device)
     check_cp_settings(plan, isinstance(step_loss(loss_fn), TokenCrossEntropy), compile_kwargs is not None)
     check_policy(mixed_precision, model, plan.precision)
     if compile_kwargs is not None:
@@ -147,7 +148,6 @@ def wrap(model: nn.Module, plan: Plan | str | os.PathLike, optimizer: OptimizerF
     modules = dict(named)
 
     places = placements(plan)
-    device = device or runtime_device()
     micro_tp = prepare_async_tp(plan, device, compile_kwargs, rank)  # plain TP on CPU (logged); CUDA: compile
     groups = Groups([s for n in names for s in unit_rank_sets(places[n]) + ep_rank_sets(places[n])]
                     + tie_rank_sets(ties, places), device.type)

@@ -11,7 +11,7 @@ from torch import nn
 from autopar.cluster.cluster import Cluster, GPUType, Node
 from autopar.errors import AutoparError
 from autopar.plan.compact import make_plan
-from autopar.runtime.checks import check_precision
+from autopar.runtime.checks import check_precision, check_tf32, tf32_matmuls, tf32_switch
 from autopar.units import units
 from tests.runtime.cases import mlp
 
@@ -48,3 +48,35 @@ def test_fp8_runs_with_float8_linear_layers():
 
     model = nn.Sequential(Float8Linear(6, 13), nn.Tanh(), Float8Linear(13, 7), nn.GELU(), nn.Linear(7, 3))
     check_precision(_plan("fp8"), units(model.to(torch.bfloat16)))
+
+
+@pytest.mark.parametrize("allow_tf32, env, on", [
+    (True, {}, True),
+    (True, {"TORCH_ALLOW_TF32_CUBLAS_OVERRIDE": "1"}, True),  # NGC's images: PyTorch's switch reads it as on
+    (True, {"NVIDIA_TF32_OVERRIDE": "0"}, False),  # cuBLAS keeps TF32 off whatever PyTorch asks
+    (True, {"NVIDIA_TF32_OVERRIDE": "1"}, True),  # only 0 means anything to cuBLAS
+    (False, {}, False),
+])
+def test_tf32_is_pytorch_s_switch_unless_cublas_is_told_otherwise(allow_tf32, env, on):
+    assert tf32_switch(allow_tf32, env) is on
+
+
+def test_no_tf32_on_the_cpu():
+    assert tf32_matmuls(torch.device("cpu")) is None
+
+
+@pytest.mark.parametrize("precision, tf32", [("fp32", False), ("tf32", True), ("bf16", True), ("bf16", False),
+                                             ("fp32", None), ("tf32", None)])
+def test_a_plan_runs_where_fp32_matmuls_run_at_its_rate(precision, tf32):
+    check_tf32(precision, tf32)
+
+
+@pytest.mark.parametrize("precision, tf32, start, fix", [
+    ("fp32", True, "plan.precision: is fp32 but this process runs fp32 matmuls as TF32", "--precision tf32"),
+    ("tf32", False, "plan.precision: is tf32 but this process runs fp32 matmuls in plain FP32", "--precision fp32"),
+])
+def test_a_plan_priced_at_the_other_matmul_rate_is_refused(precision, tf32, start, fix):
+    with pytest.raises(AutoparError) as info:
+        check_tf32(precision, tf32)
+    message = str(info.value)
+    assert message.startswith(start) and fix in message and "\n" not in message
