@@ -56,6 +56,11 @@ HERE = Path(__file__).resolve().parent
 PROFILE = HERE / "data" / "layer_profiles" / "sailor_megatron_deepspeed.yaml"
 RUNS = HERE / "data" / "sailor_gh200_opt350_clariden.yaml"  # the step times of OPT-350 on these GH200 nodes
 UNIT_TIMES = {"embedding": "embed_s", "block": "block_s", "head": "head_s"}  # the profile's figure of each unit kind
+NVLINK = ("GH200", "A100-40G", "A100-80G", "V100-16G")  # the profiled nodes whose GPUs talk over NVLink
+# Megatron on DeepSpeed's pipeline engine, as the Sailor runs: where the profile's per-call cost is tried held out
+# (the shared AMP file is read when it is beside the repository)
+TRANSFER = (HERE / "data" / "bloom_a100_topology_sweep.yaml", HERE / "data" / "bloom_176b_a100_training.yaml",
+            HERE / "data" / "amp_het_cluster.yaml", HERE.parents[1] / "shared" / "measured" / "amp_homogeneous.yaml")
 FP32_BYTES = 4
 
 
@@ -133,51 +138,96 @@ def by_gpu(table: list[dict]) -> list[dict]:
     return out
 
 
+def unit_curve(rows: list[dict], layer: LayerSpec, field: str, cluster, params: CostParams, tp: int) -> dict | None:
+    """One unit kind's compute curve at one TP degree, fitted to the profile's ``rows`` of it as ``autopar profile``
+    fits its own timings (``autopar.profile.fit.fit_efficiency``: forward + backward minus the TP collectives the
+    model charges, linear in the unit's FLOPs with a per-call cost)."""
+    samples = []
+    for r in rows:
+        ctx = StageContext(cluster, tuple(cluster.node_devices(0))[:tp], micro_batch_size=r["mbs"], num_microbatches=1,
+                           params=params)
+        comm = tp_comm_times(layer, np.array([float(tp)]), np.array([False]), np.array([0]), np.array([float(r["mbs"])]),
+                             ctx.tp_links, ctx.collectives)
+        samples.append({"flops": layer.flops * r["mbs"], "flops_per_rank": layer.flops * r["mbs"] / tp,
+                        "fwd_s": r[field][0], "bwd_s": r[field][1], "tp_comm_s": float(comm[0][0] + comm[1][0])})
+    return fit_efficiency(samples, ctx.peak_flops) if samples else None
+
+
 def profile_curves(doc: dict, run) -> tuple:
-    """``CostParams.eff_by_kind`` rows fitted to the GH200 OPT-350 profile as ``autopar profile`` fits its own
-    timings (``autopar.profile.fit.fit_efficiency``: forward + backward minus the TP collectives the model charges,
-    linear in the unit's FLOPs with a per-call cost), one row per unit kind and TP degree profiled."""
-    plan, model = run.plan, run.model
-    cluster = plan.cluster
-    params = plan_cost_params(plan)
+    """``CostParams.eff_by_kind`` rows of the GH200 OPT-350 profile, one per unit kind and TP degree profiled."""
+    params = plan_cost_params(run.plan)
     rows = next(p["rows"] for p in doc["profiles"] if p["model"] == "OPT-350")
     out = []
     for tp in sorted({r["tp"] for r in rows if r["gpu"] == "GH200"}):
         for kind, field in UNIT_TIMES.items():
-            layer = next(u for u in model.layers if u.kind == kind)
-            samples = []
-            for r in (r for r in rows if r["gpu"] == "GH200" and r["tp"] == tp):
-                ctx = StageContext(cluster, tuple(cluster.node_devices(0))[:tp], micro_batch_size=r["mbs"],
-                                   num_microbatches=1, params=params)
-                one = np.array([tp], dtype=float)
-                comm = tp_comm_times(layer, one, np.array([False]), np.array([0]), np.array([float(r["mbs"])]),
-                                     ctx.tp_links, ctx.collectives)
-                samples.append({"flops": layer.flops * r["mbs"], "flops_per_rank": layer.flops * r["mbs"] / tp,
-                                "fwd_s": r[field][0], "bwd_s": r[field][1], "tp_comm_s": float(comm[0][0] + comm[1][0])})
-            fit = fit_efficiency(samples, ctx.peak_flops)
+            layer = next(u for u in run.model.layers if u.kind == kind)
+            mine = [r for r in rows if r["gpu"] == "GH200" and r["tp"] == tp]
+            fit = unit_curve(mine, layer, field, run.plan.cluster, params, tp)
             if fit:
                 out.append((kind, tp, 0, fit["eff_max"], fit["layer_overhead_s"]))
     return tuple(out)
 
 
-def step_scores(doc: dict) -> dict:
-    """Sailor's GH200 step times three ways: the file as it stands (TF32, its framework's counted traffic), and
-    the same with the profile's fitted unit curves in place of the compute model (no step time enters the fit)."""
-    runs = [r for r in load_runs(RUNS).runs if r.measured_s is not None]
-    curves = profile_curves(doc, runs[0])
+def call_costs(doc: dict) -> list[dict]:
+    """What each TP collective call costs beyond the model's collective time, read from the block curves: the
+    per-call cost a TP degree adds over TP 1's, over the block's calls (its ``tp_collectives`` all-reduces in forward
+    and again in backward; the curve charges its per-call cost once in forward and twice in backward)."""
+    cache: dict = {}
+    out = []
+    for prof in doc["profiles"]:
+        block = block_of(doc["models"][prof["model"]], cache)
+        for gpu in dict.fromkeys(r["gpu"] for r in prof["rows"]):
+            precision = "tf32" if gpu in doc["tf32"][prof["model"]] else "fp32"
+            cluster = load_cluster(f"1x{doc['node_gpus'][gpu]}x{gpu}").at_precision(precision)
+            curves = {}
+            for tp in sorted({r["tp"] for r in prof["rows"] if r["gpu"] == gpu}):
+                mine = [r for r in prof["rows"] if r["gpu"] == gpu and r["tp"] == tp]
+                curves[tp] = unit_curve(mine, block, "block_s", cluster, CostParams(), tp)
+            if not curves.get(1):
+                continue
+            for tp, fit in curves.items():
+                if tp > 1 and fit:
+                    extra = 3 * (fit["layer_overhead_s"] - curves[1]["layer_overhead_s"])
+                    out.append({"model": prof["model"], "gpu": gpu, "tp": tp, "eff_max": fit["eff_max"],
+                                "call_overhead_s": fit["layer_overhead_s"],
+                                "per_collective_s": extra / (2 * block.tp_collectives)})
+    return out
+
+
+def variant_figures(runs: list, variants: dict) -> dict:
+    """Per variant (name -> a change of each run's own cost parameters): MAPE, Spearman, regret and the range of
+    predicted / measured over ``runs``."""
     groups, measured = [r.group for r in runs], [r.measured_s for r in runs]
     figures = {}
-    for how in ("the file's framework", "with the layer profile"):
-        pred = []
-        for r in runs:
-            p = plan_cost_params(r.plan)
-            if how != "the file's framework":
-                p = replace(p, eff_by_kind=curves, act_traffic=0.0)
-            pred.append(estimate_plan(r.plan, r.model, p).step_time_s)
-        figures[how] = {**scores(groups, pred, measured),
-                        "ratio_range": [min(a / b for a, b in zip(pred, measured)),
-                                        max(a / b for a, b in zip(pred, measured))]}
+    for how, change in variants.items():
+        pred = [estimate_plan(r.plan, r.model, change(plan_cost_params(r.plan))).step_time_s for r in runs]
+        ratios = [a / b for a, b in zip(pred, measured)]
+        figures[how] = {**scores(groups, pred, measured), "ratio_range": [min(ratios), max(ratios)]}
+    return figures
+
+
+def step_scores(doc: dict) -> dict:
+    """Sailor's GH200 step times as the file states them (TF32, its framework's counted traffic and per-call cost),
+    and with the profile's fitted unit curves in place of the compute model (no step time enters the fit)."""
+    runs = [r for r in load_runs(RUNS).runs if r.measured_s is not None]
+    curves = profile_curves(doc, runs[0])
+    figures = variant_figures(runs, {"the file's framework": lambda p: p,
+                                     "with the layer profile": lambda p: replace(p, eff_by_kind=curves,
+                                                                                 act_traffic=0.0)})
     return {"runs": len(runs), "curves": [list(c) for c in curves], "figures": figures}
+
+
+def transfer_scores(per_call: float) -> list[dict]:
+    """The other Megatron-DeepSpeed sources at their files' parameters, and with ``per_call`` seconds more a
+    collective call (``CostParams.collective_call_s``): what the profile's per-call cost would do to stacks it was
+    not measured on. Reported, not adopted: each file states what its own stack measured."""
+    out = []
+    for path in (p for p in TRANSFER if p.exists()):
+        runs = [r for r in load_runs(path).runs if r.measured_s is not None]
+        figures = variant_figures(runs, {"as the file states": lambda p: p,
+                                         "with the per-call cost": lambda p: replace(p, collective_call_s=per_call)})
+        out.append({"source": path.stem, "runs": len(runs), "figures": figures})
+    return out
 
 
 def main() -> None:
@@ -208,6 +258,20 @@ def main() -> None:
                 gpus.setdefault(r["gpu"], []).append(r["ratio_counted"])
         print(f"{model} with its counted act_traffic, median per GPU: "
               + ", ".join(f"{g} {statistics.median(v):.2f}" for g, v in gpus.items()))
+    calls = call_costs(doc)
+    print("\nper TP all-reduce call beyond the modelled collective, from the block curves (ms):")
+    for c in calls:
+        print(f"  {c['model']:12s} {c['gpu']:9s} tp {c['tp']}: {1e3 * c['per_collective_s']:6.3f}")
+    nvlink = [c["per_collective_s"] for c in calls if c["gpu"] in NVLINK]
+    per_call = statistics.median(nvlink)
+    print(f"NVLink nodes: {1e3 * min(nvlink):.2f}-{1e3 * max(nvlink):.2f} ms a call, median {1e3 * per_call:.2f}")
+    transfer = transfer_scores(per_call)
+    print(f"\nother Megatron-DeepSpeed sources with {1e3 * per_call:.2f} ms a collective call (held out, not adopted):")
+    for src in transfer:
+        for how, f in src["figures"].items():
+            rho = "-" if f["spearman"] is None else f"{f['spearman']:.2f}"
+            regret = "-" if f["regret"] is None else f"{f['regret']:.3f}"
+            print(f"  {src['source']:28s} {how:24s} MAPE {100 * f['mape']:5.1f}%  rho {rho:>5s}  regret {regret}")
     steps = step_scores(doc)
     print(f"\nSailor's {steps['runs']} GH200 step times: {'cost model':26s} {'MAPE%':>6s} {'rho':>5s} {'regret':>7s} "
           f"{'pred/meas':>10s}")
@@ -217,7 +281,8 @@ def main() -> None:
     print("  profile curves (kind, tp, zero, eff_max, overhead s): "
           + "; ".join(f"{k} tp{t} {e:.3f} {1e3 * o:.2f} ms" for k, t, _, e, o in steps["curves"]))
     out = {"what": __doc__.splitlines()[0], "source": str(PROFILE.relative_to(HERE.parent)), "precision": reads,
-           "rows": table, "summary": summary, "median_ratio": statistics.median(ratios), "step_times": steps}
+           "rows": table, "summary": summary, "median_ratio": statistics.median(ratios), "step_times": steps,
+           "call_costs": calls, "nvlink_per_call_s": per_call, "transfer": transfer}
     Path(args.output).write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {args.output}")
 

@@ -102,8 +102,9 @@ class CostParams:
         all-reduces with it inside (benchmarks/collective_fidelity.py: 8 H200 at 32 KiB-1 MiB measured 38-46 us,
         charged 42-47 us; 8.4 us more would charge 51-56 us). What a framework adds per call comes on top and can
         be far more: AMP's Megatron 1.1.5 runs on T4 and V100 fit 1.0-1.5 ms a call (benchmarks/
-        measured_fidelity.py, held out); ``autopar calibrate`` fits it from runs with many small collectives
-        (TP at small micro-batches) next to runs with few. A measured fit (``comm_fit``) includes it already.
+        measured_fidelity.py, held out), and Sailor's per-layer profiles of Megatron-DeepSpeed read 0.11-0.55 ms a TP
+        all-reduce on NVLink nodes (benchmarks/sailor_layer_profile.py); ``autopar calibrate`` fits it from runs with
+        many small collectives (TP at small micro-batches) next to runs with few. A measured fit (``comm_fit``) includes it already.
     reserve_gib: framework reserve per device (CUDA context, NCCL buffers, allocator fragmentation).
     act_mem_factor: bytes the caching allocator holds per byte of activations the model counts (saved
         for backward, and a layer's transient working set): above 1 where freed activation blocks of

@@ -112,3 +112,15 @@ def test_the_sailor_file_states_the_counted_traffic_of_megatron_s_fp32_opt_block
                                                                             abs=0.006)
     assert doc["framework"]["cost_params"]["act_traffic"] > 2 * 3 and bwd > 2 * fwd
     assert doc["model"]["precision_mode"] == "tf32"  # NGC's image: TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1
+
+
+def test_the_sailor_file_states_the_per_call_cost_its_own_profile_measures(monkeypatch):
+    """The Sailor runs' collective_call_s is what Sailor's per-layer profile of the same block on the same GH200 nodes
+    at the runs' TP degree reads per TP all-reduce (benchmarks/sailor_layer_profile.py), not a fit to the step times."""
+    monkeypatch.syspath_prepend(str(DATA.parent))  # the profile benchmark imports megatron_opt_traffic beside it
+    bench = _benchmark("sailor_layer_profile")
+    doc = yaml.safe_load((DATA / "sailor_gh200_opt350_clariden.yaml").read_text())
+    (tp,) = {c["tp"] for c in doc["cases"]}
+    profile = yaml.safe_load(bench.PROFILE.read_text())
+    read = [c for c in bench.call_costs(profile) if (c["model"], c["gpu"], c["tp"]) == ("OPT-350", "GH200", tp)]
+    assert doc["framework"]["cost_params"]["collective_call_s"] == pytest.approx(read[0]["per_collective_s"], abs=1e-6)
