@@ -25,7 +25,7 @@ from torch import nn
 from autopar.models.hf_fused import split_fused
 from autopar.models.hf_llama import HFHead
 from autopar.models.hf_units import HFBlock, HFCausalLM
-from autopar.models.tp_plans import HEAD_PLAN, MULTI_QUERY_PARTS
+from autopar.models.tp_plans import HEAD_PLAN, MULTI_QUERY_PARTS, MULTI_QUERY_WHOLE
 
 
 class HFGPT2Embed(nn.Module):
@@ -61,7 +61,8 @@ GPT2_LIKE = {
 }
 # GPT-BigCode with multi-query attention: c_attn held as the queries and the one K and V head (MULTI_QUERY_PARTS;
 # local_queries sizes the attention to the rank's query heads)
-BIGCODE_MULTI_QUERY = ("attn", {**{f"c_attn.parts.{i}": style for i, style in enumerate(MULTI_QUERY_PARTS)},
+BIGCODE_MULTI_QUERY = ("attn", {"c_attn": MULTI_QUERY_WHOLE,
+                                **{f"c_attn.parts.{i}": style for i, style in enumerate(MULTI_QUERY_PARTS)},
                                 "c_proj": "rowwise"}, {"attn.c_attn": "query_then_kv"})
 
 

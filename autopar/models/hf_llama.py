@@ -25,7 +25,7 @@ from torch import nn
 from autopar.errors import AutoparError
 from autopar.models.hf_fused import FusedLinear, split_fused
 from autopar.models.hf_units import HFCausalLM, block_mask, sliding_window
-from autopar.models.tp_plans import HEAD_PLAN, MULTI_QUERY_PARTS, entries
+from autopar.models.tp_plans import HEAD_PLAN, MULTI_QUERY_PARTS, MULTI_QUERY_WHOLE, entries
 
 DENSE = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "olmo", "olmo2", "olmo3",
          "granite", "cohere", "cohere2", "starcoder2", "glm", "glm4", "smollm3", "seed_oss", "exaone4", "apertus",
@@ -219,7 +219,8 @@ def block_plan(cfg, layers: list[nn.Module], names: dict[str, str] = _LLAMA_NAME
     plan = {**{"layer." + key[len(prefix):]: _HF_STYLES.get(style) for key, style in raw.items()
                if key.startswith(prefix) and "layer." + key[len(prefix):] not in fused},  # HF styles the fused whole
             **{f"{fqn}.parts.{i}": style for fqn, styles in part_styles.items() for i, style in enumerate(styles)},
-            **{fqn: style for fqn, style in TP_EXTRAS.get(kind, {}).items() if fqn in present and fqn not in fused}}
+            **{fqn: style for fqn, style in TP_EXTRAS.get(kind, {}).items() if fqn in present and fqn not in fused},
+            **({f"layer.{mq}": MULTI_QUERY_WHOLE} if mq else {})}
     if None in plan.values():
         return None  # a style autopar does not translate: run this architecture with tp = 1
     attn = f"layer.{names['attn']}"

@@ -20,6 +20,8 @@ when the layer runs with sequence parallelism. Style names:
                 when the unit splits the sequence and every token otherwise (OPT-350M's project_out)
   kv_replicated a projection left whole on every rank whose output each rank's heads read (multi-query
                 attention's K and V): the gradients of its input and its parameters are summed over TP
+  replicated_input  a module whose parts all read its input (a multi-query QKV held as parts): the input becomes one
+                replicated DTensor, so the parts' input gradients are summed before one all-reduce
   local_queries a multi-query attention module (its K and V kv_replicated): the counts that follow its query heads
                 only (``num_heads``, ``embed_dim``, ``num_key_value_groups``) become the rank's share
   local_heads   an attention module that sizes its reshapes by head counts it keeps (StableLM's, Persimmon's
@@ -52,6 +54,9 @@ from __future__ import annotations
 # A multi-query QKV held as its parts (autopar.models.hf_fused's query_then_kv layout): the queries column-parallel,
 # the one K and one V head whole on every rank, which all the rank's query heads read
 MULTI_QUERY_PARTS = ("colwise", "kv_replicated", "kv_replicated")
+# ... and the fused module itself: its input one replicated DTensor for the three parts, so that their input gradients
+# are summed before the one all-reduce (three parts converting a plain input each would all-reduce three times)
+MULTI_QUERY_WHOLE = "replicated_input"
 # The head of a model whose head unit holds ``norm`` then ``proj`` (the LM head): its input split along the sequence,
 # the norm on the rank's tokens, the logits vocabulary-parallel
 HEAD_PLAN: dict[str, str] = {"": "sp_unit_in", "norm": "sp_norm", "proj": "logits"}

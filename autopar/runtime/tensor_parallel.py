@@ -32,6 +32,8 @@ SP_GRAD_SUM = "sp_grad_sum"
 # A projection kept whole on every TP rank whose output every rank's heads read (multi-query attention's one K and V
 # head): the gradients of its input and of its parameters are each the part of the rank's heads, summed over TP.
 KV_REPLICATED = "kv_replicated"
+# A module whose parts read one input (a multi-query QKV held as parts): the input becomes a replicated DTensor once.
+REPLICATED_INPUT = "replicated_input"
 
 
 def _style(name: str, sp: bool, logits_sharded: bool) -> ParallelStyle | None:
@@ -61,6 +63,10 @@ def _style(name: str, sp: bool, logits_sharded: bool) -> ParallelStyle | None:
         return _ReadByEveryHead()
     if name == "local_queries":
         return _LocalHeads(QUERY_COUNTS, in_config=False)
+    if name == REPLICATED_INPUT:
+        # one replicated DTensor for the module's parts: their input gradients (a column-parallel part's and the
+        # whole K / V head's partial sums) add up as DTensors and are all-reduced once, not once a part
+        return PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),))
     if name == "logits":
         return Colwise(input_layouts=seq if sp else Replicate(),
                        output_layouts=Shard(-1) if logits_sharded else Replicate(),
@@ -84,7 +90,7 @@ def _style(name: str, sp: bool, logits_sharded: bool) -> ParallelStyle | None:
         return PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(seq,),
                                   use_local_output=True)
     raise AutoparError("tp plan", f"unknown style {name!r}",
-                       "use colwise, rowwise, vocab_embed, logits, tp_norm, tp_grad_sum, sp_grad_sum, kv_replicated, "
+                       "use colwise, rowwise, vocab_embed, logits, tp_norm, tp_grad_sum, sp_grad_sum, kv_replicated, replicated_input, "
                        "local_queries, local_heads, local_head_range, writable_output, head_norm_list, sp_norm, "
                        "sp_norm_local, sp_region, sp_region_hidden_states, sp_region_with_residual, sp_unit or "
                        "sp_unit_in (or several joined by '+')")

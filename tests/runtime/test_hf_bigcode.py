@@ -85,3 +85,27 @@ def test_bigcode_built_on_the_meta_device_trains_like_one_process(multi_query):
     x, y = token_data()
     plan = make_plan([(2, 4, [([0, 1], same([E, L0], tp=2, zero=3)), ([2, 3], same([L1, H], tp=2))])])
     assert_matches_reference(view(multi_query=multi_query), plan, x, y, tol=1e-6, meta=True)
+
+
+def _block_backward_all_reduces(rank: int, world: int, multi_query: bool) -> int:
+    """All-reduces of one TP 2 block's backward (no sequence parallelism) on this rank."""
+    from autopar.runtime.wrap import wrap
+    from tests.runtime.test_op_checkpoint_collectives import _Count
+
+    torch.manual_seed(0)
+    plan = make_plan([(2, 1, [([0, 1], [(E, {}), (L0, {"tp": 2}), (L1, {"tp": 2}), (H, {})])])])
+    pm = wrap(view(multi_query=multi_query)(), plan, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1))
+    y = pm.local_units[L0](torch.randn(2, 8, 32, dtype=torch.float64, requires_grad=True))
+    with _Count() as count:
+        (y[0] if isinstance(y, tuple) else y).sum().backward()
+    return count.calls["all_reduce"]
+
+
+def test_multi_query_sums_its_input_gradient_in_one_all_reduce():
+    """The queries and the whole K / V head read one replicated input (replicated_input on c_attn), so their input
+    gradients are added before one all-reduce, as multi-head attention's column-parallel c_attn does: a block's
+    backward all-reduces as often either way (each part converting its own input would all-reduce three times)."""
+    from autopar.runtime.local_ranks import run_distributed
+
+    mq, mh = (run_distributed(_block_backward_all_reduces, 2, m, timeout_s=120)[0] for m in (True, False))
+    assert mq == mh > 0
