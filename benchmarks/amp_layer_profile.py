@@ -27,7 +27,8 @@ from pathlib import Path
 import yaml
 
 from autopar.calibrate import scores
-from autopar.estimate import estimate_plan, plan_cost_params
+from autopar.calibrate.score import predicted_under
+from autopar.estimate import plan_cost_params
 from autopar.estimate.context import StageContext
 from autopar.measured import load_runs
 from autopar.plan.schema import Strategy
@@ -80,14 +81,10 @@ def step_scores(table: list[dict]) -> list[dict]:
         rows = tuple(("block", t, 0, None, sum(w * gap[(g, t)] for g, w in _weights(gpu).items())) for t in (1, 2, 4))
         groups, measured = [r.group for r in runs], [r.measured_s for r in runs]
         figures = {}
-        for how in ("defaults", "with the layer profile"):
-            pred = []
-            for r in runs:
-                p = plan_cost_params(r.plan)
-                if how != "defaults":
-                    p = replace(p, eff_by_kind=tuple((k, t, z, p.eff_max, o) for k, t, z, _, o in rows))
-                pred.append(estimate_plan(r.plan, r.model, p).step_time_s)
-            figures[how] = scores(groups, pred, measured)
+        for how, change in (("defaults", lambda p: p),
+                            ("with the layer profile", lambda p, rows=rows: replace(
+                                p, eff_by_kind=tuple((k, t, z, p.eff_max, o) for k, t, z, _, o in rows)))):
+            figures[how] = scores(groups, predicted_under(runs, change), measured)
         amp = [(r.source_predicted_s, r.measured_s, r.group) for r in runs if r.source_predicted_s]
         figures["AMP's own model"] = scores([a[2] for a in amp], [a[0] for a in amp], [a[1] for a in amp])
         out.append({"source": path.stem, "runs": len(runs), "figures": figures})

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from autopar.measured.model import model_from_config
+from autopar.modelspec.spec import LayerSpec
 from autopar.profile.eager_traffic import count_traffic
 
 HERE = Path(__file__).resolve().parent
@@ -93,13 +94,18 @@ def counted(dim: int, heads: int, ffn: int, seq: int) -> tuple[int, int, tuple[i
     return c.fwd_bytes, c.bwd_bytes, (c.fwd_kernels, c.bwd_kernels)
 
 
-def saved_bytes(dim: int, heads: int, ffn: int, seq: int) -> float:
-    """Activation bytes per sample the cost model's block of this shape saves at fp32, eager, TP 1."""
+def block_spec(dim: int, heads: int, ffn: int, seq: int, cache: dict | None = None) -> LayerSpec:
+    """The cost model's block of this shape: a GPT block (learned positions, LayerNorm, MLP of ``ffn``), fp32
+    activations, eager attention. ``cache``: ``model_from_config``'s, for callers building many."""
     cfg = {"model_type": "gpt2", "n_layer": 1, "n_embd": dim, "n_head": heads, "n_inner": ffn, "vocab_size": 50304,
            "n_positions": seq, "tie_word_embeddings": False, "attn_implementation": "eager"}
-    model, _ = model_from_config(cfg, seq, "shape", {}, dtype_bytes=4)
-    block = next(layer for layer in model.layers if layer.kind == "block")
-    return float(block.saved_bytes("none", 1, False, 1.0))
+    model, _ = model_from_config(cfg, seq, "shape", {} if cache is None else cache, dtype_bytes=4)
+    return next(layer for layer in model.layers if layer.kind == "block")
+
+
+def saved_bytes(dim: int, heads: int, ffn: int, seq: int) -> float:
+    """Activation bytes per sample the cost model's block of this shape saves at fp32, eager, TP 1."""
+    return float(block_spec(dim, heads, ffn, seq).saved_bytes("none", 1, False, 1.0))
 
 
 def rows() -> list[dict]:

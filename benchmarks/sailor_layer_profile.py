@@ -40,12 +40,12 @@ import numpy as np
 import yaml
 
 from autopar.calibrate import scores
+from autopar.calibrate.score import predicted_under
 from autopar.cluster.catalogue import gpu as gpu_type
 from autopar.cluster.parse import load_cluster
-from autopar.estimate import estimate_plan, plan_cost_params
+from autopar.estimate import plan_cost_params
 from autopar.estimate.context import StageContext
 from autopar.measured import load_runs
-from autopar.measured.model import model_from_config
 from autopar.modelspec.spec import LayerSpec
 from autopar.plan.schema import Strategy
 from autopar.profile.fit import fit_efficiency
@@ -61,17 +61,11 @@ NVLINK = ("GH200", "A100-40G", "A100-80G", "V100-16G")  # the profiled nodes who
 # (the shared AMP file is read when it is beside the repository)
 TRANSFER = (HERE / "data" / "bloom_a100_topology_sweep.yaml", HERE / "data" / "bloom_176b_a100_training.yaml",
             HERE / "data" / "amp_het_cluster.yaml", HERE.parents[1] / "shared" / "measured" / "amp_homogeneous.yaml")
-FP32_BYTES = 4
 
 
 def block_of(shape: dict, cache: dict) -> LayerSpec:
-    """The cost model's block of a profiled shape: a GPT block (learned positions, LayerNorm, 4h MLP), fp32
-    activations, eager attention."""
-    cfg = {"model_type": "gpt2", "n_layer": shape["layers"], "n_embd": shape["hidden"], "n_head": shape["heads"],
-           "n_inner": shape["ffn"], "vocab_size": 50304, "n_positions": shape["seq_len"],
-           "tie_word_embeddings": False, "attn_implementation": "eager"}
-    model, _ = model_from_config(cfg, shape["seq_len"], "profile", cache, dtype_bytes=FP32_BYTES)
-    return next(layer for layer in model.layers if layer.kind == "block")
+    """The cost model's block of a profiled shape (``megatron_opt_traffic.block_spec``: fp32, eager attention)."""
+    return megatron_opt_traffic.block_spec(shape["hidden"], shape["heads"], shape["ffn"], shape["seq_len"], cache)
 
 
 def predicted(block: LayerSpec, gpu: str, node_gpus: int, tp: int, mbs: int, precision: str,
@@ -142,10 +136,11 @@ def unit_curve(rows: list[dict], layer: LayerSpec, field: str, cluster, params: 
     """One unit kind's compute curve at one TP degree, fitted to the profile's ``rows`` of it as ``autopar profile``
     fits its own timings (``autopar.profile.fit.fit_efficiency``: forward + backward minus the TP collectives the
     model charges, linear in the unit's FLOPs with a per-call cost)."""
+    # the links, collectives and peak of ``tp`` GPUs of one node (the micro-batch enters through b_local below)
+    ctx = StageContext(cluster, tuple(cluster.node_devices(0))[:tp], micro_batch_size=1, num_microbatches=1,
+                       params=params)
     samples = []
     for r in rows:
-        ctx = StageContext(cluster, tuple(cluster.node_devices(0))[:tp], micro_batch_size=r["mbs"], num_microbatches=1,
-                           params=params)
         comm = tp_comm_times(layer, np.array([float(tp)]), np.array([False]), np.array([0]), np.array([float(r["mbs"])]),
                              ctx.tp_links, ctx.collectives)
         samples.append({"flops": layer.flops * r["mbs"], "flops_per_rank": layer.flops * r["mbs"] / tp,
@@ -200,7 +195,7 @@ def variant_figures(runs: list, variants: dict) -> dict:
     groups, measured = [r.group for r in runs], [r.measured_s for r in runs]
     figures = {}
     for how, change in variants.items():
-        pred = [estimate_plan(r.plan, r.model, change(plan_cost_params(r.plan))).step_time_s for r in runs]
+        pred = predicted_under(runs, change)
         ratios = [a / b for a, b in zip(pred, measured)]
         figures[how] = {**scores(groups, pred, measured), "ratio_range": [min(ratios), max(ratios)]}
     return figures

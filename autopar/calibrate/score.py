@@ -13,6 +13,7 @@ note says so. ``start``: where the fitted fields start (``table.start_u``).
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from scipy.stats import spearmanr
@@ -21,9 +22,16 @@ from autopar.calibrate.fit import fit, jacobian, predict, refusals
 from autopar.calibrate.inputs import CalRun
 from autopar.calibrate.select import select_rows
 from autopar.calibrate.table import Fittable
+from autopar.estimate import estimate_plan, plan_cost_params
 from cost_models import CostParams
 
 LOO_MAX = 8
+
+
+def predicted_under(runs: list, change: Callable[[CostParams], CostParams]) -> list[float]:
+    """Step seconds of measured runs (anything with a ``plan`` and a ``model``: ``autopar.measured`` runs) estimated
+    at their plans' own cost parameters passed through ``change``."""
+    return [estimate_plan(r.plan, r.model, change(plan_cost_params(r.plan))).step_time_s for r in runs]
 
 
 def mape_of_ratios(ratios: list[float]) -> float | None:

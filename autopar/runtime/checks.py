@@ -91,7 +91,7 @@ def check_batchnorm(plan: Plan, named_units: list[tuple[str, nn.Module]]) -> Non
 PRECISION_DTYPES: dict[str, tuple[torch.dtype, ...]] = {
     "fp16": (torch.float16,),
     "fp32": (torch.float32,),
-    "tf32": (torch.float32,),  # TF32 GEMMs are the caller's switch: torch.backends.cuda.matmul.allow_tf32
+    "tf32": (torch.float32,),  # its TF32 matmuls: the process's switch, which check_tf32 holds to the plan
     "fp8": (torch.bfloat16, torch.float32),  # with torchao Float8Linear layers (checked by class name)
 }
 
