@@ -15,11 +15,16 @@ children is one unit named ``model``. Per unit, per sample (divided by the examp
   own parameters (e.g. a CLS token) go to the first unit; units that never run hand theirs to the
   preceding unit in registration order.
 * Saved activations: every tensor autograd saves, each storage counted once (by the unit that saved
-  it first), parameters and buffers excluded, split by a stated rule: tensors whose last two dims are
-  both ``seq_len`` (attention scores) -> ``act_attn_bytes``; norm inputs and outputs, ``nn.Dropout``
+  it first), parameters and buffers excluded, split by a stated rule: attention scores (seq x seq tensors
+  that come from Q K^T, ``OpTrace.scores``) -> ``act_attn_bytes``; norm inputs and outputs, ``nn.Dropout``
   masks and integer tensors (ids) -> ``act_seq_bytes``; the rest -> ``act_tp_bytes``. For a unit without a TP
   plan the split has no effect (it runs at tp = 1). Bytes are what the eager meta kernels save (e.g.
   CPU-style float dropout masks, unfused norms), so they can exceed the zoo's fused-kernel formulas.
+  ``F.scaled_dot_product_attention`` is the exception: the meta device runs its math fallback, which keeps
+  the s x s scores, where every device autopar runs on calls a fused kernel (CUDA flash, memory-efficient
+  or cuDNN in 16 and 32 bits; CPU flash in every dtype) keeping query, key, value, output, mask and fp32
+  log-sum-exp statistics: those are counted (``_Recorder.sdpa_saves``), the fallback's are not. (CUDA runs
+  the math path in fp64, a dtype autopar traces for tests only.)
 * ``attn_core_flops``: FLOPs of batched matmuls and SDPA kernels (``bmm``, ``baddbmm``,
   ``*attention*``): what selective checkpointing recomputes.
 * ``op`` (what ckpt ``op`` keeps and recomputes): from the unit's matmuls and SDPA calls in execution
@@ -48,7 +53,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from autopar.errors import AutoparError
 from autopar.modelspec.spec import LayerSpec, ModelSpec
 from autopar.modelspec.trace_moe import ExpertFlops, unit_moe
-from autopar.modelspec.trace_ops import OpTrace, SdpaTrace, gemm_facts, op_facts
+from autopar.modelspec.trace_ops import OpTrace, SdpaTrace, gemm_facts, op_facts, storage_id
 from autopar.modelspec.unit_params import unit_params, unit_ties
 from autopar.units import discover
 from cost_models.gemm_shapes import flops_per_token
@@ -86,16 +91,11 @@ def _nbytes(tree) -> int:
     return sum(t.numel() * t.element_size() for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor))
 
 
-def _sid(t: torch.Tensor) -> int:
-    """Storage identity (works on meta, where every data pointer is 0)."""
-    return t.untyped_storage()._cdata
-
-
 class _Recorder:
     """Per-unit forward FLOPs, saved bytes and boundaries while the traced model runs."""
 
-    def __init__(self, units: dict[nn.Module, list[str]], counter: FlopCounterMode, seq_len: int, skip: set[int]):
-        self.units, self.counter, self.seq_len, self.skip = units, counter, seq_len, skip
+    def __init__(self, units: dict[nn.Module, list[str]], counter: FlopCounterMode, skip: set[int]):
+        self.units, self.counter, self.skip = units, counter, skip
         self.order: list[str] = []  # units by first execution
         self.stack: list[str] = []  # units running now (a unit may call another)
         self.last: str | None = None  # the unit that ran last: glue is charged to it
@@ -104,6 +104,7 @@ class _Recorder:
         self.mods: list[nn.Module] = []  # innermost module stack (all modules)
         self.norm_out: set[int] = set()
         self.keep: list[torch.Tensor] = []  # keeps saved storages alive so identities stay unique
+        self.ops: OpTrace | None = None  # set once the op trace exists: tells when SDPA is running
         self.mark = self._read()
 
     @staticmethod
@@ -153,27 +154,45 @@ class _Recorder:
         if self.mods and self.mods[-1] is mod:
             self.mods.pop()
         if _is_norm(mod):
-            self.norm_out.update(_sid(t) for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor))
+            self.norm_out.update(storage_id(t) for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor))
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
-        sid = _sid(t)
+        if not (self.ops is not None and self.ops.in_sdpa):  # inside SDPA: the meta math fallback's tensors
+            self._record(t)
+        return t
+
+    def sdpa_saves(self, tensors: tuple, stats_bytes: float) -> None:
+        """What the fused SDPA kernel a device runs keeps (flash, memory-efficient, cuDNN, CPU flash): its
+        query, key, value and output (TP-sharded heads), its mask, and fp32 statistics (the attention core,
+        as the zoo's flash formula counts them)."""
+        q, k, v, out, mask = tensors
+        for t in (q, k, v, out):
+            self._record(t, "tp")
+        if isinstance(mask, torch.Tensor):
+            self._record(mask, "seq")  # whole on every TP rank
+        t_name = self.target()
+        (self.stats[t_name] if t_name else self.pending)["attn_b"] += stats_bytes
+
+    def _record(self, t: torch.Tensor, bucket: str | None = None) -> None:
+        """Charge ``t``'s storage once, to the unit running now, in ``bucket`` (None: by the module rule)."""
+        sid = storage_id(t)
         if sid in self.skip:
-            return t
+            return
         self.skip.add(sid)
         self.keep.append(t)
         t_name = self.target()
         st = self.stats[t_name] if t_name else self.pending
+        st[bucket or self._bucket(t, sid)] += t.untyped_storage().nbytes()
+
+    def _bucket(self, t: torch.Tensor, sid: int) -> str:
+        """The module docstring's rule: attention scores, sequence-sharded tensors, or the TP-sharded rest."""
         inner = self.mods[-1] if self.mods else None
-        nbytes = t.untyped_storage().nbytes()
-        if t.dim() >= 2 and self.seq_len > 1 and t.shape[-1] == t.shape[-2] == self.seq_len:
-            bucket = "attn_b"
-        elif (inner is not None and (_is_norm(inner) or isinstance(inner, nn.Dropout))) \
+        if self.ops is not None and sid in self.ops.scores:
+            return "attn_b"
+        if (inner is not None and (_is_norm(inner) or isinstance(inner, nn.Dropout))) \
                 or sid in self.norm_out or not (t.is_floating_point() or t.is_complex()):
-            bucket = "seq"
-        else:
-            bucket = "tp"
-        st[bucket] += nbytes
-        return t
+            return "seq"
+        return "tp"
 
 
 def _first_tensor(x) -> torch.Tensor | None:
@@ -238,7 +257,7 @@ def spec_from_module(module: nn.Module, example_input, name: str | None = None, 
     params = dict(module.named_parameters())
     meta_state = {k: _to_meta(dtype)(p).requires_grad_(p.requires_grad) for k, p in params.items()}
     meta_state.update({k: _to_meta(dtype)(b) for k, b in module.named_buffers()})
-    skip = {_sid(t) for t in meta_state.values()}
+    skip = {storage_id(t) for t in meta_state.values()}
     units = unit_modules(module)
     unit_of: dict[nn.Module, list[str]] = {}
     for n, m in units:
@@ -254,14 +273,15 @@ def spec_from_module(module: nn.Module, example_input, name: str | None = None, 
     try:
         module.train()
         with counter:
-            rec = _Recorder(unit_of, counter, seq, skip)
+            rec = _Recorder(unit_of, counter, skip)
             for m in unit_of:
                 handles.append(m.register_forward_pre_hook(rec.pre, with_kwargs=True))
                 handles.append(m.register_forward_hook(rec.post, with_kwargs=True))
             handles.append(nn.modules.module.register_module_forward_pre_hook(rec.any_pre))
             handles.append(nn.modules.module.register_module_forward_hook(rec.any_post))
-            ops = OpTrace(lambda: (rec.stack[-1] if rec.stack else None, rec.mods[-1] if rec.mods else None))
-            with saved_tensors_hooks(rec.pack, lambda t: t), SdpaTrace(ops), ops:
+            ops = OpTrace(lambda: (rec.stack[-1] if rec.stack else None, rec.mods[-1] if rec.mods else None), seq)
+            rec.ops = ops
+            with saved_tensors_hooks(rec.pack, lambda t: t), SdpaTrace(ops, rec.sdpa_saves), ops:
                 out = torch.func.functional_call(module, meta_state, args, kwargs)
                 rec._charge()
             fwd_total = float(counter.get_total_flops())

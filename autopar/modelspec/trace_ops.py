@@ -17,12 +17,16 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from autopar.modelspec.op_policy import Matmul, OpSaved, op_saved
 from cost_models.gemm_shapes import Gemm
 
 aten = torch.ops.aten
 MATMULS = {aten.mm.default: 0, aten.linear.default: 0, aten.addmm.default: 1}  # op -> which arg is [.., k]
+# batched products that compute attention scores Q K^T (per head) -> which arg is [.., k] (the head dim
+# contracted); not mm: a linear layer whose output width equals the sequence is a mm to seq x seq
+SCORE_MATMULS = {aten.bmm.default: 0, aten.baddbmm.default: 1}
 STATS_BYTES = 4  # SDPA kernels keep fp32 log-sum-exp per query row
 
 
@@ -30,13 +34,25 @@ def _bytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-class OpTrace(TorchDispatchMode):
-    """Records matmuls per unit; ``where()`` gives (unit running now or None, innermost module or None)."""
+def storage_id(t: torch.Tensor) -> int:
+    """Storage identity (works on meta, where every data pointer is 0)."""
+    return t.untyped_storage()._cdata
 
-    def __init__(self, where: Callable[[], tuple[str | None, nn.Module | None]]) -> None:
+
+class OpTrace(TorchDispatchMode):
+    """Records matmuls per unit; ``where()`` gives (unit running now or None, innermost module or None).
+
+    ``scores``: storages of attention scores, found by where they come from rather than by shape (a hidden
+    state is seq x seq too when the hidden size equals the sequence): a product ending in seq x seq over a
+    contracted dim other than seq (Q K^T over the head dim), and every seq x seq result of an op that reads
+    one (scaling, masking, softmax, dropout, casts)."""
+
+    def __init__(self, where: Callable[[], tuple[str | None, nn.Module | None]], seq_len: int = 0) -> None:
         super().__init__()
-        self.where = where
+        self.where, self.seq = where, seq_len
         self.in_sdpa = 0
+        self.scores: set[int] = set()
+        self.keep: list[torch.Tensor] = []
         self.events: dict[str, list[tuple[str, float, float, nn.Module | None, tuple[int, int, int] | None]]] = {}
 
     def record(self, kind: str, nbytes: float, flops: float, shape: tuple[int, int, int] | None = None) -> None:
@@ -50,15 +66,30 @@ class OpTrace(TorchDispatchMode):
         if func in MATMULS and not self.in_sdpa:
             k, n = args[MATMULS[func]].shape[-1], out.shape[-1]
             self.record("mm", _bytes(out), 2.0 * out.numel() * k, (out.numel() // max(n, 1), k, n))
+        if self.seq > 1 and not self.in_sdpa:  # a fused SDPA kernel keeps no scores (SdpaTrace)
+            self._mark_scores(func, args, out)
         return out
+
+    def _mark_scores(self, func, args: tuple, out) -> None:
+        square = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.dim() >= 2
+                  and t.shape[-1] == t.shape[-2] == self.seq]
+        if not square:
+            return
+        from_qk = func in SCORE_MATMULS and args[SCORE_MATMULS[func]].shape[-1] != self.seq
+        if from_qk or any(isinstance(a, torch.Tensor) and storage_id(a) in self.scores for a in tree_flatten(args)[0]):
+            self.scores.update(storage_id(t) for t in square)
+            self.keep += square  # meta tensors: alive so that no later storage reuses their identity
 
 
 class SdpaTrace(TorchFunctionMode):
-    """Records each ``F.scaled_dot_product_attention`` call into ``ops`` (its inner ops are not matmuls)."""
+    """Records each ``F.scaled_dot_product_attention`` call into ``ops`` (its inner ops are not matmuls) and
+    hands ``saves`` what the fused kernel keeps for backward: (query, key, value, output, mask or None) and
+    the bytes of its fp32 statistics. While a call runs ``ops.in_sdpa`` is non-zero: the meta device's math
+    fallback is running, whose tensors (the s x s scores) a fused kernel never keeps."""
 
-    def __init__(self, ops: OpTrace) -> None:
+    def __init__(self, ops: OpTrace, saves: Callable[[tuple, float], None] | None = None) -> None:
         super().__init__()
-        self.ops = ops
+        self.ops, self.saves = ops, saves
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -69,10 +100,14 @@ class SdpaTrace(TorchFunctionMode):
             out = func(*args, **kwargs)
         finally:
             self.ops.in_sdpa -= 1
-        q = args[0] if args else kwargs["query"]
-        k = args[1] if len(args) > 1 else kwargs["key"]
+        if out.dim() == 4:  # fused kernels write (batch, seq, heads, dim) and return it transposed: a later
+            out = out.transpose(1, 2).contiguous().transpose(1, 2)  # transpose + reshape is then a view
+        q, k, v = (args[i] if len(args) > i else kwargs[n] for i, n in enumerate(("query", "key", "value")))
+        mask = args[3] if len(args) > 3 else kwargs.get("attn_mask")
         rows = q.numel() // q.shape[-1]
         self.ops.record("sdpa", _bytes(out) + rows * STATS_BYTES, 2.0 * rows * k.shape[-2] * (q.shape[-1] + out.shape[-1]))
+        if self.saves is not None:
+            self.saves((q, k, v, out, mask), rows * STATS_BYTES)
         return out
 
 
