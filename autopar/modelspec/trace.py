@@ -154,7 +154,9 @@ class _Recorder:
         if self.mods and self.mods[-1] is mod:
             self.mods.pop()
         if _is_norm(mod):
-            self.norm_out.update(storage_id(t) for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor))
+            outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+            self.norm_out.update(storage_id(t) for t in outs)
+            self.keep += outs  # meta tensors: alive so that no later storage reuses their identity
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
         if not (self.ops is not None and self.ops.in_sdpa):  # inside SDPA: the meta math fallback's tensors

@@ -1,6 +1,8 @@
-"""The tracer counts what ``F.scaled_dot_product_attention`` keeps on a real device (a fused kernel: query, key,
-value, output, mask, fp32 statistics), not the s x s scores of the math fallback the meta device runs: traced saved
-bytes equal what the same units keep when they run on CPU (whose SDPA is the fused CPU flash kernel)."""
+"""What the tracer counts as saved for backward is what the same units keep on a device: under
+``F.scaled_dot_product_attention`` a fused kernel's query, key, value, output, mask and fp32 statistics, not the s x s
+scores of the math fallback the meta device runs (checked against the units running on CPU, whose SDPA is the fused CPU
+flash kernel); attention scores told from hidden states by where they come from; each tensor filed the same way in
+every identical block."""
 
 from __future__ import annotations
 
@@ -134,3 +136,22 @@ def test_a_transformers_model_under_sdpa_traces_to_what_its_layers_keep(model_ty
     for unit in blocks:
         assert unit.saved_bytes("none") * 2 == measured[unit.name], unit.name
         assert unit.act_attn_bytes < S * S  # statistics (and a shared mask) only: no per-head s x s scores
+
+
+def test_identical_blocks_trace_to_identical_splits():
+    """A norm's output is told apart by its storage's identity: storages freed during the trace must not hand that
+    identity to a later tensor (which was then filed as a norm's). OLMo 2 7B's blocks, three of them."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    from autopar.models import from_transformers
+
+    cfg = CONFIG_MAPPING["olmo2"].from_dict({
+        "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 3, "num_attention_heads": 32,
+        "num_key_value_heads": 32, "vocab_size": 1024, "max_position_embeddings": 2048, "pad_token_id": 0,
+        "bos_token_id": 1, "eos_token_id": 2})
+    with torch.device("meta"):
+        view = from_transformers(transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa"))
+    spec = spec_from_module(view, torch.zeros(1, 2048, dtype=torch.long, device="meta"), dtype_bytes=2)
+    splits = {(u.act_tp_bytes, u.act_seq_bytes, u.act_attn_bytes) for u in spec.layers if u.kind == "block"}
+    assert len(splits) == 1
