@@ -19,7 +19,8 @@ children is one unit named ``model``. Per unit, per sample (divided by the examp
   that come from Q K^T, ``OpTrace.scores``) -> ``act_attn_bytes``; norm inputs and outputs, ``nn.Dropout``
   masks and integer tensors (ids) -> ``act_seq_bytes``; the rest -> ``act_tp_bytes``. For a unit without a TP
   plan the split has no effect (it runs at tp = 1). Bytes are what the eager meta kernels save (e.g.
-  CPU-style float dropout masks, unfused norms), so they can exceed the zoo's fused-kernel formulas.
+  unfused norms), so they can exceed the zoo's fused-kernel formulas; a dropout mask, which meta and CPU
+  draw in the input's dtype, is counted as the bool mask CUDA's fused dropout keeps (1 byte an element).
   ``F.scaled_dot_product_attention`` is the exception: the meta device runs its math fallback, which keeps
   the s x s scores, where every device autopar runs on calls a fused kernel (CUDA flash, memory-efficient
   or cuDNN in 16 and 32 bits; CPU flash in every dtype) keeping query, key, value, output, mask and fp32
@@ -94,7 +95,7 @@ def _nbytes(tree) -> int:
 class _Recorder:
     """Per-unit forward FLOPs, saved bytes and boundaries while the traced model runs."""
 
-    def __init__(self, units: dict[nn.Module, list[str]], counter: FlopCounterMode, skip: set[int]):
+    def __init__(self, units: dict[nn.Module, list[str]], counter: FlopCounterMode, seq: int, skip: set[int]):
         self.units, self.counter, self.skip = units, counter, skip
         self.order: list[str] = []  # units by first execution
         self.stack: list[str] = []  # units running now (a unit may call another)
@@ -104,7 +105,7 @@ class _Recorder:
         self.mods: list[nn.Module] = []  # innermost module stack (all modules)
         self.norm_out: set[int] = set()
         self.keep: list[torch.Tensor] = []  # keeps saved storages alive so identities stay unique
-        self.ops: OpTrace | None = None  # set once the op trace exists: tells when SDPA is running
+        self.ops = OpTrace(lambda: (self.stack[-1] if self.stack else None, self.mods[-1] if self.mods else None), seq)
         self.mark = self._read()
 
     @staticmethod
@@ -159,7 +160,7 @@ class _Recorder:
             self.keep += outs  # meta tensors: alive so that no later storage reuses their identity
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
-        if not (self.ops is not None and self.ops.in_sdpa):  # inside SDPA: the meta math fallback's tensors
+        if not self.ops.in_sdpa:  # inside SDPA: the meta math fallback's tensors
             self._record(t)
         return t
 
@@ -184,16 +185,17 @@ class _Recorder:
         self.keep.append(t)
         t_name = self.target()
         st = self.stats[t_name] if t_name else self.pending
-        st[bucket or self._bucket(t, sid)] += t.untyped_storage().nbytes()
+        mask = sid in self.ops.masks  # a dropout mask: CUDA keeps it as bool
+        st[bucket or self._bucket(t, sid)] += t.numel() if mask else t.untyped_storage().nbytes()
 
     def _bucket(self, t: torch.Tensor, sid: int) -> str:
         """The module docstring's rule: attention scores, sequence-sharded tensors, or the TP-sharded rest."""
         inner = self.mods[-1] if self.mods else None
-        if self.ops is not None and sid in self.ops.scores:
+        if sid in self.ops.scores:
             return "attn_b"
-        if (inner is not None and (_is_norm(inner) or isinstance(inner, nn.Dropout))) \
-                or sid in self.norm_out or not (t.is_floating_point() or t.is_complex()):
-            return "seq"
+        if (inner is not None and (_is_norm(inner) or isinstance(inner, nn.Dropout))) or sid in self.norm_out \
+                or sid in self.ops.masks or not (t.is_floating_point() or t.is_complex()):
+            return "seq"  # a dropout mask off the scores: a hidden dropout's (Korthikanti's act_seq)
         return "tp"
 
 
@@ -275,14 +277,13 @@ def spec_from_module(module: nn.Module, example_input, name: str | None = None, 
     try:
         module.train()
         with counter:
-            rec = _Recorder(unit_of, counter, skip)
+            rec = _Recorder(unit_of, counter, seq, skip)
             for m in unit_of:
                 handles.append(m.register_forward_pre_hook(rec.pre, with_kwargs=True))
                 handles.append(m.register_forward_hook(rec.post, with_kwargs=True))
             handles.append(nn.modules.module.register_module_forward_pre_hook(rec.any_pre))
             handles.append(nn.modules.module.register_module_forward_hook(rec.any_post))
-            ops = OpTrace(lambda: (rec.stack[-1] if rec.stack else None, rec.mods[-1] if rec.mods else None), seq)
-            rec.ops = ops
+            ops = rec.ops
             with saved_tensors_hooks(rec.pack, lambda t: t), SdpaTrace(ops, rec.sdpa_saves), ops:
                 out = torch.func.functional_call(module, meta_state, args, kwargs)
                 rec._charge()

@@ -27,6 +27,9 @@ MATMULS = {aten.mm.default: 0, aten.linear.default: 0, aten.addmm.default: 1}  #
 # batched products that compute attention scores Q K^T (per head) -> which arg is [.., k] (the head dim
 # contracted); not mm: a linear layer whose output width equals the sequence is a mm to seq x seq
 SCORE_MATMULS = {aten.bmm.default: 0, aten.baddbmm.default: 1}
+# F.dropout off CUDA (meta, CPU) scales the input by a mask of the input's dtype drawn with bernoulli_, where CUDA's
+# fused native_dropout keeps a bool mask: 1 byte an element
+DROPOUT_DRAWS = {aten.bernoulli_.float, aten.bernoulli_.Tensor}
 STATS_BYTES = 4  # SDPA kernels keep fp32 log-sum-exp per query row
 
 
@@ -52,6 +55,7 @@ class OpTrace(TorchDispatchMode):
         self.where, self.seq = where, seq_len
         self.in_sdpa = 0
         self.scores: set[int] = set()
+        self.masks: set[int] = set()  # dropout masks (DROPOUT_DRAWS)
         self.keep: list[torch.Tensor] = []
         self.events: dict[str, list[tuple[str, float, float, nn.Module | None, tuple[int, int, int] | None]]] = {}
 
@@ -68,6 +72,9 @@ class OpTrace(TorchDispatchMode):
             self.record("mm", _bytes(out), 2.0 * out.numel() * k, (out.numel() // max(n, 1), k, n))
         if self.seq > 1 and not self.in_sdpa:  # a fused SDPA kernel keeps no scores (SdpaTrace)
             self._mark_scores(func, args, out)
+        if func in DROPOUT_DRAWS:
+            self.masks.add(storage_id(out))
+            self.keep.append(out)
         return out
 
     def _mark_scores(self, func, args: tuple, out) -> None:

@@ -155,3 +155,28 @@ def test_identical_blocks_trace_to_identical_splits():
     spec = spec_from_module(view, torch.zeros(1, 2048, dtype=torch.long, device="meta"), dtype_bytes=2)
     splits = {(u.act_tp_bytes, u.act_seq_bytes, u.act_attn_bytes) for u in spec.layers if u.kind == "block"}
     assert len(splits) == 1
+
+
+class DropoutAttention(nn.Module):
+    """Eager attention with dropout on the probabilities and on the output, both functional (no nn.Dropout)."""
+
+    def __init__(self, p: float) -> None:
+        super().__init__()
+        self.qkv, self.out, self.p = nn.Linear(H, 3 * H), nn.Linear(H, H), p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b = x.shape[0]
+        q, k, v = (t.view(b, S, A, H // A).transpose(1, 2) for t in self.qkv(x).chunk(3, dim=-1))
+        probs = F.dropout(torch.softmax(q @ k.transpose(-1, -2), dim=-1), self.p, training=True)
+        return x + F.dropout(self.out((probs @ v).transpose(1, 2).reshape(b, S, H)), self.p, training=True)
+
+
+def test_a_dropout_mask_is_counted_as_the_bool_mask_cuda_keeps():
+    """Meta (and CPU) draw the mask in the input's dtype; CUDA's fused dropout keeps 1 byte an element. The scores'
+    mask is attention core, the output's is sequence-sharded (Korthikanti's act_seq)."""
+    x = torch.randn(2, S, H)
+    with_p, without = (spec_from_module(nn.Sequential(DropoutAttention(p)), x).layers[0] for p in (0.1, 0.0))
+    assert with_p.act_seq_bytes - without.act_seq_bytes == S * H  # the output's mask
+    assert with_p.act_tp_bytes == without.act_tp_bytes
+    # the probabilities' mask, and the dropped probabilities AV's product keeps (fp32) beside softmax's output
+    assert with_p.act_attn_bytes - without.act_attn_bytes == A * S * S * (1 + 4)
