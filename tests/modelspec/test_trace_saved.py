@@ -180,3 +180,30 @@ def test_a_dropout_mask_is_counted_as_the_bool_mask_cuda_keeps():
     assert with_p.act_tp_bytes == without.act_tp_bytes
     # the probabilities' mask, and the dropped probabilities AV's product keeps (fp32) beside softmax's output
     assert with_p.act_attn_bytes - without.act_attn_bytes == A * S * S * (1 + 4)
+
+
+def test_a_transformers_llama_keeps_more_than_its_formula_by_its_rmsnorms_fp32_copies(tmp_path):
+    """docs/models.md: the llama formulas count fused norms; HF's LlamaRMSNorm (what wrap runs) also keeps an fp32
+    copy of its input. Traced, Llama 2 7B's block at 4096 tokens keeps twice the formula's sequence-sharded bytes (16
+    against 8 a token and hidden unit), the same attention core, and beyond the formula's TP-sharded bytes only the
+    rotary cos / sin (2 x 2 bytes a head-dim element): 21.7% more in all."""
+    pytest.importorskip("transformers")
+    import json
+    from pathlib import Path
+
+    from autopar.modelspec.hf import from_hf_config
+    from autopar.modelspec.hf_traced import traced_from_hf_config
+
+    h, f, a, s = 4096, 11008, 32, 4096
+    cfg = {"model_type": "llama", "hidden_size": h, "intermediate_size": f, "num_attention_heads": a,
+           "num_key_value_heads": a, "num_hidden_layers": 1, "vocab_size": 32000, "max_position_embeddings": s,
+           "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    traced = traced_from_hf_config(cfg, Path(path), "llama", seq_len=s).layers[1]
+    formula = from_hf_config(path, seq_len=s).layers[1]
+    assert formula.act_seq_bytes == 8 * s * h
+    assert traced.act_seq_bytes == pytest.approx(16 * s * h, rel=1e-3)  # + the norms' fp32 statistics
+    assert traced.act_attn_bytes == formula.act_attn_bytes
+    assert traced.act_tp_bytes - formula.act_tp_bytes == 2 * 2 * s * (h // a)
+    assert traced.saved_bytes("none") / formula.saved_bytes("none") == pytest.approx(1.217, abs=1e-3)
