@@ -18,14 +18,12 @@ children is one unit named ``model``. Per unit, per sample (divided by the examp
   it first), parameters and buffers excluded, split by a stated rule: attention scores (seq x seq tensors
   that come from Q K^T, ``OpTrace.scores``) -> ``act_attn_bytes``; norm inputs and outputs, ``nn.Dropout``
   masks and integer tensors (ids) -> ``act_seq_bytes``; the rest -> ``act_tp_bytes``. For a unit without a TP
-  plan the split has no effect (it runs at tp = 1). Bytes are what the eager meta kernels save (e.g.
-  unfused norms), so they can exceed the zoo's fused-kernel formulas; a dropout mask, which meta and CPU
-  draw in the input's dtype, is counted as the bool mask CUDA's fused dropout keeps (1 byte an element).
-  ``F.scaled_dot_product_attention`` is the exception: the meta device runs its math fallback, which keeps
-  the s x s scores, where every device autopar runs on calls a fused kernel (CUDA flash, memory-efficient
-  or cuDNN in 16 and 32 bits; CPU flash in every dtype) keeping query, key, value, output, mask and fp32
-  log-sum-exp statistics: those are counted (``_Recorder.sdpa_saves``), the fallback's are not. (CUDA runs
-  the math path in fp64, a dtype autopar traces for tests only.)
+  plan the split has no effect (it runs at tp = 1). Bytes are what the eager meta kernels save (unfused
+  norms: beyond the zoo's fused formulas) but for a dropout mask (drawn in the input's dtype off CUDA; counted
+  as CUDA's bool, 1 byte an element) and SDPA, whose meta math fallback keeps s x s scores where every device
+  calls a fused kernel (CUDA flash / memory-efficient / cuDNN in 16 and 32 bits, CPU flash in any dtype;
+  CUDA's fp64 is the math path, traced for tests only): counted as the kernel's query, key, value, output,
+  mask and fp32 log-sum-exp (``_Recorder.sdpa_saves``).
 * ``attn_core_flops``: FLOPs of batched matmuls and SDPA kernels (``bmm``, ``baddbmm``,
   ``*attention*``): what selective checkpointing recomputes.
 * ``op`` (what ckpt ``op`` keeps and recomputes): from the unit's matmuls and SDPA calls in execution
@@ -35,6 +33,8 @@ children is one unit named ``model``. Per unit, per sample (divided by the examp
   ``[seq, k] @ [k, n]`` shapes (``trace_ops.gemm_facts``), for the cost model's tile and wave quantisation.
 * ``boundary_bytes``: bytes of the unit's output (of the last unit: its input, since its output goes
   to the loss on the same stage).
+* ``loss_bytes`` (the last unit): its output as the fp32 logits the loss reads, one copy of which the loss
+  keeps (added to ``act_tp_bytes``, as the zoo's LM heads count it).
 
 TP plans come from ``autopar.units.unit_tp_info`` (the model's own tables): a unit it gives a
 plan is named ``<family>.<embed|block|head>`` (a key of ``autopar.models.TP_PLANS``), gets its TP
@@ -86,6 +86,9 @@ def unit_modules(module: nn.Module) -> list[tuple[str, nn.Module]]:
 
 def _is_norm(mod: nn.Module) -> bool:
     return isinstance(mod, NORMS) or type(mod).__name__.endswith("Norm")
+
+
+LOSS_BYTES = 4  # the loss's logits are fp32 (autocast runs cross entropy in fp32), as the zoo's STATS_BYTES
 
 
 def _nbytes(tree) -> int:
@@ -146,6 +149,8 @@ class _Recorder:
         name = self.stack.pop()
         if self.stats[name]["out"] is None:
             self.stats[name]["out"] = _nbytes(out)
+            self.stats[name]["out_floats"] = sum(t.numel() for t in tree_flatten(out)[0]
+                                                 if isinstance(t, torch.Tensor) and t.is_floating_point())
         self.last = name
 
     def any_pre(self, mod, args) -> None:
@@ -342,6 +347,9 @@ def _build(module, name, units, rec: _Recorder, ops: OpTrace, seq, batch, dbytes
         plan, tp_kind, divisors, rows, by_plan, norm_colls = _tp_facts(module, n, mod)
         is_last = i == len(rec.order) - 1
         boundary = (st["in"] if is_last else (st["out"] or 0)) / batch
+        # the loss reads the last unit's output as fp32 logits and keeps one copy (as the zoo's heads count it;
+        # cost_models/memory_terms.py prices the rest of its backward)
+        loss = st.get("out_floats", 0) * LOSS_BYTES / batch if is_last else 0.0
         ps = per_unit[n]
         count = sum(p.numel() for p in ps)
         tp_params, comm, coll, kind = 0, 0.0, 0, "generic"
@@ -358,8 +366,8 @@ def _build(module, name, units, rec: _Recorder, ops: OpTrace, seq, batch, dbytes
             flops += moe.expert_flops - expert_flops.counted(mod) / batch
         layers.append(LayerSpec(
             n, kind, params=count, tp_params=tp_params, flops=flops, moe=moe,
-            attn_core_flops=st["attn"] / batch, act_tp_bytes=st["tp"] / batch, act_seq_bytes=st["seq"] / batch,
-            act_attn_bytes=st["attn_b"] / batch, boundary_bytes=boundary, tp_divisors=divisors,
+            attn_core_flops=st["attn"] / batch, act_tp_bytes=st["tp"] / batch + loss, act_seq_bytes=st["seq"] / batch,
+            act_attn_bytes=st["attn_b"] / batch, boundary_bytes=boundary, loss_bytes=loss, tp_divisors=divisors,
             tp_comm_bytes=comm, tp_collectives=coll, tp_plan=plan, tied_params=tied[n], shared_params=shared[n],
             op=op_facts(ops.events.get(n, []), st["in"] / batch, st["flops"] / batch, rows, batch),
             **_gemms(ops.events.get(n, []), rows, batch, seq, flops)))

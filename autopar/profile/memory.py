@@ -141,7 +141,9 @@ def unit_calibration(runs: dict, spec: ModelSpec, world: int) -> dict:
             seq_b = min(ly.act_seq_bytes, m_sel)
             tp_b = max(0.0, m_sel - seq_b)
             row["tp_params"] = ly.tp_params
+        # the last unit's full-checkpoint run keeps its input and the loss's logits, which LayerSpec.saved_bytes
+        # adds back from loss_bytes
         row.update(act_tp_bytes=tp_b, act_seq_bytes=seq_b, act_attn_bytes=attn,
-                   boundary_bytes=m_full if n == last else ly.boundary_bytes)
+                   boundary_bytes=max(0.0, m_full - ly.loss_bytes) if n == last else ly.boundary_bytes)
         out[n] = row
     return out

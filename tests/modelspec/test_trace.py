@@ -20,8 +20,9 @@ def test_linear_stack_exact():
     assert [ly.flops for ly in m.layers] == [2 * 16 * 32, 0, 2 * 32 * 8]  # per sample
     assert [ly.boundary_bytes for ly in m.layers] == [32 * 4, 32 * 4, 32 * 4]  # last unit: its input
     # saved for backward: the first Linear keeps its input (for the weight gradient); ReLU keeps its
-    # output and the last Linear its input: one storage, counted once
-    assert [ly.saved_bytes("none") for ly in m.layers] == [16 * 4, 32 * 4, 0]
+    # output and the last Linear its input: one storage, counted once; the loss keeps the last output in fp32
+    assert [ly.saved_bytes("none") for ly in m.layers] == [16 * 4, 32 * 4, 8 * 4]
+    assert [ly.loss_bytes for ly in m.layers] == [0, 0, 8 * 4]
     assert m.seq_len == 1 and m.dtype_bytes == 4 and not any(ly.supports_tp for ly in m.layers)
     assert m.meta["traced"]["backward_flops"] == 2 * 32 * 8 * 2 + 2 * 16 * 32  # first layer: no input grad
 
@@ -63,8 +64,8 @@ def test_eager_gpt_saves_what_korthikanti_counts():
         assert t.act_seq_bytes == z.act_seq_bytes + 2 * 2 * s * 4  # + LayerNorm's fp32 mean and rstd
     assert traced.layers[0].act_seq_bytes == zoo.layers[0].act_seq_bytes  # token and position ids
     head_t, head_z = traced.layers[-1], zoo.layers[-1]
-    assert not _diff(head_t, head_z, ("params", "flops", "boundary_bytes"))
-    assert head_t.act_tp_bytes == 0 and head_z.act_tp_bytes == 4 * s * 256  # the zoo adds the loss's logits
+    assert not _diff(head_t, head_z, ("params", "flops", "boundary_bytes", "loss_bytes", "act_tp_bytes"))
+    assert head_t.act_tp_bytes == head_z.act_tp_bytes == 4 * s * 256  # the loss's fp32 logits, in both
 
 
 def test_eager_llama_saves_what_the_formulas_count():
@@ -94,7 +95,8 @@ def test_huge_model_needs_no_memory():
     assert grown_mb < 200
     assert m.num_params == 64 * (4096 * 4096 + 4096)
     assert m.flops_per_sample == 64 * 2 * 4096 * 4096
-    assert all(ly.act_tp_bytes == 4096 * 4 for ly in m.layers)  # each Linear keeps its input
+    # each Linear keeps its input; the loss keeps the last one's output, in fp32
+    assert [ly.act_tp_bytes for ly in m.layers] == [4096 * 4] * 63 + [4096 * 4 * 2]
 
 
 def test_real_module_is_not_copied_or_changed():

@@ -82,7 +82,7 @@ def test_sdpa_saves_what_the_fused_kernel_keeps(dtype, masked):
     spec = spec_from_module(model, x)
     measured = measured_saved(model, x.clone())
     for unit in spec.layers:
-        assert unit.saved_bytes("none") * 2 == measured[unit.name], unit.name
+        assert (unit.saved_bytes("none") - unit.loss_bytes) * 2 == measured[unit.name], unit.name  # no loss here
     # no s x s score tensor: the attention core is the fp32 log-sum-exp of each head's rows; a mask the layers
     # share is kept once, by the first layer that uses it, whole on every TP rank
     assert [u.act_attn_bytes for u in spec.layers] == [A * S * 4] * 2
@@ -100,7 +100,7 @@ def test_eager_attention_keeps_its_scores_and_only_those_are_scores(h):
     spec = spec_from_module(model, x)
     measured = measured_saved(model, x.clone())
     for unit in spec.layers:
-        assert unit.saved_bytes("none") * 2 == measured[unit.name]
+        assert (unit.saved_bytes("none") - unit.loss_bytes) * 2 == measured[unit.name]
         assert unit.act_attn_bytes == A * S * S * 4  # the softmax output, which AV's product keeps too
     assert all(u.act_seq_bytes > 0 for u in spec.layers)  # the norm's input and statistics
     fused = spec_from_module(Net(fused=True, h=h, norm=True), x)
@@ -134,7 +134,7 @@ def test_a_transformers_model_under_sdpa_traces_to_what_its_layers_keep(model_ty
     blocks = [u for u in spec.layers if u.name.startswith("layers.")]
     assert len(blocks) == 2
     for unit in blocks:
-        assert unit.saved_bytes("none") * 2 == measured[unit.name], unit.name
+        assert (unit.saved_bytes("none") - unit.loss_bytes) * 2 == measured[unit.name], unit.name  # no loss here
         assert unit.act_attn_bytes < S * S  # statistics (and a shared mask) only: no per-head s x s scores
 
 
@@ -200,8 +200,10 @@ def test_a_transformers_llama_keeps_more_than_its_formula_by_its_rmsnorms_fp32_c
            "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
     path = tmp_path / "config.json"
     path.write_text(json.dumps(cfg))
-    traced = traced_from_hf_config(cfg, Path(path), "llama", seq_len=s).layers[1]
-    formula = from_hf_config(path, seq_len=s).layers[1]
+    traced_spec, formula_spec = traced_from_hf_config(cfg, Path(path), "llama", seq_len=s), from_hf_config(path, seq_len=s)
+    # the loss keeps the logits in fp32 in both (the traced head once ignored it)
+    assert traced_spec.layers[-1].loss_bytes == formula_spec.layers[-1].loss_bytes == s * 32000 * 4
+    traced, formula = traced_spec.layers[1], formula_spec.layers[1]
     assert formula.act_seq_bytes == 8 * s * h
     assert traced.act_seq_bytes == pytest.approx(16 * s * h, rel=1e-3)  # + the norms' fp32 statistics
     assert traced.act_attn_bytes == formula.act_attn_bytes
