@@ -31,10 +31,8 @@ children is one unit named ``model``. Per unit, per sample (divided by the examp
   row-parallel matmuls are the ``rowwise`` modules of its TP plan.
 * ``gemms`` / ``gemm_rows``: the same matmul records, those over every token of the sample, as
   ``[seq, k] @ [k, n]`` shapes (``trace_ops.gemm_facts``), for the cost model's tile and wave quantisation.
-* ``boundary_bytes``: bytes of the unit's output (of the last unit: its input, since its output goes
-  to the loss on the same stage).
-* ``loss_bytes`` (the last unit): its output as the fp32 logits the loss reads, one copy of which the loss
-  keeps (added to ``act_tp_bytes``, as the zoo's LM heads count it).
+* ``boundary_bytes``: bytes of the unit's output (of the last unit: its input, since its output goes to the loss
+  on the same stage, which reads it as fp32 logits, ``loss_bytes``, and keeps one copy: in ``act_tp_bytes``).
 
 TP plans come from ``autopar.units.unit_tp_info`` (the model's own tables): a unit it gives a
 plan is named ``<family>.<embed|block|head>`` (a key of ``autopar.models.TP_PLANS``), gets its TP
@@ -347,8 +345,7 @@ def _build(module, name, units, rec: _Recorder, ops: OpTrace, seq, batch, dbytes
         plan, tp_kind, divisors, rows, by_plan, norm_colls = _tp_facts(module, n, mod)
         is_last = i == len(rec.order) - 1
         boundary = (st["in"] if is_last else (st["out"] or 0)) / batch
-        # the loss reads the last unit's output as fp32 logits and keeps one copy (as the zoo's heads count it;
-        # cost_models/memory_terms.py prices the rest of its backward)
+        # the loss's fp32 logits, one copy kept (as the zoo's heads; memory_terms prices the rest of its backward)
         loss = st.get("out_floats", 0) * LOSS_BYTES / batch if is_last else 0.0
         ps = per_unit[n]
         count = sum(p.numel() for p in ps)
