@@ -15,6 +15,9 @@ from cost_models.gemm_shapes import Gemm, flops_per_token
 # none | selective (the attention core, Korthikanti et al.) | full (keep the unit's input) | op (torchtitan's
 # op-level selective checkpointing: matmul outputs but every second one, SDPA outputs; see op_policy.py)
 CKPT_MODES = ("none", "selective", "full", "op")
+# fp32: the softmax statistics (log-sum-exp per query row) flash / fused SDPA kernels keep, and the logits the loss
+# reads (autocast runs cross entropy in fp32)
+STATS_BYTES = 4
 
 
 @dataclass(frozen=True)

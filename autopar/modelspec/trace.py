@@ -50,7 +50,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.flop_counter import FlopCounterMode
 
 from autopar.errors import AutoparError
-from autopar.modelspec.spec import LayerSpec, ModelSpec
+from autopar.modelspec.spec import STATS_BYTES, LayerSpec, ModelSpec
 from autopar.modelspec.trace_moe import ExpertFlops, unit_moe
 from autopar.modelspec.trace_ops import OpTrace, SdpaTrace, gemm_facts, op_facts, storage_id
 from autopar.modelspec.unit_params import unit_params, unit_ties
@@ -86,9 +86,6 @@ def _is_norm(mod: nn.Module) -> bool:
     return isinstance(mod, NORMS) or type(mod).__name__.endswith("Norm")
 
 
-LOSS_BYTES = 4  # the loss's logits are fp32 (autocast runs cross entropy in fp32), as the zoo's STATS_BYTES
-
-
 def _nbytes(tree) -> int:
     return sum(t.numel() * t.element_size() for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor))
 
@@ -105,7 +102,6 @@ class _Recorder:
         self.stats: dict[str, dict] = {}
         self.mods: list[nn.Module] = []  # innermost module stack (all modules)
         self.norm_out: set[int] = set()
-        self.keep: list[torch.Tensor] = []  # keeps saved storages alive so identities stay unique
         self.ops = OpTrace(lambda: (self.stack[-1] if self.stack else None, self.mods[-1] if self.mods else None), seq)
         self.mark = self._read()
 
@@ -160,7 +156,7 @@ class _Recorder:
         if _is_norm(mod):
             outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
             self.norm_out.update(storage_id(t) for t in outs)
-            self.keep += outs  # meta tensors: alive so that no later storage reuses their identity
+            self.ops.keep += outs
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
         if not self.ops.in_sdpa:  # inside SDPA: the meta math fallback's tensors
@@ -185,7 +181,7 @@ class _Recorder:
         if sid in self.skip:
             return
         self.skip.add(sid)
-        self.keep.append(t)
+        self.ops.keep.append(t)
         t_name = self.target()
         st = self.stats[t_name] if t_name else self.pending
         mask = sid in self.ops.masks  # a dropout mask: CUDA keeps it as bool
@@ -346,7 +342,7 @@ def _build(module, name, units, rec: _Recorder, ops: OpTrace, seq, batch, dbytes
         is_last = i == len(rec.order) - 1
         boundary = (st["in"] if is_last else (st["out"] or 0)) / batch
         # the loss's fp32 logits, one copy kept (as the zoo's heads; memory_terms prices the rest of its backward)
-        loss = st.get("out_floats", 0) * LOSS_BYTES / batch if is_last else 0.0
+        loss = st.get("out_floats", 0) * STATS_BYTES / batch if is_last else 0.0
         ps = per_unit[n]
         count = sum(p.numel() for p in ps)
         tp_params, comm, coll, kind = 0, 0.0, 0, "generic"

@@ -20,6 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from autopar.modelspec.op_policy import Matmul, OpSaved, op_saved
+from autopar.modelspec.spec import STATS_BYTES
 from cost_models.gemm_shapes import Gemm
 
 aten = torch.ops.aten
@@ -30,7 +31,6 @@ SCORE_MATMULS = {aten.bmm.default: 0, aten.baddbmm.default: 1}
 # F.dropout off CUDA (meta, CPU) scales the input by a mask of the input's dtype drawn with bernoulli_, where CUDA's
 # fused native_dropout keeps a bool mask: 1 byte an element
 DROPOUT_DRAWS = {aten.bernoulli_.float, aten.bernoulli_.Tensor}
-STATS_BYTES = 4  # SDPA kernels keep fp32 log-sum-exp per query row
 
 
 def _bytes(t: torch.Tensor) -> int:
@@ -56,7 +56,8 @@ class OpTrace(TorchDispatchMode):
         self.in_sdpa = 0
         self.scores: set[int] = set()
         self.masks: set[int] = set()  # dropout masks (DROPOUT_DRAWS)
-        self.keep: list[torch.Tensor] = []
+        self.keep: list[torch.Tensor] = []  # meta tensors whose storage identity the trace reads: kept alive so
+        # no later storage reuses it (the recorder's saved tensors and norm outputs too)
         self.events: dict[str, list[tuple[str, float, float, nn.Module | None, tuple[int, int, int] | None]]] = {}
 
     def record(self, kind: str, nbytes: float, flops: float, shape: tuple[int, int, int] | None = None) -> None:
@@ -85,7 +86,7 @@ class OpTrace(TorchDispatchMode):
         from_qk = func in SCORE_MATMULS and args[SCORE_MATMULS[func]].shape[-1] != self.seq
         if from_qk or any(isinstance(a, torch.Tensor) and storage_id(a) in self.scores for a in tree_flatten(args)[0]):
             self.scores.update(storage_id(t) for t in square)
-            self.keep += square  # meta tensors: alive so that no later storage reuses their identity
+            self.keep += square
 
 
 class SdpaTrace(TorchFunctionMode):
@@ -94,7 +95,7 @@ class SdpaTrace(TorchFunctionMode):
     the bytes of its fp32 statistics. While a call runs ``ops.in_sdpa`` is non-zero: the meta device's math
     fallback is running, whose tensors (the s x s scores) a fused kernel never keeps."""
 
-    def __init__(self, ops: OpTrace, saves: Callable[[tuple, float], None] | None = None) -> None:
+    def __init__(self, ops: OpTrace, saves: Callable[[tuple, float], None]) -> None:
         super().__init__()
         self.ops, self.saves = ops, saves
 
@@ -113,8 +114,7 @@ class SdpaTrace(TorchFunctionMode):
         mask = args[3] if len(args) > 3 else kwargs.get("attn_mask")
         rows = q.numel() // q.shape[-1]
         self.ops.record("sdpa", _bytes(out) + rows * STATS_BYTES, 2.0 * rows * k.shape[-2] * (q.shape[-1] + out.shape[-1]))
-        if self.saves is not None:
-            self.saves((q, k, v, out, mask), rows * STATS_BYTES)
+        self.saves((q, k, v, out, mask), rows * STATS_BYTES)
         return out
 
 

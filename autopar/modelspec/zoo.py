@@ -49,14 +49,13 @@ import yaml
 
 from autopar.errors import AutoparError
 from autopar.modelspec.op_policy import Matmul, OpSaved, op_saved
-from autopar.modelspec.spec import LayerSpec, ModelSpec
+from autopar.modelspec.spec import STATS_BYTES, LayerSpec, ModelSpec
 from autopar.modelspec.zoo_attention import Attention, attention, normalize_mla
 from autopar.modelspec.zoo_moe import is_moe_layer, moe_block, normalize_moe
 from cost_models.gemm_shapes import Gemm
 
 ZOO_FILE = Path(__file__).with_name("zoo.yaml")
 INDEX_BYTES = 8  # int64 token / position / type ids saved by embedding lookups
-STATS_BYTES = 4  # fp32 softmax statistics (flash attention) and fp32 logits for the loss
 NORM_PARAMS = {"layer": 2, "rms": 1}  # parameters per hidden unit of a norm
 MLP_MATRICES = {"gelu": 2, "swiglu": 3}
 MLP_SAVED = {"gelu": 2, "swiglu": 4}  # ffn-wide tensors an eager MLP keeps for backward
