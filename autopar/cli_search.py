@@ -20,6 +20,9 @@ def add_parser(sub) -> None:
     s = sub.add_parser("search", help="search the fastest plan that fits and write it")
     s.add_argument("--model", required=True, help="zoo name (autopar list models), HF config.json, or "
                    "pkg.module:factory")
+    s.add_argument("--trace", action="store_true", help="with a HF config.json: trace its transformers model (what "
+                   "autopar.wrap runs: HF's own norms and kernels) where formulas would count fused kernels (the "
+                   "frameworks autopar export writes for); needs transformers")
     s.add_argument("--cluster", required=True, help="preset (autopar list clusters), inline spec like 2x8xA100-80G, "
                    "or a YAML file")
     s.add_argument("--global-batch-size", required=True, type=int_at_least("--global-batch-size"),
@@ -51,6 +54,7 @@ def add_parser(sub) -> None:
 def cmd_search(args) -> int:
     """``autopar search``: load, search, validate, write the plan, print (or ``--json``) why it won."""
     from autopar.cluster.parse import load_cluster
+    from autopar.modelspec.hf import counts_fused_kernels
     from autopar.modelspec.load import load_model
     from autopar.plan.io import save_plan
     from autopar.plan.precision import activation_bytes, at_precision
@@ -64,7 +68,7 @@ def cmd_search(args) -> int:
     out = _search_output(args.output)
     profile = load_profile(args.profile) if args.profile else None
     measured = profile is not None and profile.kind == "profile"  # a calibration goes with any precision
-    model = load_model(args.model, args.seq_len,
+    model = load_model(args.model, args.seq_len, trace=args.trace,
                        dtype_bytes=profile.dtype_bytes if measured else activation_bytes(args.precision))
     opts = SearchOptions(memory_budget_gib=args.memory_budget, time_budget_s=args.time_budget,
                          schedule=args.schedule, progress=not args.json and sys.stderr.isatty(), max_tp=args.max_tp)
@@ -107,6 +111,9 @@ def cmd_search(args) -> int:
         }))
         return 0
     print(summary)
+    if counts_fused_kernels(model):
+        print("activations: as fused kernels keep them (Megatron-core, torchtitan compiled, autopar export); for "
+              "autopar.wrap on the transformers model, search with --trace (docs/models.md)")
     print(f"plan: {plan_shape(res.plan)}")
     print(plan_table(res.plan, est))
     print(f"predicted: {figures_line(est)}")

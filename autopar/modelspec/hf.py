@@ -15,13 +15,17 @@ cost model); absent, flash/SDPA is assumed, as transformers picks SDPA by defaul
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from autopar.errors import AutoparError
 from autopar.modelspec.spec import ModelSpec
-from autopar.modelspec.zoo import normalize_entry, spec_from_entry
+from autopar.modelspec.zoo import normalize_entry, spec_from_entry, zoo_names
 
 DEFAULT_SEQ_CAP = 8192
+# A model source naming a config of a formula family traced instead (``from_hf_config(trace=True)``, search --trace)
+TRACED = "traced:"
+SHAPE_FACTS = ("hidden", "vocab", "num_heads", "num_kv_heads", "ffn")  # ModelSpec's, for the CLI and export
 # attn_implementation -> whether the kernel keeps the s x s scores out of memory (flash-style).
 ATTN_IMPLEMENTATIONS = {"eager": False, "sdpa": True, "flash_attention_2": True, "flash_attention_3": True,
                         "flex_attention": True}
@@ -166,21 +170,44 @@ def entry_from_hf_config(cfg: dict, name: str) -> dict:
     return normalize_entry(entry)
 
 
-def from_hf_config(path: str | Path, seq_len: int | None = None, dtype_bytes: int | None = None) -> ModelSpec:
+def from_hf_config(path: str | Path, seq_len: int | None = None, dtype_bytes: int | None = None,
+                   trace: bool = False) -> ModelSpec:
     """ModelSpec of the HF ``config.json`` at ``path`` (or a directory holding one): from the formulas for the
     ``HF_TYPES`` families, else traced from its transformers model where autopar's units view runs the family
-    (``modelspec.hf_traced``).
+    (``modelspec.hf_traced``). ``trace``: traced for a formula family too (a decoder), so the spec counts what
+    ``wrap`` keeps running the transformers model (its own norms and kernels) where the formulas count fused
+    kernels (Megatron-core, torchtitan compiled: what ``autopar export`` writes for; docs/models.md).
 
-    ``source`` is the absolute path, so ``load_model(spec.source, spec.seq_len)`` rebuilds it.
+    ``source`` is the absolute path (``traced:`` before it for a formula family traced), so
+    ``load_model(spec.source, spec.seq_len)`` rebuilds it.
     """
     p = Path(path).expanduser()
     cfg = _read_config(p)
     file = (p / "config.json" if p.is_dir() else p).resolve()
-    name = cfg.get("_name_or_path") or (file.parent.name if file.name == "config.json" else file.stem)
-    if cfg.get("model_type") not in HF_TYPES:
+    name = str(cfg.get("_name_or_path") or (file.parent.name if file.name == "config.json" else file.stem))
+    mtype = cfg.get("model_type")
+    if mtype not in HF_TYPES:
         from autopar.modelspec.hf_traced import traceable, traced_from_hf_config
 
-        if traceable(cfg.get("model_type")):
-            return traced_from_hf_config(cfg, file, str(name), seq_len=seq_len, dtype_bytes=dtype_bytes)
-    entry = entry_from_hf_config(cfg, str(name))
+        if traceable(mtype):
+            return traced_from_hf_config(cfg, file, name, seq_len=seq_len, dtype_bytes=dtype_bytes)
+    entry = entry_from_hf_config(cfg, name)
+    if trace:
+        from autopar.modelspec.hf_traced import traced_from_hf_config
+
+        if entry["arch"] != "decoder":
+            raise AutoparError("--trace", f"model_type {mtype!r} is an {entry['arch']} model; tracing builds the "
+                               "config's causal LM", "drop --trace (the formulas count this family)")
+        spec = traced_from_hf_config(cfg, file, name, seq_len=seq_len, dtype_bytes=dtype_bytes,
+                                     source=TRACED + str(file))
+        # the layers are the transformers model's; the shape and the architecture (norm, MLP, positions, family:
+        # what autopar export writes) stay the formula entry's, which the traced units do not state
+        shape = spec_from_entry(entry, seq_len=spec.seq_len)
+        return replace(spec, meta={**shape.meta, **spec.meta}, **{k: getattr(shape, k) for k in SHAPE_FACTS})
     return spec_from_entry(entry, seq_len=seq_len, dtype_bytes=dtype_bytes, source=str(file))
+
+
+def counts_fused_kernels(spec: ModelSpec) -> bool:
+    """Whether ``spec`` is a HF config's decoder counted by the formulas (fused kernels' activations), where
+    ``from_hf_config(trace=True)`` would count what ``wrap`` keeps running its transformers model."""
+    return spec.meta.get("arch") == "decoder" and "traced" not in spec.meta and spec.source not in zoo_names()

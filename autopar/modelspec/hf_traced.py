@@ -26,9 +26,10 @@ def traceable(model_type: object) -> bool:
 
 
 def traced_from_hf_config(cfg: dict, file: Path, name: str, seq_len: int | None = None,
-                          dtype_bytes: int | None = None) -> ModelSpec:
+                          dtype_bytes: int | None = None, source: str | None = None) -> ModelSpec:
     """ModelSpec of the config ``cfg`` (read from ``file``) by tracing its transformers model's units view on
-    the meta device at ``seq_len`` tokens (None: ``max_position_embeddings`` capped at ``DEFAULT_SEQ_CAP``)."""
+    the meta device at ``seq_len`` tokens (None: ``max_position_embeddings`` capped at ``DEFAULT_SEQ_CAP``);
+    its ``source`` is ``source`` (None: ``file``)."""
     mtype = cfg["model_type"]
     try:
         import torch
@@ -54,4 +55,4 @@ def traced_from_hf_config(cfg: dict, file: Path, name: str, seq_len: int | None 
     seq = seq_len or min(int(getattr(config, "max_position_embeddings", 0) or 2048), DEFAULT_SEQ_CAP)
     tokens = torch.zeros(1, seq, dtype=torch.long, device="meta")
     return spec_from_module(from_transformers(model), tokens, name=name, seq_len=seq, dtype_bytes=dtype_bytes or 2,
-                            source=str(file))
+                            source=source or str(file))

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from autopar.errors import AutoparError
-from autopar.modelspec.hf import from_hf_config
+from autopar.modelspec.hf import TRACED, from_hf_config
 from autopar.modelspec.spec import ModelSpec
 from autopar.modelspec.zoo import from_zoo, unknown_model, zoo_names
 
@@ -26,23 +26,32 @@ FACTORY = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
 SEQ_ATTRS = ("seq_len", "max_seq_len", "block_size", "max_position_embeddings", "n_positions")
 
 
-def load_model(spec: str, seq_len: int | None = None, dtype_bytes: int | None = None) -> ModelSpec:
+def load_model(spec: str, seq_len: int | None = None, dtype_bytes: int | None = None,
+               trace: bool = False) -> ModelSpec:
     """The ModelSpec that ``spec`` names, at ``seq_len`` tokens per sample (None: the model's default).
 
     ``spec`` is a zoo name (``autopar list models``), the path of a HF ``config.json`` (or of a folder
-    holding one), or ``pkg.module:factory`` (a callable returning an ``nn.Module``, traced on the meta
-    device). The result's ``source`` rebuilds it: ``load_model(m.source, m.seq_len)``. Every failure
-    is an AutoparError naming ``model`` (or ``seq_len``) with the fix.
+    holding one; ``traced:PATH``, or ``trace``, traces its transformers model even where formulas cover
+    the family: ``modelspec.hf.from_hf_config``), or ``pkg.module:factory`` (a callable returning an
+    ``nn.Module``, traced on the meta device). The result's ``source`` rebuilds it:
+    ``load_model(m.source, m.seq_len)``. Every failure is an AutoparError naming ``model`` (or ``seq_len``,
+    ``--trace``) with the fix.
     """
     if not isinstance(spec, str) or not spec.strip():
         raise AutoparError("model", f"expected a model name, got {spec!r}",
                            "give a zoo name (`autopar list models`), a HF config.json path or pkg.module:factory")
     spec = spec.strip()
+    field = "--trace"
+    if spec.startswith(TRACED):  # a plan's source written by `search --trace`
+        spec, trace, field = spec[len(TRACED):], True, "model"
     if spec in zoo_names():
+        if trace:
+            raise AutoparError(field, f"{spec} is a zoo model, counted by its formulas: there is no transformers "
+                               "model to trace", "give the model's HF config.json, or drop --trace")
         return from_zoo(spec, seq_len=seq_len, dtype_bytes=dtype_bytes)
     if spec.endswith(".json") or Path(spec).expanduser().exists():
-        return from_hf_config(spec, seq_len=seq_len, dtype_bytes=dtype_bytes)
-    if FACTORY.fullmatch(spec):
+        return from_hf_config(spec, seq_len=seq_len, dtype_bytes=dtype_bytes, trace=trace)
+    if FACTORY.fullmatch(spec):  # a factory's module is always traced: ``trace`` changes nothing
         return from_factory(spec, seq_len=seq_len, dtype_bytes=dtype_bytes)
     raise unknown_model(spec)
 

@@ -4,6 +4,7 @@ flags, model sources, cluster files, plan files, outputs and launch inputs."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -137,6 +138,11 @@ CASES = {
     "model-module-missing": lambda d, p: ["search", "--model", "nosuchpkg.models:make", *SEARCH[3:], "-o", "OUT"],
     "model-attr-missing": lambda d, p: ["search", "--model", f"{_factory(d, 'raises').split(':')[0]}:nothing",
                                         *SEARCH[3:], "-o", "OUT"],
+    "trace-zoo-model": lambda d, p: SEARCH + ["--trace", "-o", "OUT"],
+    "trace-encoder-config": lambda d, p: ["search", "--model", _file(d, "bert.json", json.dumps({
+        "model_type": "bert", "num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 4,
+        "intermediate_size": 64, "vocab_size": 64})), "--trace", *SEARCH[3:], "-o", "OUT"],
+    "plan-traced-zoo-source": lambda d, p: ["estimate", edited(d, p, setter("model.source", "traced:gpt3-1.3b"))],
     **{f"factory-{k}": _factory_case(k) for k in FACTORIES},
     "profile-factory-exits-on-real-build": lambda d, p: ["profile", "--model", _factory(d, "real_build_fails"),
                                                          "--quick", "--json", "-o", "OUT"],

@@ -5,6 +5,7 @@ see the model's own parameters, and a family neither covers is still refused in 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -105,3 +106,60 @@ def test_a_family_neither_the_formulas_nor_the_view_cover_is_refused_in_one_line
                  str(plan)]) == 2
     err = capsys.readouterr().err.strip()
     assert "model_type 'mpt' is not supported" in err and "\n" not in err and not plan.exists()
+
+
+# meta-llama/Llama-2-7b-hf config.json (the fields that shape the model)
+LLAMA2_7B = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+             "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32000, "max_position_embeddings": 4096,
+             "rms_norm_eps": 1e-05, "tie_word_embeddings": False}
+TINY_LLAMA = {**LLAMA2_7B, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 4, "vocab_size": 128, "max_position_embeddings": 64}
+
+
+def test_trace_reads_a_formula_family_as_the_transformers_model_wrap_runs(tmp_path):
+    """--trace on a llama config: the same parameters and FLOPs as the formulas, the activations HF's modules keep
+    (LlamaRMSNorm's fp32 copy of its input: twice the formula's sequence-sharded bytes, tests/modelspec/
+    test_trace_saved.py), a source that reloads the traced spec, and the formula entry's architecture for export."""
+    from autopar.modelspec.hf import TRACED, counts_fused_kernels
+    from autopar.modelspec.load import load_model
+
+    config, s, h = _write(tmp_path, TINY_LLAMA), 64, 64
+    formula, traced = load_model(config, s), load_model(config, s, trace=True)
+    assert traced.source == TRACED + str((tmp_path / "config.json").resolve()) and formula.source == traced.source[7:]
+    assert [ly.params for ly in traced.layers] == [ly.params for ly in formula.layers]
+    assert traced.layers[1].flops == pytest.approx(formula.layers[1].flops, rel=1e-9)
+    assert formula.layers[1].act_seq_bytes == 8 * s * h and traced.layers[1].act_seq_bytes > 16 * s * h
+    assert counts_fused_kernels(formula) and not counts_fused_kernels(traced)
+    assert (traced.meta["family"], traced.meta["norm"], traced.meta["mlp"]) == ("llama", "rms", "swiglu")
+    assert (traced.hidden, traced.num_heads, traced.ffn) == (formula.hidden, formula.num_heads, formula.ffn) == (64, 4, 128)
+    again = load_model(traced.source, s)  # what a plan's model reference reloads
+    assert [ly.act_seq_bytes for ly in again.layers] == [ly.act_seq_bytes for ly in traced.layers]
+    olmo = load_model(_write(tmp_path, OLMO2_7B), 256, trace=True)  # traced anyway: --trace changes nothing
+    assert olmo.source == str((tmp_path / "config.json").resolve())
+
+
+def test_search_trace_plans_the_memory_wrap_needs_and_estimate_reads_it_as_one_number(tmp_path, capsys):
+    """Llama 2 7B on 8 A100-80G: the plan searched with --trace is estimated, from its file, at the number the
+    search printed; the plan searched on the formulas needs more than it was promised once traced (what wrap keeps),
+    and its search says to use --trace."""
+    from autopar.estimate import estimate_plan
+    from autopar.plan.io import load_plan, save_plan
+    from autopar.planned import load_planned
+
+    config = _write(tmp_path, LLAMA2_7B)
+    args = ["search", "--model", config, "--cluster", "8xA100-80G", "--global-batch-size", "64", "--seq-len", "4096",
+            "--no-baselines"]
+    fused, traced = str(tmp_path / "fused.yaml"), str(tmp_path / "traced.yaml")
+    assert main(args + ["-o", fused]) == 0
+    assert "search with --trace" in capsys.readouterr().out
+    assert main(args + ["--trace", "-o", traced, "--json"]) == 0
+    searched = json.loads(capsys.readouterr().out)["predicted"]
+    assert main(["validate", traced]) == 0
+    capsys.readouterr()
+    assert main(["estimate", traced, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["predicted"]["step_time_s"] == searched["step_time_s"]
+    plan = load_plan(fused)
+    as_wrap = tmp_path / "as_wrap.yaml"
+    save_plan(replace(plan, model=replace(plan.model, source="traced:" + config)), as_wrap)
+    run = load_planned(str(as_wrap))
+    assert estimate_plan(run.plan, run.model, run.params).max_memory_gib > plan.predicted["max_memory_gib"] * 1.05
