@@ -112,8 +112,8 @@ def cmd_search(args) -> int:
         return 0
     print(summary)
     if counts_fused_kernels(model):
-        print("activations: as fused kernels keep them (Megatron-core, torchtitan compiled, autopar export); for "
-              "autopar.wrap on the transformers model, search with --trace (docs/models.md)")
+        print("activations and TP: as fused kernels and Megatron run them (Megatron-core, torchtitan, autopar "
+              "export); for autopar.wrap on the transformers model, search with --trace (docs/models.md)")
     print(f"plan: {plan_shape(res.plan)}")
     print(plan_table(res.plan, est))
     print(f"predicted: {figures_line(est)}")

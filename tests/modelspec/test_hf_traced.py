@@ -163,3 +163,22 @@ def test_search_trace_plans_the_memory_wrap_needs_and_estimate_reads_it_as_one_n
     save_plan(replace(plan, model=replace(plan.model, source="traced:" + config)), as_wrap)
     run = load_planned(str(as_wrap))
     assert estimate_plan(run.plan, run.model, run.params).max_memory_gib > plan.predicted["max_memory_gib"] * 1.05
+
+
+def test_trace_prices_the_tensor_parallelism_wrap_runs_for_a_moe_family(tmp_path):
+    """Mixtral: the formulas price Megatron's TP (expert TP included), wrap runs the MoE families with tp 1; traced,
+    the blocks offer no TP, so the search's plan is one wrap runs."""
+    from autopar.modelspec.load import load_model
+
+    cfg = {**TINY_LLAMA, "model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2}
+    config = _write(tmp_path, cfg)
+    formula, traced = load_model(config, 64), load_model(config, 64, trace=True)
+    assert formula.layers[1].tp_divisors and traced.layers[1].tp_divisors == ()
+    assert traced.layers[1].moe.num_experts == formula.layers[1].moe.num_experts == 4
+    plan = str(tmp_path / "plan.yaml")
+    assert main(["search", "--model", config, "--trace", "--cluster", "8xA100-80G", "--global-batch-size", "16",
+                 "--no-baselines", "-o", plan, "--json"]) == 0
+    from autopar.plan.io import load_plan
+
+    assert {ly.strategy.tp for st in load_plan(plan).pipelines[0].stages for ly in st.layers
+            if ly.name.startswith("layers.")} == {1}
