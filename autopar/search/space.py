@@ -117,6 +117,9 @@ def enumerate_strategies(layer: LayerSpec, ctx: StageContext, tps: list[int], pr
                     pruned[Rule.OP_UNMODELLED] += 1
                     continue
                 for sp in ((False, True) if tp > 1 else (False,)):
+                    if tp > 1 and not sp and layer.moe is not None:  # expert_rules
+                        pruned[Rule.MOE_TP_WITHOUT_SP] += 1
+                        continue
                     if sp and layer.act_seq_bytes == 0:
                         pruned[Rule.SP_NO_EFFECT] += 1
                         continue

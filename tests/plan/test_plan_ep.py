@@ -130,3 +130,12 @@ def test_ep_with_an_option_it_is_not_priced_or_built_for_is_refused(change, word
     assert f == "pipelines[0].stages[0].layers[1].ep"
     for w in words:
         assert w in problem + " " + fix
+
+
+def test_an_moe_unit_with_tp_needs_sequence_parallel():
+    """Megatron-core's MoE layer raises in training with TP and without SP; torchtitan shards the tokens too."""
+    plan = plan_with(ep_block=1, tp_block=2)
+    problems = [p for p in plan_rules(plan, ModelFacts.of_spec(moe_model())) if p[0].endswith(".sp")]
+    assert [p[0] for p in problems] == [f"pipelines[0].stages[0].layers[{i}].sp" for i in (1, 2)]
+    assert "tp 2 without sequence parallel on MoE unit 'layers.0'" in problems[0][1] and "set sp: true" in problems[0][2]
+    assert not [p for p in plan_rules(plan, None) if p[0].endswith(".sp")]  # needs the model to know the experts
