@@ -24,13 +24,13 @@ def cmd_estimate(args) -> int:
     from autopar.planned import check_predicted, load_planned
     from autopar.report import figures_line, plan_shape, plan_table
 
-    planned = load_planned(args.plan, args.profile, check=True, precision=args.precision)
+    planned = load_planned(args.plan, args.profile, check=True, precision=args.precision, trace=args.trace)
     plan, model, params = planned
     if args.memory_margin is not None:  # budgets only: the figures stay the plan's
         plan.cluster = plan.cluster.with_memory_margin(args.memory_margin)
     validate_plan(plan, model)  # structure only: an over-budget plan is still estimated (and flagged)
     est = estimate_plan(plan, model, params)
-    if args.profile is None and args.precision is None:  # re-based figures differ from the stored ones
+    if args.profile is None and args.precision is None and not args.trace:  # re-based figures differ from the stored ones
         check_predicted(plan, est)
     for note in planned.notes:  # stderr: --json keeps one object on stdout
         print(f"autopar: {note}", file=sys.stderr)
@@ -156,6 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--json", action="store_true", help="one JSON object on stdout")
     e.add_argument("--profile", metavar="FILE", help="estimate with this profile's measured numbers")
     e.add_argument("--precision", choices=PRECISIONS, help="estimate at this precision (default: the plan's)")
+    e.add_argument("--trace", action="store_true", help="a plan searched on a HF config's formulas, estimated on its "
+                   "traced transformers model: what autopar.wrap needs to run it")
     e.add_argument("--memory-margin", type=fraction("--memory-margin"),
                    help="hold the plan to this share of free memory per GPU (default: the plan's memory_margin)")
     e.set_defaults(func=cmd_estimate)

@@ -58,7 +58,7 @@ class Planned:
 
 
 def load_planned(path: str | os.PathLike, profile: str | os.PathLike | Profile | None = None, *,
-                 check: bool = False, precision: str | None = None) -> Planned:
+                 check: bool = False, precision: str | None = None, trace: bool = False) -> Planned:
     """The plan at ``path``, its model spec and cost parameters; re-based on ``profile`` when given.
 
     ``check``: refuse stored cost parameters that are not what this autopar searches with
@@ -66,6 +66,8 @@ def load_planned(path: str | os.PathLike, profile: str | os.PathLike | Profile |
     ``profile`` other than the one the plan was searched with (its figures are then the profile's).
     ``precision``: estimate the plan at this precision instead of its own (``autopar estimate
     --precision``): its GPUs, cost parameters and the model's activations at that precision.
+    ``trace``: the model of a formula family's HF config traced (``autopar estimate --trace``: the plan as
+    ``autopar.wrap`` runs the transformers model; ``modelspec.hf.from_hf_config``).
     The model's activations are at the plan's precision (``activation_bytes``), a profiled plan's at
     the profile's dtype. Raises AutoparError (one line) for a plan, model or profile that cannot be
     read or does not match.
@@ -86,13 +88,14 @@ def load_planned(path: str | os.PathLike, profile: str | os.PathLike | Profile |
     source = plan.model.source or plan.model.name
     if prof is None:
         dtype = record.get("model", {}).get("dtype_bytes") if isinstance(record, dict) else None
-        model = load_model(source, plan.model.seq_len, dtype_bytes=dtype or activation_bytes(plan.precision))
+        model = load_model(source, plan.model.seq_len, dtype_bytes=dtype or activation_bytes(plan.precision),
+                           trace=trace)
         if record is not None:
             model = model_from_record(model, record)
         return Planned(plan, model, plan_cost_params(plan), notes)
     at_precision(plan.cluster, plan_cost_params(plan), plan.precision, profiled=_machine(prof))  # a profile: bf16
     dtype = prof.dtype_bytes if _machine(prof) else activation_bytes(plan.precision)
-    model = apply_profile_model(load_model(source, plan.model.seq_len, dtype_bytes=dtype), prof)
+    model = apply_profile_model(load_model(source, plan.model.seq_len, dtype_bytes=dtype, trace=trace), prof)
     cluster, params = apply_profile(plan.cluster, plan_cost_params(plan), prof)
     plan = replace(plan, cluster=cluster, search={**plan.search, "profile": profile_record(prof)})
     return Planned(plan, model, params, notes)

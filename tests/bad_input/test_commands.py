@@ -142,6 +142,7 @@ CASES = {
     "trace-encoder-config": lambda d, p: ["search", "--model", _file(d, "bert.json", json.dumps({
         "model_type": "bert", "num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 4,
         "intermediate_size": 64, "vocab_size": 64})), "--trace", *SEARCH[3:], "-o", "OUT"],
+    "estimate-trace-zoo-plan": lambda d, p: ["estimate", edited(d, p, lambda doc: None), "--trace"],
     "plan-traced-zoo-source": lambda d, p: ["estimate", edited(d, p, setter("model.source", "traced:gpt3-1.3b"))],
     **{f"factory-{k}": _factory_case(k) for k in FACTORIES},
     "profile-factory-exits-on-real-build": lambda d, p: ["profile", "--model", _factory(d, "real_build_fails"),

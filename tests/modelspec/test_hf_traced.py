@@ -141,7 +141,7 @@ def test_trace_reads_a_formula_family_as_the_transformers_model_wrap_runs(tmp_pa
 def test_search_trace_plans_the_memory_wrap_needs_and_estimate_reads_it_as_one_number(tmp_path, capsys):
     """Llama 2 7B on 8 A100-80G: the plan searched with --trace is estimated, from its file, at the number the
     search printed; the plan searched on the formulas needs more than it was promised once traced (what wrap keeps),
-    and its search says to use --trace."""
+    and its search says to use --trace; estimate --trace says so of the formulas' plan file."""
     from autopar.estimate import estimate_plan
     from autopar.plan.io import load_plan, save_plan
     from autopar.planned import load_planned
@@ -162,7 +162,10 @@ def test_search_trace_plans_the_memory_wrap_needs_and_estimate_reads_it_as_one_n
     as_wrap = tmp_path / "as_wrap.yaml"
     save_plan(replace(plan, model=replace(plan.model, source="traced:" + config)), as_wrap)
     run = load_planned(str(as_wrap))
-    assert estimate_plan(run.plan, run.model, run.params).max_memory_gib > plan.predicted["max_memory_gib"] * 1.05
+    traced_gib = estimate_plan(run.plan, run.model, run.params).max_memory_gib
+    assert traced_gib > plan.predicted["max_memory_gib"] * 1.05
+    assert main(["estimate", fused, "--trace", "--json"]) == 0  # the same question from the command line
+    assert json.loads(capsys.readouterr().out)["predicted"]["max_memory_gib"] == pytest.approx(traced_gib, rel=1e-12)
 
 
 def test_trace_prices_the_tensor_parallelism_wrap_runs_for_a_moe_family(tmp_path):
