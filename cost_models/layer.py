@@ -61,7 +61,7 @@ class Layer(Protocol):
     @property
     def params(self) -> int: ...
     @property
-    def tp_params(self) -> int: ...  # the part of params TP shards
+    def tp_params(self) -> int: ...  # the part of params TP shards (tp_local_params, optional: tp_local_grad_sum)
     @property
     def flops(self) -> float: ...  # forward FLOPs per sample
     @property
@@ -271,6 +271,24 @@ def dp_comm_times(layer: Layer, tp: np.ndarray, dp_links: Callable[[int], GroupL
     return ar, ag_param, rs_grad
 
 
+def tp_local_grad_sum(layer: Layer, tp: np.ndarray, zero: np.ndarray, dp: np.ndarray,
+                      tp_links: Callable[[int], GroupLinks], coll: Collectives, p: CostParams) -> np.ndarray:
+    """Seconds per step to sum over TP the gradients of the unit's per-token sublayers kept whole on every rank
+    (``tp_local_params``: an MoE family's router and experts in autopar's runtime, each rank running its own tokens
+    under sequence parallelism): an all-reduce over the TP group, of the rank's ZeRO-3 shard (FSDP reduce-scatters
+    over DP first), else of the whole gradient, beside the DP sync ``dp_comm_times`` prices."""
+    local = float(getattr(layer, "tp_local_params", 0))
+    out = np.zeros_like(tp, dtype=float)
+    if local <= 0:
+        return out
+    for t in np.unique(tp):
+        if t > 1:
+            sel = tp == t
+            nbytes = local * p.grad_comm_bytes / np.where(zero[sel] == 3, dp[sel], 1.0)
+            out[sel] = coll.reduced("allreduce", nbytes, tp_links(int(t)))
+    return out
+
+
 def layer_costs(layer: Layer, strategies: list[Strategy], stage: Stage) -> LayerCosts:
     """Time and memory of ``layer`` under each strategy (tp must divide the stage and the micro-batch split).
 
@@ -316,6 +334,7 @@ def layer_costs(layer: Layer, strategies: list[Strategy], stage: Stage) -> Layer
 
     # Step-level: gradient sync left after this layer's last backward, then the optimizer update.
     sync = np.select([zero == 0, zero == 1, zero == 2], [ar, rs_grad + ag_param, ag_param], 0.0)
+    sync = sync + tp_local_grad_sum(layer, tp, zero, dp, stage.tp_links, coll, p)
     exposed = np.maximum(0.0, sync - p.overlap_sync * b_comp)
     exposed = overlapped_sync(exposed, f_comp, b_comp, ag_param, rs_grad, zero, overlap, p)
     owned = np.where(zero >= 1, shard / dp, shard)

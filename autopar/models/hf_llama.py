@@ -25,7 +25,7 @@ from torch import nn
 from autopar.errors import AutoparError
 from autopar.models.hf_fused import FusedLinear, split_fused
 from autopar.models.hf_units import HFCausalLM, block_mask, sliding_window
-from autopar.models.tp_plans import HEAD_PLAN, MULTI_QUERY_PARTS, MULTI_QUERY_WHOLE, entries
+from autopar.models.tp_plans import HEAD_PLAN, MOE_LOCAL, MULTI_QUERY_PARTS, MULTI_QUERY_WHOLE, entries
 
 DENSE = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "olmo", "olmo2", "olmo3",
          "granite", "cohere", "cohere2", "starcoder2", "glm", "glm4", "smollm3", "seed_oss", "exaone4", "apertus",
@@ -94,6 +94,8 @@ _SWIGLU = {"layer.mlp.gate_proj": "colwise", "layer.mlp.up_proj": "colwise", "la
 _QK_NORMS = {"layer.self_attn.q_norm": "tp_norm", "layer.self_attn.k_norm": "tp_norm"}
 _QK_NORMED_ATTENTION = {**_QKVO, **_QK_NORMS}
 TP_EXTRAS = {"olmo2": _QK_NORMED_ATTENTION, "olmo3": _QK_NORMED_ATTENTION, "cohere": _QK_NORMS,
+             "olmoe": _QK_NORMED_ATTENTION, "flex_olmo": _QK_NORMED_ATTENTION, "granitemoe": _QKVO,
+             "granitemoeshared": _QKVO,
              "phi": {"layer.self_attn.q_layernorm": "tp_grad_sum", "layer.self_attn.k_layernorm": "tp_grad_sum"},
              "apertus": {"layer.mlp.act_fn": "tp_grad_sum"},
              "stablelm": {**_QKVO, **_SWIGLU, "layer.self_attn.q_layernorm": "head_norm_list+tp_grad_sum",
@@ -209,10 +211,13 @@ def block_plan(cfg, layers: list[nn.Module], names: dict[str, str] = _LLAMA_NAME
     blocks when its first ones are dense), or lacks a module the plan names."""
     kind = cfg.model_type
     raw = getattr(cfg, "base_model_tp_plan", None) or {}
+    prefix = f"{names['layers']}.*."
+    moe = kind in MOE
+    if moe:  # the attention's entries only: every other sublayer stays whole, on the rank's tokens (moe_local)
+        raw = {key: style for key, style in raw.items() if key.startswith(f"{prefix}{names['attn']}.")}
     if not (raw or TP_EXTRAS.get(kind)):
         return None
     present = dict(layers[0].named_modules(prefix="layer"))
-    prefix = f"{names['layers']}.*."
     fused = {fqn: len(m.parts) for fqn, m in present.items() if isinstance(m, FusedLinear)}
     mq = multi_query_path(cfg)
     part_styles = {fqn: MULTI_QUERY_PARTS if fqn == f"layer.{mq}" else ("colwise",) * n for fqn, n in fused.items()}
@@ -224,11 +229,16 @@ def block_plan(cfg, layers: list[nn.Module], names: dict[str, str] = _LLAMA_NAME
     if None in plan.values():
         return None  # a style autopar does not translate: run this architecture with tp = 1
     attn = f"layer.{names['attn']}"
-    if not all(_covered(plan, layer, attn) for layer in layers):
-        return None
     norms = {f"layer.{name}": "sp_norm_local" for name, m in layers[0].named_children() if "Norm" in type(m).__name__}
+    # An MoE family's router and experts (and a dense-first block's MLP) run per token: whole on every rank, on the
+    # rank's sequence shard, their gradients summed over TP (Megatron's expert TP 1 under sequence parallelism)
+    local = {f"layer.{name}": MOE_LOCAL for name, m in layers[0].named_children()
+             if moe and f"layer.{name}" not in norms and name != names["attn"] and any(True for _ in m.parameters())}
+    if not all(_covered({**plan, **local}, layer, attn) for layer in layers):
+        return None
     attn_style = names["attn_input"] + ("+local_queries" if mq else "+local_heads" if kind in LOCAL_HEADS else "")
-    styles = {"layer": "sp_unit", attn: attn_style, "layer.mlp": "sp_region", **norms, **plan}
+    styles = {"layer": "sp_unit", attn: attn_style, **({} if moe else {"layer.mlp": "sp_region"}), **norms, **plan,
+              **local}
     when, modules = WRITABLE_OUTPUT.get(kind, (None, ()))
     for name in modules if when is None or getattr(cfg, when, None) is not None else ():
         styles[f"layer.{name}"] = f"{styles[f'layer.{name}']}+writable_output"
@@ -247,7 +257,7 @@ def _covered(plan: dict[str, str], layer: nn.Module, attn: str) -> bool:
     modules = dict(layer.named_modules(prefix="layer"))
     if any(fqn not in modules for fqn in plan):
         return False
-    summed = tuple(f"{fqn}." for fqn, style in entries(plan) if style == "tp_grad_sum")
+    summed = tuple(f"{fqn}." for fqn, style in entries(plan) if style in ("tp_grad_sum", MOE_LOCAL))
     return all(plan.get(fqn) is not None or fqn.startswith(summed) or not any(True for _ in m.parameters(recurse=False))
                for fqn, m in modules.items() if fqn.startswith((attn, "layer.mlp")))
 
@@ -289,8 +299,8 @@ def llama_like_view(hf_model: nn.Module) -> HFCausalLM:
     kv = () if mq else (kv,)  # a multi-query K / V head is whole on every rank: no limit
     ffn = (getattr(cfg, "ffn_hidden_size", None) or getattr(cfg, "intermediate_size", None)  # Falcon: ffn_hidden_size
            or getattr(cfg, "n_inner", None) or 4 * cfg.hidden_size)  # GPT-J / CodeGen: n_inner
-    divisors = {"embed": (cfg.vocab_size,), "head": (cfg.vocab_size,),
-                "block": (cfg.num_attention_heads, *kv, ffn, *TP_DIVIDES.get(kind, ()))}
+    divisors = {"embed": (cfg.vocab_size,), "head": (cfg.vocab_size,),  # an MoE family's MLP stays whole under TP
+                "block": (cfg.num_attention_heads, *kv, *(() if kind in MOE else (ffn,)), *TP_DIVIDES.get(kind, ()))}
     view = HFCausalLM(embed, layers, head, f"hf-{kind}", plans, divisors, {"block": (f"layer.{names['attn']}",)})
     # MoE blocks too (their routed experts run on the rank's tokens, ep 1 under CP); not a family whose attention is
     # its own code rather than transformers' attention interface, through which CP runs (Falcon)

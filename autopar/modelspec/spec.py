@@ -76,6 +76,9 @@ class LayerSpec:
     kind:            embedding | block | head | generic (informational; the numbers below decide cost).
     params:          parameter count of the unit.
     tp_params:       how many of ``params`` tensor parallelism shards (the rest, e.g. norms, is replicated).
+    tp_local_params: how many of the rest run whole on the rank's tokens (an MoE family's router and experts
+                     under autopar's runtime, ``moe_local``): the unit runs TP with sequence parallelism only
+                     (``tp_needs_sp``), and their gradients are summed over TP (``cost_models.layer``).
     flops:           forward FLOPs per sample (a multiply-add is 2 FLOPs). Backward costs 2x forward.
     attn_core_flops: forward FLOPs per sample of the attention core (QK^T, softmax, .V); selective
                      checkpointing recomputes exactly these.
@@ -148,9 +151,10 @@ class LayerSpec:
     lin_in_shared_bytes: float = 0.0
     tied_params: int = 0
     shared_params: int = 0
+    tp_local_params: int = 0
 
     def __post_init__(self) -> None:
-        for f in ("params", "tp_params", "flops", "attn_core_flops", "act_tp_bytes", "act_seq_bytes",
+        for f in ("params", "tp_params", "tp_local_params", "flops", "attn_core_flops", "act_tp_bytes", "act_seq_bytes",
                   "act_attn_bytes", "boundary_bytes", "tp_comm_bytes", "tp_collectives", "kv_bytes",
                   "loss_bytes", "lin_in_seq_bytes", "lin_in_tp_bytes", "lin_in_shared_bytes", "tied_params",
                   "shared_params"):
@@ -160,9 +164,9 @@ class LayerSpec:
         if self.shared_params > self.params:
             raise AutoparError(f"layer {self.name}.shared_params", "exceeds params",
                                "shared_params counts the part of params a later unit also uses")
-        if self.tp_params > self.params:
-            raise AutoparError(f"layer {self.name}.tp_params", "exceeds params",
-                               "tp_params counts the TP-sharded part of params")
+        if self.tp_params + self.tp_local_params > self.params:
+            raise AutoparError(f"layer {self.name}.tp_params", "with tp_local_params exceeds params",
+                               "tp_params counts the TP-sharded part of params, tp_local_params part of the rest")
         if self.gemms and (self.gemm_rows <= 0 or self.gemm_flops > self.flops * (1 + 1e-9)):
             raise AutoparError(f"layer {self.name}.gemms", f"{len(self.gemms)} matmuls of {self.gemm_rows} rows "
                                f"give {self.gemm_flops:.4g} FLOPs per sample, more than the unit's {self.flops:.4g} "
@@ -171,6 +175,12 @@ class LayerSpec:
         if self.moe is not None and self.moe.expert_params > self.params:
             raise AutoparError(f"layer {self.name}.moe.expert_params", "exceeds params",
                                "expert_params counts the routed experts' part of params")
+
+    @property
+    def tp_needs_sp(self) -> bool:
+        """Whether TP > 1 needs sequence parallelism: parts run per token, whole on every rank (``tp_local_params``),
+        which only sequence parallelism divides over TP."""
+        return self.tp_local_params > 0
 
     @property
     def supports_tp(self) -> bool:

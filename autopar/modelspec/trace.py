@@ -36,8 +36,7 @@ children is one unit named ``model``. Per unit, per sample (divided by the examp
 
 TP plans come from ``autopar.units.unit_tp_info`` (the model's own tables): a unit it gives a
 plan is named ``<family>.<embed|block|head>`` (a key of ``autopar.models.TP_PLANS``), gets its TP
-divisors, ``tp_params`` (a block's: what its plan's styles shard, ``SHARDED_BY_STYLE``, column-parallel
-biases included; embed / head: the vocab-sized tensors) and the Megatron collectives of its kind (``TP_KINDS``). Any
+divisors, ``tp_params``, ``tp_local_params`` and the Megatron collectives of its kind (``trace_tp``). Any
 other unit runs with tp = 1 only, since the runtime has no plan for it.
 """
 
@@ -53,26 +52,13 @@ from autopar.errors import AutoparError
 from autopar.modelspec.spec import STATS_BYTES, LayerSpec, ModelSpec
 from autopar.modelspec.trace_moe import ExpertFlops, unit_moe
 from autopar.modelspec.trace_ops import OpTrace, SdpaTrace, gemm_facts, op_facts, storage_id
+from autopar.modelspec.trace_tp import tp_facts
 from autopar.modelspec.unit_params import unit_params, unit_ties
 from autopar.units import discover
 from cost_models.gemm_shapes import flops_per_token
 
 NORMS = (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm, nn.modules.batchnorm._BatchNorm)
 DTYPES = {2: torch.bfloat16, 4: torch.float32, 8: torch.float64}
-# Unit kinds of autopar.models TP plans (Megatron layout): LayerSpec.kind, all-reduces per forward,
-# the tensor whose bytes they carry, and which parameters the plan shards ("matrices": every >= 2-D
-# weight; "vocab": tensors with a vocab-sized dimension).
-# The parameters a style shards (autopar/runtime/tensor_parallel.py): a column-parallel linear splits its
-# bias with its output columns, a row-parallel one keeps its bias whole (added after the all-reduce).
-SHARDED_BY_STYLE = {"colwise": ("weight", "bias"), "rowwise": ("weight",), "vocab_embed": ("weight",),
-                    "logits": ("weight", "bias"), "tp_norm": ("weight", "bias")}
-TP_KINDS = {
-    "embed": {"kind": "embedding", "collectives": 1, "bytes_of": "output", "sharded": "vocab"},
-    "block": {"kind": "block", "collectives": 2, "bytes_of": "output", "sharded": "matrices"},
-    "head": {"kind": "head", "collectives": 1, "bytes_of": "input", "sharded": "vocab"},
-}
-
-
 def unit_modules(module: nn.Module) -> list[tuple[str, nn.Module]]:
     """The candidate units of ``module`` in registration order: (FQN, module) (``autopar.units.discover``).
 
@@ -308,28 +294,6 @@ def spec_from_module(module: nn.Module, example_input, name: str | None = None, 
                   expert_flops)
 
 
-def _tp_facts(model: nn.Module, name: str, unit: nn.Module
-              ) -> tuple[str | None, str, tuple[int, ...], set[nn.Module], set[int], int]:
-    """(plan name, unit kind, TP divisors, row-parallel modules, ids of the parameters the plan shards, TP
-    collectives its plan adds to its kind's per forward) from the unit contract (autopar/units.py); (None, "", (),
-    set(), set(), 0) without a plan."""
-    from autopar.models.tp_plans import entries, tp_norm_collectives
-    from autopar.units import unit_kind, unit_tp_info
-
-    info = unit_tp_info(model, name, unit)
-    if info.plan is None or not info.divisors:
-        return None, "", (), set(), set(), 0
-    kind = unit_kind(name)
-    rows = {unit.get_submodule(fqn) for fqn, style in entries(info.plan) if style == "rowwise"}
-    sharded = {id(p) for fqn, style in entries(info.plan) for pname, p in
-               unit.get_submodule(fqn).named_parameters(recurse=False) if pname in SHARDED_BY_STYLE.get(style, ())}
-    return f"{model.family}.{kind}", kind, tuple(info.divisors), rows, sharded, tp_norm_collectives(unit, info.plan)
-
-
-def _sharded(p: torch.Tensor, rule: str, divisors: tuple[int, ...], by_plan: set[int]) -> bool:
-    return id(p) in by_plan if rule == "matrices" else any(n in divisors for n in p.shape)
-
-
 def _build(module, name, units, rec: _Recorder, ops: OpTrace, seq, batch, dbytes, source, trace_meta,
            expert_flops: ExpertFlops) -> ModelSpec:
     mods = dict(units)
@@ -338,32 +302,25 @@ def _build(module, name, units, rec: _Recorder, ops: OpTrace, seq, batch, dbytes
     layers = []
     for i, n in enumerate(rec.order):
         st, mod = rec.stats[n], mods[n]
-        plan, tp_kind, divisors, rows, by_plan, norm_colls = _tp_facts(module, n, mod)
         is_last = i == len(rec.order) - 1
         boundary = (st["in"] if is_last else (st["out"] or 0)) / batch
         # the loss's fp32 logits, one copy kept (as the zoo's heads; memory_terms prices the rest of its backward)
         loss = st.get("out_floats", 0) * STATS_BYTES / batch if is_last else 0.0
         ps = per_unit[n]
         count = sum(p.numel() for p in ps)
-        tp_params, comm, coll, kind = 0, 0.0, 0, "generic"
-        if plan:
-            row = TP_KINDS[tp_kind]
-            tp_params = sum(p.numel() for p in ps if _sharded(p, row["sharded"], divisors, by_plan))
-            coll, kind = row["collectives"], row["kind"]
-            carried = (st["out"] or 0) if row["bytes_of"] == "output" else st["in"]
-            comm = coll * carried / batch
-            coll += norm_colls  # statistics of a few floats a token: latency, no bandwidth
+        tp = tp_facts(module, n, mod, ps, (st["out"] or 0) / batch, st["in"] / batch)
         moe = unit_moe(mod, seq, boundary, dbytes)
         flops = st["flops"] / batch
         if moe is not None:  # the experts' FLOPs as dropless top-k routing runs them (trace_moe)
             flops += moe.expert_flops - expert_flops.counted(mod) / batch
         layers.append(LayerSpec(
-            n, kind, params=count, tp_params=tp_params, flops=flops, moe=moe,
+            n, tp.kind, params=count, tp_params=tp.tp_params, tp_local_params=tp.local_params, flops=flops, moe=moe,
             attn_core_flops=st["attn"] / batch, act_tp_bytes=st["tp"] / batch + loss, act_seq_bytes=st["seq"] / batch,
-            act_attn_bytes=st["attn_b"] / batch, boundary_bytes=boundary, loss_bytes=loss, tp_divisors=divisors,
-            tp_comm_bytes=comm, tp_collectives=coll, tp_plan=plan, tied_params=tied[n], shared_params=shared[n],
-            op=op_facts(ops.events.get(n, []), st["in"] / batch, st["flops"] / batch, rows, batch),
-            **_gemms(ops.events.get(n, []), rows, batch, seq, flops)))
+            act_attn_bytes=st["attn_b"] / batch, boundary_bytes=boundary, loss_bytes=loss, tp_divisors=tp.divisors,
+            tp_comm_bytes=tp.comm_bytes, tp_collectives=tp.collectives, tp_plan=tp.plan, tied_params=tied[n],
+            shared_params=shared[n], op=op_facts(ops.events.get(n, []), st["in"] / batch, st["flops"] / batch, tp.rows,
+                                                 batch),
+            **_gemms(ops.events.get(n, []), tp.rows, batch, seq, flops)))
     ran = set(rec.order)
     meta = {"traced": trace_meta, "unused_units": [n for n, _ in units if n not in ran]}
     return ModelSpec(name=name, seq_len=seq, layers=layers, dtype_bytes=dbytes, source=source, meta=meta,

@@ -3,8 +3,7 @@ both ``autopar validate`` and the runtime's ``check_plan``.
 
 An MoE unit with ep e splits its experts over e consecutive DP ranks of its stage (DP rank r holds
 experts ``[(r % e) * E/e, (r % e + 1) * E/e)``), so e must divide the unit's dp and its expert count E.
-An MoE unit with tp > 1 needs sequence parallel (Megatron-core's MoELayer raises
-in training without it: ``megatron/core/transformer/moe/moe_layer.py``). ep > 1 on a dense unit, tp > 1 or cp > 1
+(An MoE unit with tp > 1 needs sequence parallel: ``rules.layer_rules``.) ep > 1 on a dense unit, tp > 1 or cp > 1
 together with ep > 1 (expert tensor / context parallelism is not built), and ep > 1
 with the ZeRO options ``reshard: false`` / ``zero_overlap`` (not priced for expert-sharded units) are
 refused, each naming the field and the fix.
@@ -31,11 +30,6 @@ def expert_rules(plan, experts: Mapping[str, int] | None) -> Iterator[Problem]:
                 ep, tp = ly.strategy.ep, ly.strategy.tp
                 at = f"pipelines[{pi}].stages[{si}].layers[{li}].ep"
                 num = experts.get(ly.name, 0) if experts is not None else None
-                if tp > 1 and not ly.strategy.sp and num and ep == 1:  # with ep > 1: the ep-with-tp problem
-                    yield (f"{at[:-3]}.sp", f"tp {tp} without sequence parallel on MoE unit {ly.name!r}: Megatron-core's "
-                           "MoE layer refuses tensor parallel without it in training", "set sp: true for this unit, "
-                           "or tp: 1")
-                    continue
                 if ep == 1:
                     continue
                 if num == 0:

@@ -60,6 +60,7 @@ class UnitFacts:
     name: str
     has_tp_plan: bool = False  # False: the unit runs with tp = 1 only
     tp_divisors: tuple[int, ...] = ()  # a TP degree must divide each (heads, KV heads, FFN width, vocab)
+    tp_needs_sp: bool = False  # parts run per token, whole on every rank (LayerSpec.tp_needs_sp): tp > 1 needs sp
 
     def tp_ok(self, tp: int) -> bool:
         """Whether TP degree ``tp`` is legal for this unit (1 always is)."""
@@ -78,8 +79,8 @@ class ModelFacts:
     def of_spec(cls, model: ModelSpec) -> ModelFacts:
         """The facts of a planner ModelSpec (a unit has a TP plan when it states TP divisors; its experts
         come from ``LayerSpec.moe``)."""
-        return cls(tuple(UnitFacts(ly.name, ly.supports_tp, tuple(ly.tp_divisors)) for ly in model.layers),
-                   model.seq_len, model.num_experts)
+        return cls(tuple(UnitFacts(ly.name, ly.supports_tp, tuple(ly.tp_divisors), ly.tp_needs_sp)
+                         for ly in model.layers), model.seq_len, model.num_experts)
 
 
 @dataclass(frozen=True)
@@ -288,6 +289,11 @@ def layer_rules(plan: Plan, model: ModelFacts | None, world: WorldFacts | None) 
                 tp, unit = ly.strategy.tp, units.get(ly.name)
                 if unit is not None and not unit.tp_ok(tp):
                     yield _illegal_tp(f"{at}.tp", tp, unit, n)
+                elif tp > 1 and not ly.strategy.sp and ly.strategy.ep == 1 and unit is not None and (
+                        unit.tp_needs_sp or ly.name in model.experts):  # with ep > 1: expert_rules' ep-with-tp
+                    yield (f"{at}.sp", f"tp {tp} without sequence parallel on unit {ly.name!r}, whose experts (MoE) "
+                           "run per token: sequence parallel divides their tokens over TP (Megatron-core's MoE layer "
+                           "refuses TP without it too)", "set sp: true for this unit, or tp: 1")
                 if ly.strategy.async_tp and not (tp > 1 and ly.strategy.sp):
                     yield (f"{at}.async_tp", f"async_tp with tp {tp} and sp {str(ly.strategy.sp).lower()}: async TP "
                            "micro-pipelines sequence parallelism's all-gathers and reduce-scatters, so it needs "

@@ -18,7 +18,7 @@ from torch.distributed.tensor.parallel import PrepareModuleInput, SequenceParall
 from torch.distributed.tensor.parallel.style import ParallelStyle
 
 from autopar.errors import AutoparError
-from autopar.models.tp_plans import entries
+from autopar.models.tp_plans import TOKEN_LOCAL, entries
 from autopar.runtime.tp_linear import Colwise, Rowwise
 
 # A module that keeps its parameters whole on every TP rank but sees only the rank's share of what it
@@ -57,7 +57,7 @@ def _style(name: str, sp: bool, logits_sharded: bool) -> ParallelStyle | None:
         return _HeadNormList()
     if name == "local_head_range":
         return _LocalHeadRange()
-    if name in (TP_GRAD_SUM, SP_GRAD_SUM):
+    if name in (TP_GRAD_SUM, SP_GRAD_SUM, *TOKEN_LOCAL):  # TOKEN_LOCAL: an MoE block's router and experts
         return None  # the module runs as it is on this rank's heads or tokens; the gradient sync sums its gradient
     if name == KV_REPLICATED:
         return _ReadByEveryHead()
@@ -90,7 +90,8 @@ def _style(name: str, sp: bool, logits_sharded: bool) -> ParallelStyle | None:
         return PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(seq,),
                                   use_local_output=True)
     raise AutoparError("tp plan", f"unknown style {name!r}",
-                       "use colwise, rowwise, vocab_embed, logits, tp_norm, tp_grad_sum, sp_grad_sum, kv_replicated, replicated_input, "
+                       "use colwise, rowwise, vocab_embed, logits, tp_norm, tp_grad_sum, sp_grad_sum, moe_local, "
+                       "kv_replicated, replicated_input, "
                        "local_queries, local_heads, local_head_range, writable_output, head_norm_list, sp_norm, "
                        "sp_norm_local, sp_region, sp_region_hidden_states, sp_region_with_residual, sp_unit or "
                        "sp_unit_in (or several joined by '+')")
@@ -252,7 +253,8 @@ def apply_tp(unit: nn.Module, table: dict[str, str], mesh: DeviceMesh, sp: bool,
 def tp_partial_params(unit: nn.Module, table: dict[str, str], sp: bool = False) -> set[str]:
     """Names (in ``unit``) of the parameters whose gradient each TP rank holds only a part of: those of the
     modules ``table`` marks ``tp_grad_sum`` or ``kv_replicated`` (theirs and their children's), and under sequence
-    parallelism (``sp``) those it marks ``sp_grad_sum``. Names, not tensors: ZeRO-3 replaces the parameter objects."""
-    summed = (TP_GRAD_SUM, KV_REPLICATED, SP_GRAD_SUM) if sp else (TP_GRAD_SUM, KV_REPLICATED)
+    parallelism (``sp``) those it marks ``sp_grad_sum`` or ``moe_local``. Names, not tensors: ZeRO-3 replaces the
+    parameter objects."""
+    summed = (TP_GRAD_SUM, KV_REPLICATED, SP_GRAD_SUM, *TOKEN_LOCAL) if sp else (TP_GRAD_SUM, KV_REPLICATED)
     return {f"{fqn}.{name}" if fqn else name for fqn, style in entries(table) if style in summed
             for name, _ in unit.get_submodule(fqn).named_parameters()}

@@ -52,8 +52,8 @@ class Rule(str, Enum):
                     "sequence parallel changes nothing for a unit with no sequence-shardable activations")
     EP_NOT_DIVIDING = ("ep-not-dividing", "an expert-parallel degree of an MoE unit must divide its dp and its "
                        "expert count")
-    MOE_TP_WITHOUT_SP = ("moe-tp-without-sp", "an MoE unit with tp > 1 runs with sequence parallel (Megatron-core's "
-                         "MoE layer refuses tensor parallel without it in training; torchtitan shards its tokens)")
+    MOE_TP_WITHOUT_SP = ("moe-tp-without-sp", "an MoE unit with tp > 1 runs with sequence parallel (its experts run "
+                         "per token, divided over TP by the sequence; Megatron-core's MoE layer refuses TP without it)")
     EP_WITH_TP = ("ep-with-tp", "an MoE unit with tp > 1 runs with ep = 1 (tensor and expert parallel on one unit "
                   "are not supported together)")
     ZERO_OVERLAP_DOMINATES = ("zero-overlap-dominates",

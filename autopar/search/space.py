@@ -117,7 +117,7 @@ def enumerate_strategies(layer: LayerSpec, ctx: StageContext, tps: list[int], pr
                     pruned[Rule.OP_UNMODELLED] += 1
                     continue
                 for sp in ((False, True) if tp > 1 else (False,)):
-                    if tp > 1 and not sp and layer.moe is not None:  # expert_rules
+                    if tp > 1 and not sp and (layer.moe is not None or layer.tp_needs_sp):  # plan.rules.layer_rules
                         pruned[Rule.MOE_TP_WITHOUT_SP] += 1
                         continue
                     if sp and layer.act_seq_bytes == 0:

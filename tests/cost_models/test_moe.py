@@ -135,3 +135,29 @@ def _gather(fast, stage) -> float:
     """The forward gather time the links give (what the rate bound replaces): forward less the same row at ZeRO-1."""
     zero1 = costs(MoEUnit(), [Strat(zero=1, ep=4)], stage)
     return float(fast["fwd"][0]) - float(zero1["fwd"][0])
+
+
+@dataclass(frozen=True)
+class LocalMoEUnit(MoEUnit):
+    """autopar's runtime's MoE block (moe_local): TP shards the attention; the router and experts stay whole on
+    every rank, each running its own tokens under sequence parallelism."""
+
+    tp_params: int = 150_000
+    tp_local_params: int = 820_000
+
+
+def test_tp_sums_the_gradients_of_the_experts_kept_whole_on_every_rank():
+    """One all-reduce over the TP group a step, of the whole gradient (of the rank's ZeRO-3 shard: FSDP reduce-scatters
+    over DP first); nothing at tp 1, nothing for Megatron's expert TP (no tp_local_params), the rest unchanged."""
+    stage = OneNodeStage(n=8, micro_batch_size=8, params=CostParams(overlap_sync=0.0))  # the step's sync exposed
+    p, coll = stage.params, stage.collectives
+    unit, megatron = LocalMoEUnit(), replace(LocalMoEUnit(), tp_local_params=0)
+    for zero in range(4):
+        s = [Strat(tp=2, sp=True, zero=zero), Strat(tp=1, zero=zero)]
+        a, b = costs(unit, s, stage), costs(megatron, s, stage)
+        share = 820_000 * p.grad_comm_bytes / (4 if zero == 3 else 1)  # dp = 8 / tp 2
+        extra = float(coll.reduced("allreduce", share, stage.tp_links(2)))
+        assert extra > 0 and float(a["step"][0] - b["step"][0]) == pytest.approx(extra, rel=1e-12)
+        assert float(a["step"][1]) == float(b["step"][1])  # tp 1: no TP group
+        for f in ("fwd", "bwd", "mem_states", "mem_act"):
+            np.testing.assert_array_equal(a[f], b[f])

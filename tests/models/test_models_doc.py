@@ -39,3 +39,12 @@ def test_the_tp_column_says_which_llama_like_families_run_tensor_parallel():
     turned_off = {kind for kind, _ in VARIANTS.values()}  # TP also with a setting off
     for kind in set(DENSE) & set(FAMILIES):
         assert rows[kind][2].startswith("yes") == (kind in TP_FAMILIES or kind in turned_off), kind
+
+
+def test_the_tp_column_says_which_moe_families_run_tensor_parallel():
+    from autopar.models.hf_llama import MOE
+    from tests.runtime.test_hf_families_train import MOE_TP_FAMILIES
+
+    rows = _rows()
+    for kind in MOE:
+        assert rows[kind][2].startswith("yes (sp only") == (kind in MOE_TP_FAMILIES), kind

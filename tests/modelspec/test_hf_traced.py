@@ -169,19 +169,26 @@ def test_search_trace_plans_the_memory_wrap_needs_and_estimate_reads_it_as_one_n
 
 
 def test_trace_prices_the_tensor_parallelism_wrap_runs_for_a_moe_family(tmp_path):
-    """Mixtral: the formulas price Megatron's TP (expert TP included), wrap runs the MoE families with tp 1; traced,
-    the blocks offer no TP, so the search's plan is one wrap runs."""
+    """Mixtral: the formulas price Megatron's expert TP (the experts split over TP); wrap runs the attention
+    column / row parallel and the router and experts whole on every rank, on its tokens (moe_local): traced, the
+    block's TP shards the attention only, divides its heads alone, needs sequence parallelism, and the search's plan
+    has it wherever a block runs TP."""
     from autopar.modelspec.load import load_model
 
     cfg = {**TINY_LLAMA, "model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2}
     config = _write(tmp_path, cfg)
     formula, traced = load_model(config, 64), load_model(config, 64, trace=True)
-    assert formula.layers[1].tp_divisors and traced.layers[1].tp_divisors == ()
-    assert traced.layers[1].moe.num_experts == formula.layers[1].moe.num_experts == 4
+    f, t = formula.layers[1], traced.layers[1]
+    assert f.tp_params > f.moe.expert_params and not f.tp_needs_sp  # Megatron's expert TP shards the experts
+    assert t.moe.num_experts == f.moe.num_experts == 4 and t.tp_divisors == (4, 4) and t.tp_needs_sp
+    assert t.tp_params == 4 * 64 * 64  # q, k, v, o
+    assert t.tp_local_params == t.moe.expert_params + 64 * 4  # the experts and the router, whole on every rank
+    assert t.tp_collectives == 1  # the attention's (the MLP gathers nothing)
     plan = str(tmp_path / "plan.yaml")
     assert main(["search", "--model", config, "--trace", "--cluster", "8xA100-80G", "--global-batch-size", "16",
                  "--no-baselines", "-o", plan, "--json"]) == 0
     from autopar.plan.io import load_plan
 
-    assert {ly.strategy.tp for st in load_plan(plan).pipelines[0].stages for ly in st.layers
-            if ly.name.startswith("layers.")} == {1}
+    blocks = [ly.strategy for st in load_plan(plan).pipelines[0].stages for ly in st.layers
+              if ly.name.startswith("layers.")]
+    assert all(s.sp for s in blocks if s.tp > 1)

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import yaml
 from plan_testlib import A100
@@ -137,5 +139,20 @@ def test_an_moe_unit_with_tp_needs_sequence_parallel():
     plan = plan_with(ep_block=1, tp_block=2)
     problems = [p for p in plan_rules(plan, ModelFacts.of_spec(moe_model())) if p[0].endswith(".sp")]
     assert [p[0] for p in problems] == [f"pipelines[0].stages[0].layers[{i}].sp" for i in (1, 2)]
-    assert "tp 2 without sequence parallel on MoE unit 'layers.0'" in problems[0][1] and "set sp: true" in problems[0][2]
+    assert "tp 2 without sequence parallel on unit 'layers.0'" in problems[0][1] and "set sp: true" in problems[0][2]
     assert not [p for p in plan_rules(plan, None) if p[0].endswith(".sp")]  # needs the model to know the experts
+
+
+def test_a_unit_with_per_token_sublayers_needs_sequence_parallel_under_tp():
+    """An MoE family's dense-first block under wrap (its MLP whole on every rank, moe_local): no experts, but TP
+    divides its MLP's work only through the sequence (UnitFacts.tp_needs_sp, LayerSpec.tp_local_params)."""
+    plan = plan_with(ep_block=1, tp_block=2)
+    facts = ModelFacts.of_spec(moe_model())
+    dense_first = ModelFacts(tuple(UnitFacts(u.name, u.has_tp_plan, u.tp_divisors, u.name.startswith("layers."))
+                                   for u in facts.units))  # no experts named
+    assert [p[0] for p in plan_rules(plan, dense_first) if p[0].endswith(".sp")] == \
+        [f"pipelines[0].stages[0].layers[{i}].sp" for i in (1, 2)]
+    plan_sp = plan_with(ep_block=1, tp_block=2)
+    layers = plan_sp.pipelines[0].stages[0].layers
+    layers[1:3] = [replace(ly, strategy=replace(ly.strategy, sp=True)) for ly in layers[1:3]]
+    assert not [p for p in plan_rules(plan_sp, dense_first) if p[0].endswith(".sp")]

@@ -95,10 +95,13 @@ def test_falcon_multi_query_trains_like_one_process(plan):
                              make_plan({**TP_PLANS, **NO_TP_PLANS}[plan]), x, y, tol=1e-6)
 
 
-# The MoE families run tp 1 (their experts' HF styles are not translated), with expert parallel on the routed
-# blocks (gpt-oss's experts transposed, biased, with their own clamped gate). float32: the experts' grouped matmul
-# takes no float64.
+# The MoE families run expert parallel on the routed blocks (gpt-oss's experts transposed, biased, with their own
+# clamped gate), and TP with sequence parallelism where autopar translates their attention's plan: the router and
+# experts whole on every rank, on its tokens (moe_local). float32: the experts' grouped matmul takes no float64.
 DENSE_FIRST = ("glm4_moe", "ernie4_5_moe", "deepseek_v2", "deepseek_v3")
+# Multi-head latent attention (DeepSeek) and gpt-oss's per-head attention sinks have no translated TP plan
+MOE_TP_FAMILIES = {"ernie4_5_moe", "flex_olmo", "glm4_moe", "granitemoe", "granitemoeshared", "olmoe", "mixtral",
+                   "qwen2_moe", "qwen3_moe"}
 
 
 def _ep_plan(kind: str, **strategy):
@@ -109,16 +112,27 @@ def _ep_plan(kind: str, **strategy):
 MOE_PLANS = {"pp2-dp2-zero3": lambda kind: NO_TP_PLANS["pp2-dp2-zero3"],
              "ep2-zero1": lambda kind: _ep_plan(kind, zero=1),
              "ep2-zero3-ckpt": lambda kind: _ep_plan(kind, zero=3, ckpt="full")}
+MOE_TP_PLANS = {
+    "tp2-sp-zero1": lambda kind: TP_PLANS["tp2-sp-zero1"],
+    "tp2-sp-zero3": lambda kind: [(4, 2, [([0, 1, 2, 3], same(GPT_UNITS, tp=2, sp=True, zero=3))])],
+    "pp2-tp2-sp-ckpt": lambda kind: [(2, 4, [([0, 1], same([E, L0], tp=2, sp=True)),
+                                             ([2, 3], same([L1, H], tp=2, sp=True, ckpt="full"))])],
+}
 MOE_CASES = [(k, p) for k in sorted(MOE_FAMILIES) for p in MOE_PLANS]
+MOE_CASES += [(k, p) for k in sorted(MOE_TP_FAMILIES) for p in MOE_TP_PLANS]
+
+
+def test_the_moe_families_running_tp_are_these():
+    assert {k for k in (*MOE_FAMILIES, "mixtral", "qwen2_moe", "qwen3_moe") if _has_tp(k)} == MOE_TP_FAMILIES
 
 
 @pytest.mark.parametrize(("kind", "plan"), MOE_CASES, ids=[f"{k}-{p}" for k, p in MOE_CASES])
 def test_moe_family_trains_like_one_process(kind, plan):
     from autopar.models.hf import from_transformers
 
-    assert not _has_tp(kind)
     x, y = token_data()
-    assert_matches_reference(lambda: from_transformers(build(kind)), make_plan(MOE_PLANS[plan](kind)), x, y)
+    assert_matches_reference(lambda: from_transformers(build(kind)), make_plan({**MOE_PLANS, **MOE_TP_PLANS}[plan](kind)),
+                             x, y)
 
 
 @pytest.mark.parametrize("kind", sorted(MOE_FAMILIES) + ["mixtral", "qwen2_moe", "qwen3_moe"])
