@@ -20,7 +20,7 @@ when the layer runs with sequence parallelism. Style names:
                 when the unit splits the sequence and every token otherwise (OPT-350M's project_out)
   moe_local     the same for a sublayer that runs per token and needs sequence parallelism to divide its work (an
                 MoE family's router and experts: without sp every rank would run every token's experts); a unit
-                holding one runs TP with sp only (TOKEN_LOCAL, LayerSpec.tp_local_params)
+                holding one runs TP with sp only (MOE_LOCAL, LayerSpec.tp_local_params)
   kv_replicated a projection left whole on every rank whose output each rank's heads read (multi-query
                 attention's K and V): the gradients of its input and its parameters are summed over TP
   replicated_input  a module whose parts all read its input (a multi-query QKV held as parts): the input becomes one
@@ -54,9 +54,8 @@ TP_DIVISORS names, per unit kind, the config fields a TP degree must divide.
 
 from __future__ import annotations
 
-# Styles of sublayers that run whole on the rank's tokens and need sequence parallelism under TP (moe_local)
+# The style of a sublayer that runs whole on the rank's tokens and needs sequence parallelism under TP
 MOE_LOCAL = "moe_local"
-TOKEN_LOCAL = (MOE_LOCAL,)
 # A multi-query QKV held as its parts (autopar.models.hf_fused's query_then_kv layout): the queries column-parallel,
 # the one K and one V head whole on every rank, which all the rank's query heads read
 MULTI_QUERY_PARTS = ("colwise", "kv_replicated", "kv_replicated")

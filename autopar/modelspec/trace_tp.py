@@ -44,7 +44,7 @@ def tp_facts(model: nn.Module, name: str, unit: nn.Module, params: list[nn.Param
              in_bytes: float) -> TPFacts:
     """The TP facts of unit ``name`` (``unit``, holding ``params``; ``out_bytes`` / ``in_bytes``: its output and
     input per sample) of ``model``."""
-    from autopar.models.tp_plans import TOKEN_LOCAL, entries, tp_norm_collectives
+    from autopar.models.tp_plans import MOE_LOCAL, entries, tp_norm_collectives
     from autopar.units import unit_kind, unit_tp_info
 
     info = unit_tp_info(model, name, unit)
@@ -56,7 +56,7 @@ def tp_facts(model: nn.Module, name: str, unit: nn.Module, params: list[nn.Param
     rows = {m for m, style in styled if style == "rowwise"}
     by_plan = {id(p) for m, style in styled for pname, p in m.named_parameters(recurse=False)
                if pname in SHARDED_BY_STYLE.get(style, ())}
-    local = {id(p) for m, style in styled if style in TOKEN_LOCAL for p in m.parameters()}
+    local = {id(p) for m, style in styled if style == MOE_LOCAL for p in m.parameters()}
     divisors = tuple(info.divisors)
 
     def sharded(p: nn.Parameter) -> bool:

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from autopar.errors import AutoparError
-from autopar.models.tp_plans import TOKEN_LOCAL, entries
+from autopar.models.tp_plans import MOE_LOCAL, entries
 from autopar.plan.rules import ModelFacts, UnitFacts, WorldFacts, plan_rules
 from autopar.plan.schema import Plan
 from autopar.runtime.expert_parallel import num_experts, runtime_problems
@@ -29,7 +29,7 @@ def model_facts(unit_names: list[str], tp_info: dict[str, UnitTPInfo],
     """The rules' view of an nn.Module: its units in execution order with their TP plans and divisors, and
     the expert count of its MoE units (``unit_experts``)."""
     return ModelFacts(tuple(UnitFacts(n, tp_info[n].plan is not None, tuple(tp_info[n].divisors),
-                                      any(style in TOKEN_LOCAL for _, style in entries(tp_info[n].plan or {})))
+                                      any(style == MOE_LOCAL for _, style in entries(tp_info[n].plan or {})))
                             for n in unit_names), experts=dict(experts or {}))
 
 

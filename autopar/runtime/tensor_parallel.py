@@ -18,7 +18,7 @@ from torch.distributed.tensor.parallel import PrepareModuleInput, SequenceParall
 from torch.distributed.tensor.parallel.style import ParallelStyle
 
 from autopar.errors import AutoparError
-from autopar.models.tp_plans import TOKEN_LOCAL, entries
+from autopar.models.tp_plans import MOE_LOCAL, entries
 from autopar.runtime.tp_linear import Colwise, Rowwise
 
 # A module that keeps its parameters whole on every TP rank but sees only the rank's share of what it
@@ -57,7 +57,7 @@ def _style(name: str, sp: bool, logits_sharded: bool) -> ParallelStyle | None:
         return _HeadNormList()
     if name == "local_head_range":
         return _LocalHeadRange()
-    if name in (TP_GRAD_SUM, SP_GRAD_SUM, *TOKEN_LOCAL):  # TOKEN_LOCAL: an MoE block's router and experts
+    if name in (TP_GRAD_SUM, SP_GRAD_SUM, MOE_LOCAL):  # MOE_LOCAL: an MoE block's router and experts
         return None  # the module runs as it is on this rank's heads or tokens; the gradient sync sums its gradient
     if name == KV_REPLICATED:
         return _ReadByEveryHead()
@@ -255,6 +255,6 @@ def tp_partial_params(unit: nn.Module, table: dict[str, str], sp: bool = False) 
     modules ``table`` marks ``tp_grad_sum`` or ``kv_replicated`` (theirs and their children's), and under sequence
     parallelism (``sp``) those it marks ``sp_grad_sum`` or ``moe_local``. Names, not tensors: ZeRO-3 replaces the
     parameter objects."""
-    summed = (TP_GRAD_SUM, KV_REPLICATED, SP_GRAD_SUM, *TOKEN_LOCAL) if sp else (TP_GRAD_SUM, KV_REPLICATED)
+    summed = (TP_GRAD_SUM, KV_REPLICATED, SP_GRAD_SUM, MOE_LOCAL) if sp else (TP_GRAD_SUM, KV_REPLICATED)
     return {f"{fqn}.{name}" if fqn else name for fqn, style in entries(table) if style in summed
             for name, _ in unit.get_submodule(fqn).named_parameters()}

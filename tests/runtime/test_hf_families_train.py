@@ -135,6 +135,17 @@ def test_moe_family_trains_like_one_process(kind, plan):
                              x, y)
 
 
+def test_an_moe_family_with_tp_and_without_sequence_parallel_is_refused_in_one_line():
+    """Without sp every TP rank would route every token through whole experts: the work TP is priced as dividing
+    would not divide (Megatron-core's MoE layer refuses it too)."""
+    from autopar.models.hf import from_transformers
+    from tests.runtime.reference import wrap_outcomes
+
+    outcomes = wrap_outcomes(lambda: from_transformers(build("mixtral")), make_plan(TP_PLANS["pp2-tp2-ckpt"]))
+    assert outcomes and all("tp 2 without sequence parallel on unit 'layers.0'" in o and "\n" not in o
+                            for o in outcomes), outcomes
+
+
 @pytest.mark.parametrize("kind", sorted(MOE_FAMILIES) + ["mixtral", "qwen2_moe", "qwen3_moe"])
 def test_moe_family_under_context_parallel_trains_like_one_process(kind):
     """The routed experts (ep 1) run on each CP rank's own tokens, as every other per-token module does."""
